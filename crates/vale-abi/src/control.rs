@@ -1,0 +1,257 @@
+//! valed's control protocol.
+//!
+//! One Unix stream socket, `<run dir>/valed.sock`. Each message is a little-endian `u32`
+//! length followed by that many bytes of JSON; file descriptors travel with SCM_RIGHTS attached
+//! to the first byte of the message they belong to. A connection that opened a port owns it:
+//! when the connection closes (the client exits or is killed), valed frees the port.
+
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::region::PortParams;
+
+/// Name of the control socket inside the run directory.
+pub const SOCKET_NAME: &str = "valed.sock";
+/// Run directory when neither `--run-dir` nor `VALE_RUN_DIR` says otherwise.
+pub const DEFAULT_RUN_DIR: &str = "/run/vale";
+/// Largest control message, either way.
+pub const MAX_MESSAGE: usize = 16 << 20;
+/// Most descriptors one message carries (`SCM_MAX_FD` is 253).
+pub const MAX_FDS: usize = 128;
+
+/// The run directory from `VALE_RUN_DIR`, or the default.
+pub fn default_run_dir() -> PathBuf {
+    std::env::var_os("VALE_RUN_DIR")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_RUN_DIR))
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Make this connection the owner of `port` (created with its switch if absent). The reply
+    /// is [`Reply::Opened`] with the region memfd, then per ring (tx rings, then rx rings) its
+    /// kick eventfd (client to valed) and its interrupt eventfd (valed to client).
+    Open {
+        port: String,
+        params: PortParams,
+        abi_version: u32,
+    },
+    /// Every switch and port with counters.
+    List,
+    /// Create a persistent port: it stays, with its counters, when no client holds it.
+    Create { port: String },
+    /// Remove a port (persistent or not; an owned port is taken from its owner) or a switch
+    /// with all its ports.
+    Destroy { name: String },
+    /// Set a knob of a switch (`batch`, `lookup`) or of a port (`moderation`).
+    Set {
+        target: String,
+        knob: String,
+        value: String,
+    },
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum Reply {
+    Ok,
+    Error { message: String },
+    Opened { port: String, fds: u32 },
+    List { switches: Vec<SwitchInfo> },
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct SwitchInfo {
+    pub name: String,
+    pub lookup: String,
+    pub batch: u32,
+    pub ports: Vec<PortInfo>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct PortInfo {
+    /// `valeX:Y`.
+    pub name: String,
+    /// `native` (a libvale client).
+    pub kind: String,
+    pub persistent: bool,
+    /// Pid of the process holding the port, if any.
+    pub owner_pid: Option<u32>,
+    pub tx_rings: u32,
+    pub rx_rings: u32,
+    pub slots: u32,
+    pub buf_size: u32,
+    /// Interrupt moderation interval toward the client, microseconds (0: immediate).
+    pub moderation_us: u32,
+    pub counters: PortCounters,
+}
+
+/// Counters from the port's side, as on a network interface: `tx` is what the client sent into
+/// the switch, `rx` what the switch delivered to the client.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortCounters {
+    pub tx_packets: u64,
+    pub tx_bytes: u64,
+    pub rx_packets: u64,
+    pub rx_bytes: u64,
+    /// Frames for this port dropped because its receive ring was full or nobody held it.
+    pub rx_drops: u64,
+    /// Frames from this port that had nowhere to go (lookup said drop, or only back to itself).
+    pub tx_drops: u64,
+    /// Values the client wrote that valed refused: ring indices, buffer indices, lengths,
+    /// flags. Each refused frame is dropped.
+    pub bad_input: u64,
+}
+
+/// Sends one message with optional descriptors.
+pub fn send<T: Serialize>(sock: &UnixStream, msg: &T, fds: &[RawFd]) -> io::Result<()> {
+    let body = serde_json::to_vec(msg).map_err(io::Error::other)?;
+    if body.len() > MAX_MESSAGE || fds.len() > MAX_FDS {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "control message too large"));
+    }
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&body);
+    // The descriptors ride on the first sendmsg; whatever it did not take follows plainly.
+    let sent = if fds.is_empty() {
+        0
+    } else {
+        send_with_fds(sock.as_raw_fd(), &frame, fds)?
+    };
+    let mut w: &UnixStream = sock;
+    w.write_all(&frame[sent..])
+}
+
+fn send_with_fds(fd: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<usize> {
+    let fd_bytes = std::mem::size_of_val(fds);
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(fd_bytes as u32) } as usize;
+    let mut cbuf = vec![0u64; space.div_ceil(8)];
+    let mut iov = libc::iovec {
+        iov_base: data.as_ptr() as *mut libc::c_void,
+        iov_len: data.len(),
+    };
+    // SAFETY: msghdr is plain data; every pointer in it points into live buffers above.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = space;
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(fd_bytes as u32) as usize;
+        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cmsg) as *mut RawFd, fds.len());
+        loop {
+            let n = libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL);
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// Receives one message and the descriptors that came with it. `Ok(None)` on a clean end of
+/// stream before a message started.
+pub fn recv<T: DeserializeOwned>(sock: &UnixStream) -> io::Result<Option<(T, Vec<OwnedFd>)>> {
+    let mut len = [0u8; 4];
+    let mut fds = Vec::new();
+    let mut got = 0;
+    while got < 4 {
+        let n = recv_with_fds(sock.as_raw_fd(), &mut len[got..], &mut fds)?;
+        if n == 0 {
+            if got == 0 {
+                return Ok(None);
+            }
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        got += n;
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_MESSAGE {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "control message too large"));
+    }
+    let mut body = vec![0u8; len];
+    let mut r: &UnixStream = sock;
+    r.read_exact(&mut body)?;
+    let msg = serde_json::from_slice(&body)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("bad control message: {e}")))?;
+    Ok(Some((msg, fds)))
+}
+
+fn recv_with_fds(fd: RawFd, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE((MAX_FDS * 4) as u32) } as usize;
+    let mut cbuf = vec![0u64; space.div_ceil(8)];
+    let mut iov = libc::iovec {
+        iov_base: buf.as_mut_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // SAFETY: as in send_with_fds; received descriptors are taken into OwnedFd at once so none
+    // leaks, even when the message turns out to be bad.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+        msg.msg_controllen = space;
+        let n = loop {
+            let n = libc::recvmsg(fd, &mut msg, libc::MSG_CMSG_CLOEXEC);
+            if n >= 0 {
+                break n as usize;
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        };
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg) as *const RawFd;
+                let count = ((*cmsg).cmsg_len - libc::CMSG_LEN(0) as usize) / 4;
+                for i in 0..count {
+                    fds.push(OwnedFd::from_raw_fd(std::ptr::read_unaligned(data.add(i))));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+        if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "too many descriptors"));
+        }
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_with_fds() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let f = std::fs::File::open("/dev/null").unwrap();
+        send(&a, &Request::List, &[f.as_raw_fd(), f.as_raw_fd()]).unwrap();
+        send(&a, &Reply::Error { message: "x".into() }, &[]).unwrap();
+        let (r, fds): (Request, _) = recv(&b).unwrap().unwrap();
+        assert!(matches!(r, Request::List));
+        assert_eq!(fds.len(), 2);
+        let (r, fds): (Reply, _) = recv(&b).unwrap().unwrap();
+        assert!(matches!(r, Reply::Error { .. }));
+        assert!(fds.is_empty());
+        drop(a);
+        assert!(recv::<Reply>(&b).unwrap().is_none());
+    }
+}

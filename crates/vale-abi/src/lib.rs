@@ -1,0 +1,15 @@
+//! The interface facts shared by valed and its clients.
+//!
+//! - [`netmap`]: the binary layout of netmap's `netmap_if`, `netmap_ring`, `netmap_slot`.
+//! - [`csb`]: the per-ring Communication Status Block (netmap's `nm_csb_atok`/`nm_csb_ktoa`).
+//! - [`region`]: how one port's shared memory region is laid out, with magic and ABI version.
+//! - [`name`]: the `valeX:Y` naming rules.
+//! - [`control`]: the messages spoken on valed's control socket.
+//!
+//! `docs/abi.md` is the prose version of this crate; keep them in step.
+
+pub mod control;
+pub mod csb;
+pub mod name;
+pub mod netmap;
+pub mod region;

@@ -1,0 +1,289 @@
+//! The layout of one port's shared memory region.
+//!
+//! ```text
+//! 0             RegionHeader (256 bytes): magic, ABI version, geometry, offsets
+//! nifp_ofs      struct netmap_if, ring_ofs[] relative to it (tx rings, then rx rings)
+//! rings_ofs     tx ring 0 .. tx ring T-1, rx ring 0 .. rx ring R-1, each ring_size bytes
+//! csb_ofs       per ring (same order): CsbAtok (64 bytes) then CsbKtoa (64 bytes)
+//! bufs_ofs      buffer 0 .. num_bufs-1, buf_size bytes each (0 and 1 reserved, as in netmap)
+//! ```
+//!
+//! Both sides compute the layout from [`PortParams`] with [`Layout::new`]; the client checks
+//! the header valed wrote against its own computation, so neither side trusts the other's
+//! offsets.
+
+use serde::{Deserialize, Serialize};
+
+use crate::csb::CSB_RING_SIZE;
+use crate::netmap::{NetmapSlot, NIFP_RING_OFS, RING_SLOTS_OFS};
+
+/// "VALE" in memory order.
+pub const VALE_MAGIC: u32 = u32::from_le_bytes(*b"VALE");
+/// Bumped on any incompatible change of the region or the control protocol.
+pub const VALE_ABI_VERSION: u32 = 1;
+/// Size of [`RegionHeader`].
+pub const REGION_HEADER_SIZE: usize = 256;
+/// Buffers 0 and 1 are reserved, as netmap reserves them; slots start at this index.
+pub const FIRST_SLOT_BUF: u32 = 2;
+
+pub const MAX_RINGS: u32 = 16;
+pub const MIN_SLOTS: u32 = 64;
+pub const MAX_SLOTS: u32 = 4096;
+pub const MIN_BUF_SIZE: u32 = 128;
+pub const MAX_BUF_SIZE: u32 = 16384;
+/// Buffer sizes are multiples of this, so the switch may copy whole 64-byte chunks.
+pub const BUF_SIZE_ALIGN: u32 = 64;
+/// Largest region valed will create for one port.
+pub const MAX_REGION_SIZE: u64 = 1 << 30;
+/// Largest frame (all slots of a `NS_MOREFRAG` chain together) the switch forwards.
+pub const MAX_FRAME_LEN: u32 = 65536;
+
+const PAGE: u64 = 4096;
+
+/// What a client chooses when it opens a port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortParams {
+    pub tx_rings: u32,
+    pub rx_rings: u32,
+    /// Slots per ring, a power of two.
+    pub slots: u32,
+    /// Bytes per buffer, a multiple of 64.
+    pub buf_size: u32,
+}
+
+impl Default for PortParams {
+    fn default() -> Self {
+        PortParams {
+            tx_rings: 1,
+            rx_rings: 1,
+            slots: 1024,
+            buf_size: 2048,
+        }
+    }
+}
+
+impl PortParams {
+    /// Checks every field; the message names the field and its allowed range.
+    pub fn validate(&self) -> Result<(), String> {
+        for (what, n) in [("tx rings", self.tx_rings), ("rx rings", self.rx_rings)] {
+            if !(1..=MAX_RINGS).contains(&n) {
+                return Err(format!("{what} must be 1 to {MAX_RINGS}, not {n}"));
+            }
+        }
+        if !(MIN_SLOTS..=MAX_SLOTS).contains(&self.slots) || !self.slots.is_power_of_two() {
+            return Err(format!(
+                "slots per ring must be a power of two from {MIN_SLOTS} to {MAX_SLOTS}, not {}",
+                self.slots
+            ));
+        }
+        if !(MIN_BUF_SIZE..=MAX_BUF_SIZE).contains(&self.buf_size)
+            || self.buf_size % BUF_SIZE_ALIGN != 0
+        {
+            return Err(format!(
+                "buffer size must be a multiple of {BUF_SIZE_ALIGN} from {MIN_BUF_SIZE} to {MAX_BUF_SIZE}, not {}",
+                self.buf_size
+            ));
+        }
+        let size = Layout::compute(self).region_size;
+        if size > MAX_REGION_SIZE {
+            return Err(format!(
+                "port memory would be {size} bytes, more than the limit of {MAX_REGION_SIZE}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Offsets of everything in a region, derived from [`PortParams`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub params: PortParams,
+    pub nifp_ofs: u64,
+    pub rings_ofs: u64,
+    pub ring_size: u64,
+    pub csb_ofs: u64,
+    pub bufs_ofs: u64,
+    pub num_bufs: u32,
+    pub region_size: u64,
+}
+
+fn align_up(x: u64, a: u64) -> u64 {
+    x.div_ceil(a) * a
+}
+
+impl Layout {
+    /// The layout for valid parameters (see [`PortParams::validate`]).
+    pub fn new(params: &PortParams) -> Result<Layout, String> {
+        params.validate()?;
+        Ok(Self::compute(params))
+    }
+
+    fn compute(p: &PortParams) -> Layout {
+        let rings = (p.tx_rings + p.rx_rings) as u64;
+        let nifp_ofs = REGION_HEADER_SIZE as u64;
+        let nifp_size = NIFP_RING_OFS as u64 + 8 * rings;
+        let rings_ofs = align_up(nifp_ofs + nifp_size, 256);
+        let ring_size = align_up(
+            RING_SLOTS_OFS as u64 + p.slots as u64 * std::mem::size_of::<NetmapSlot>() as u64,
+            256,
+        );
+        let csb_ofs = align_up(rings_ofs + rings * ring_size, PAGE);
+        let bufs_ofs = align_up(csb_ofs + rings * CSB_RING_SIZE as u64, PAGE);
+        let num_bufs = FIRST_SLOT_BUF as u64 + rings * p.slots as u64;
+        let region_size = align_up(bufs_ofs + num_bufs * p.buf_size as u64, PAGE);
+        Layout {
+            params: *p,
+            nifp_ofs,
+            rings_ofs,
+            ring_size,
+            csb_ofs,
+            bufs_ofs,
+            num_bufs: num_bufs.min(u32::MAX as u64) as u32,
+            region_size,
+        }
+    }
+
+    pub fn num_rings(&self) -> u32 {
+        self.params.tx_rings + self.params.rx_rings
+    }
+
+    /// Ring `i` in region order: tx rings first, then rx rings.
+    pub fn ring_ofs(&self, i: u32) -> u64 {
+        self.rings_ofs + i as u64 * self.ring_size
+    }
+
+    pub fn csb_atok_ofs(&self, i: u32) -> u64 {
+        self.csb_ofs + i as u64 * CSB_RING_SIZE as u64
+    }
+
+    pub fn csb_ktoa_ofs(&self, i: u32) -> u64 {
+        self.csb_atok_ofs(i) + 64
+    }
+
+    /// The header valed writes at offset 0.
+    pub fn header(&self, name: &str) -> RegionHeader {
+        let mut n = [0u8; 64];
+        let len = name.len().min(63);
+        n[..len].copy_from_slice(&name.as_bytes()[..len]);
+        RegionHeader {
+            magic: VALE_MAGIC,
+            abi_version: VALE_ABI_VERSION,
+            header_size: REGION_HEADER_SIZE as u32,
+            flags: 0,
+            region_size: self.region_size,
+            nifp_ofs: self.nifp_ofs,
+            rings_ofs: self.rings_ofs,
+            csb_ofs: self.csb_ofs,
+            bufs_ofs: self.bufs_ofs,
+            tx_rings: self.params.tx_rings,
+            rx_rings: self.params.rx_rings,
+            num_slots: self.params.slots,
+            buf_size: self.params.buf_size,
+            num_bufs: self.num_bufs,
+            ring_size: self.ring_size as u32,
+            name: n,
+            pad: [0; 112],
+        }
+    }
+
+    /// Checks a header read from a mapped region against this layout.
+    pub fn check_header(&self, h: &RegionHeader) -> Result<(), String> {
+        if h.magic != VALE_MAGIC {
+            return Err(format!("bad region magic {:#x}", h.magic));
+        }
+        if h.abi_version != VALE_ABI_VERSION {
+            return Err(format!(
+                "valed speaks vale ABI version {}, this client speaks {}",
+                h.abi_version, VALE_ABI_VERSION
+            ));
+        }
+        let expect = self.header("");
+        let same = h.header_size == expect.header_size
+            && h.region_size == expect.region_size
+            && h.nifp_ofs == expect.nifp_ofs
+            && h.rings_ofs == expect.rings_ofs
+            && h.csb_ofs == expect.csb_ofs
+            && h.bufs_ofs == expect.bufs_ofs
+            && h.tx_rings == expect.tx_rings
+            && h.rx_rings == expect.rx_rings
+            && h.num_slots == expect.num_slots
+            && h.buf_size == expect.buf_size
+            && h.num_bufs == expect.num_bufs
+            && h.ring_size == expect.ring_size;
+        if same {
+            Ok(())
+        } else {
+            Err("region header does not match the requested port geometry".into())
+        }
+    }
+}
+
+/// `struct vale_region`: the first 256 bytes of every port region.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct RegionHeader {
+    pub magic: u32,
+    pub abi_version: u32,
+    pub header_size: u32,
+    pub flags: u32,
+    pub region_size: u64,
+    pub nifp_ofs: u64,
+    pub rings_ofs: u64,
+    pub csb_ofs: u64,
+    pub bufs_ofs: u64,
+    pub tx_rings: u32,
+    pub rx_rings: u32,
+    pub num_slots: u32,
+    pub buf_size: u32,
+    pub num_bufs: u32,
+    pub ring_size: u32,
+    /// The port's full name `valeX:Y`, NUL-terminated.
+    pub name: [u8; 64],
+    pub pad: [u8; 112],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    #[test]
+    fn header_layout() {
+        assert_eq!(size_of::<RegionHeader>(), REGION_HEADER_SIZE);
+        assert_eq!(offset_of!(RegionHeader, region_size), 16);
+        assert_eq!(offset_of!(RegionHeader, nifp_ofs), 24);
+        assert_eq!(offset_of!(RegionHeader, rings_ofs), 32);
+        assert_eq!(offset_of!(RegionHeader, csb_ofs), 40);
+        assert_eq!(offset_of!(RegionHeader, bufs_ofs), 48);
+        assert_eq!(offset_of!(RegionHeader, tx_rings), 56);
+        assert_eq!(offset_of!(RegionHeader, num_bufs), 72);
+        assert_eq!(offset_of!(RegionHeader, ring_size), 76);
+        assert_eq!(offset_of!(RegionHeader, name), 80);
+    }
+
+    #[test]
+    fn default_layout_is_sane() {
+        let l = Layout::new(&PortParams::default()).unwrap();
+        assert_eq!(l.ring_size, 256 + 1024 * 16);
+        assert!(l.csb_ofs >= l.ring_ofs(2));
+        assert_eq!(l.bufs_ofs % 4096, 0);
+        assert_eq!(l.num_bufs, 2 + 2 * 1024);
+        assert_eq!(l.region_size, l.bufs_ofs + l.num_bufs as u64 * 2048);
+    }
+
+    #[test]
+    fn rejects_bad_params() {
+        let ok = PortParams::default();
+        for bad in [
+            PortParams { tx_rings: 0, ..ok },
+            PortParams { rx_rings: 17, ..ok },
+            PortParams { slots: 1000, ..ok },
+            PortParams { slots: 32, ..ok },
+            PortParams { buf_size: 100, ..ok },
+            PortParams { buf_size: 32768, ..ok },
+            PortParams { tx_rings: 16, rx_rings: 16, slots: 4096, buf_size: 16384 },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+    }
+}
