@@ -1,14 +1,27 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! libvale: the client side of a vale port.
+//!
+//! ```no_run
+//! let port = vale::Port::open("vale0:a")?;
+//! let ring = port.tx_ring(0);
+//! while ring.space() > 0 {
+//!     let slot = ring.slot(ring.cur());
+//!     ring.buf(slot.buf_idx)[..6].fill(0xff);
+//!     slot.len = 60;
+//!     ring.advance(1);
+//! }
+//! port.txsync(0)?;
+//! # Ok::<(), std::io::Error>(())
+//! ```
+//!
+//! A port is a shared memory region laid out exactly as netmap's (`netmap_if`, `netmap_ring`,
+//! `netmap_slot`) plus one CSB per ring. `txsync`/`rxsync` are in-process calls: they publish
+//! the ring's `head`/`cur` in the CSB and pick up valed's `hwtail`, and make a system call only
+//! when valed asked to be kicked. Use one thread per ring.
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+mod capi;
+mod connect;
+mod port;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+pub use port::{Events, OpenOptions, Port, Ring};
+pub use vale_abi::netmap::{NetmapSlot, NS_BUF_CHANGED, NS_MOREFRAG, NS_NO_LEARN};
+pub use vale_abi::region::PortParams;

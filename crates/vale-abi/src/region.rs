@@ -37,6 +37,8 @@ pub const BUF_SIZE_ALIGN: u32 = 64;
 pub const MAX_REGION_SIZE: u64 = 1 << 30;
 /// Largest frame (all slots of a `NS_MOREFRAG` chain together) the switch forwards.
 pub const MAX_FRAME_LEN: u32 = 65536;
+/// Most slots one `NS_MOREFRAG` chain may span.
+pub const MAX_FRAGS: u32 = 512;
 
 const PAGE: u64 = 4096;
 

@@ -1,14 +1,20 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! The vale forwarding engine.
+//!
+//! - [`region`]: valed's side of a port's shared memory (create, seal, map, initialise).
+//! - [`port`]: a port, its rings, eventfds, counters and knobs.
+//! - [`lookup`]: the lookup-module interface of stage 2 and the learning bridge.
+//! - [`forward`]: the three-stage batched pipeline (VALE section 3.3, mSwitch lists).
+//! - [`worker`]: forwarding threads that sleep on kick eventfds when there is no work.
+//! - [`switch`]: a switch's port table and knobs.
+//! - [`engine`]: every switch and worker; what the control plane calls.
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+pub mod engine;
+pub mod eventfd;
+pub mod forward;
+pub mod lookup;
+pub mod port;
+pub mod region;
+pub mod switch;
+pub mod worker;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+pub use engine::{Engine, EngineConfig, OpenedPort};

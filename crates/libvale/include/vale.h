@@ -1,0 +1,454 @@
+/*
+ * vale.h -- the C interface of libvale, the client library of the vale software switch.
+ *
+ * A process opens a port "valeX:Y" with vale_open() and gets one shared memory region that
+ * holds the port's rings, slots and packet buffers.  The rings, slots and the interface
+ * descriptor have the binary layout of netmap's (API 14), so code written against netmap's
+ * rings runs unchanged: only the open and sync calls differ (vale_open instead of
+ * open("/dev/netmap") + NIOCREGIF, vale_txsync/vale_rxsync instead of the NIOCTXSYNC and
+ * NIOCRXSYNC ioctls, vale_poll instead of poll() on the netmap fd).
+ *
+ * The structures are written here from the layout alone; docs/abi.md in the vale source tree
+ * is the full description of the port ABI (who writes which field, the notification
+ * protocol, what valed checks).  The Rust crate vale-abi holds the same facts; both must
+ * change together, and together with VALE_ABI_VERSION.
+ *
+ * Include order: if a program also uses netmap's own headers, include them before this one.
+ * The netmap structures below are then taken from netmap's header (they are the same bytes;
+ * the size and offset checks at the end of this file confirm it).
+ *
+ * vale targets 64-bit Linux; the checks below refuse to compile anywhere the layout would
+ * differ (for instance where struct timeval is not 16 bytes).
+ */
+#ifndef VALE_H
+#define VALE_H
+
+#include <stdint.h>
+#include <stddef.h>
+#include <sys/time.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define VALE_ALIGNED(n) __attribute__((__aligned__(n)))
+
+/* Flexible array members are an extension in C++; say so, so -pedantic stays quiet. */
+#ifdef __cplusplus
+#define VALE_FLEX __extension__
+#else
+#define VALE_FLEX
+#endif
+
+#ifdef __cplusplus
+#define VALE_STATIC_ASSERT(expr, msg) static_assert(expr, msg)
+#define VALE_ALIGNOF(type) alignof(type)
+#else
+#define VALE_STATIC_ASSERT(expr, msg) _Static_assert(expr, msg)
+#define VALE_ALIGNOF(type) _Alignof(type)
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* netmap's structures (API 14)                                                               */
+/* ------------------------------------------------------------------------------------------ */
+
+#ifndef NETMAP_API
+#define NETMAP_API 14
+
+/* Flags of netmap_slot.flags. */
+#define NS_BUF_CHANGED 0x0001 /* the client put a different buffer index into this slot */
+#define NS_REPORT 0x0002      /* netmap: ask for a completion report; vale ignores it */
+#define NS_FORWARD 0x0004     /* netmap: host-stack forwarding; vale ignores it */
+#define NS_NO_LEARN 0x0008    /* the learning bridge must not learn this frame's source */
+#define NS_INDIRECT 0x0010    /* ptr holds the payload address: refused by vale (bad input) */
+#define NS_MOREFRAG 0x0020    /* the frame goes on in the next slot */
+
+/*
+ * One descriptor of a ring: which buffer, how many bytes of it, flags.  16 bytes.
+ * `ptr` is unused by vale (NS_INDIRECT is not supported).
+ */
+struct netmap_slot {
+	uint32_t buf_idx;
+	uint16_t len;
+	uint16_t flags;
+	uint64_t ptr;
+};
+
+/*
+ * A ring: a 256-byte header followed by num_slots slots.  The client owns the slots from
+ * `head` up to (not including) `tail`; valed owns the rest.  The client moves head/cur
+ * forward and publishes them with vale_txsync/vale_rxsync; `tail` changes only inside those
+ * calls (and vale_poll).  The fields marked const are written by valed when the port is
+ * created, or by libvale, and are never written by the program.
+ */
+struct netmap_ring {
+	const int64_t buf_ofs;      /* buffer 0 is at (char *)ring + buf_ofs */
+	const uint32_t num_slots;   /* slots in this ring, a power of two */
+	const uint32_t nr_buf_size; /* bytes per buffer, a multiple of 64 */
+	const uint16_t ringid;      /* index of this ring among the port's tx (or rx) rings */
+	const uint16_t dir;         /* NR_TX or NR_RX */
+
+	uint32_t head;       /* first slot the client still owns (written by the client) */
+	uint32_t cur;        /* wake-up point: wait until tail passes cur (written by the client) */
+	const uint32_t tail; /* first slot valed owns (refreshed by the sync calls) */
+
+	uint32_t flags;    /* unused by vale */
+	struct timeval ts; /* unused by vale */
+
+	const uint64_t offset_mask; /* API 14 buffer offsets: 0 in vale */
+	const uint64_t buf_align;   /* API 14 buffer offsets: 0 in vale */
+
+	uint8_t sem[128] VALE_ALIGNED(128); /* opaque in netmap, unused by vale */
+
+	VALE_FLEX struct netmap_slot slot[] VALE_ALIGNED(128); /* at offset 256 */
+};
+
+/*
+ * The interface descriptor: how many rings there are and where each one is.  56 bytes,
+ * then ring_ofs[], one entry per ring, each an offset from this structure.  The order is
+ * netmap's: tx rings, host tx rings, rx rings, host rx rings.  vale ports have no host
+ * rings, so ring_ofs[] holds ni_tx_rings tx rings then ni_rx_rings rx rings.
+ */
+struct netmap_if {
+	char ni_name[16];                /* the port name, cut to 15 bytes, NUL-terminated */
+	const uint32_t ni_version;       /* NETMAP_API */
+	const uint32_t ni_flags;         /* 0 */
+	const uint32_t ni_tx_rings;
+	const uint32_t ni_rx_rings;
+	uint32_t ni_bufs_head;           /* netmap's extra-buffer list: always 0 (none) in vale */
+	const uint32_t ni_host_tx_rings; /* 0 in vale */
+	const uint32_t ni_host_rx_rings; /* 0 in vale */
+	uint32_t ni_spare1[3];
+	VALE_FLEX const int64_t ring_ofs[]; /* netmap declares these ssize_t: same size here */
+};
+
+/*
+ * The Communication Status Block of one ring: two 64-byte halves, each written by one side
+ * only, each on its own cache line.  libvale's sync calls do all the CSB work; a program
+ * only needs these if it implements the protocol itself (see docs/abi.md, with atomic
+ * accesses and the fences described there).
+ */
+struct nm_csb_atok {             /* application (client) to kernel (valed) */
+	uint32_t head;           /* the client's ring->head */
+	uint32_t cur;            /* the client's ring->cur */
+	uint32_t appl_need_kick; /* 1: the client sleeps, valed must raise the interrupt fd */
+	uint32_t sync_flags;     /* flags of the last sync, informational */
+	uint32_t pad[12];
+} VALE_ALIGNED(64);
+
+struct nm_csb_ktoa {             /* kernel (valed) to application (client) */
+	uint32_t hwcur;          /* first slot valed has not processed yet */
+	uint32_t hwtail;         /* becomes the client's ring->tail */
+	uint32_t kern_need_kick; /* 1: valed sleeps on this ring, the client must kick */
+	uint32_t pad[13];
+} VALE_ALIGNED(64);
+
+#else /* NETMAP_API was defined by netmap's own header */
+#if NETMAP_API < 14
+#error "vale.h: the netmap header included before vale.h is older than API 14; its ring layout differs"
+#endif
+#endif /* NETMAP_API */
+
+/* Values of netmap_ring.dir in vale. */
+#ifndef NR_TX
+#define NR_TX 0
+#endif
+#ifndef NR_RX
+#define NR_RX 1
+#endif
+
+/* ------------------------------------------------------------------------------------------ */
+/* netmap-style helpers                                                                       */
+/* ------------------------------------------------------------------------------------------ */
+
+/* Tx ring i of an interface (0 <= i < ni_tx_rings). */
+#ifndef NETMAP_TXRING
+#define NETMAP_TXRING(nifp, i) \
+	((struct netmap_ring *)((char *)(nifp) + (nifp)->ring_ofs[(i)]))
+#endif
+
+/* Rx ring i of an interface (0 <= i < ni_rx_rings): its entry follows all tx entries. */
+#ifndef NETMAP_RXRING
+#define NETMAP_RXRING(nifp, i)                                                      \
+	((struct netmap_ring *)((char *)(nifp) +                                    \
+				(nifp)->ring_ofs[(i) + (nifp)->ni_tx_rings + \
+						 (nifp)->ni_host_tx_rings]))
+#endif
+
+/* Address of buffer idx, as seen from a ring. */
+#ifndef NETMAP_BUF
+#define NETMAP_BUF(ring, idx) \
+	((char *)(ring) + (ring)->buf_ofs + (size_t)(idx) * (ring)->nr_buf_size)
+#endif
+
+/* Index of the buffer that starts at address buf (the inverse of NETMAP_BUF). */
+#ifndef NETMAP_BUF_IDX
+#define NETMAP_BUF_IDX(ring, buf)                                          \
+	((uint32_t)(((char *)(buf) - ((char *)(ring) + (ring)->buf_ofs)) / \
+		    (ring)->nr_buf_size))
+#endif
+
+#ifndef _NET_NETMAP_USER_H_ /* netmap's user header has its own copies of these */
+
+/* The slot after slot i. */
+static inline uint32_t nm_ring_next(const struct netmap_ring *r, uint32_t i)
+{
+	return i + 1 == r->num_slots ? 0 : i + 1;
+}
+
+/*
+ * Slots from cur up to tail: on a tx ring the free slots the client may fill, on an rx ring
+ * the received slots it may read.  Valid as of the last sync of the ring.
+ */
+static inline uint32_t nm_ring_space(const struct netmap_ring *r)
+{
+	return r->tail >= r->cur ? r->tail - r->cur : r->tail + r->num_slots - r->cur;
+}
+
+/* Nothing between cur and tail: a full tx ring, or an rx ring with nothing new. */
+static inline int nm_ring_empty(const struct netmap_ring *r)
+{
+	return r->cur == r->tail;
+}
+
+#endif /* _NET_NETMAP_USER_H_ */
+
+/* ------------------------------------------------------------------------------------------ */
+/* The vale region                                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * Every port has one region (a sealed memfd mapped by valed and by the port's one client),
+ * laid out as follows; every offset is from the start of the region:
+ *
+ *   0           struct vale_region (256 bytes): magic, ABI version, geometry, offsets
+ *   nifp_ofs    struct netmap_if, then ring_ofs[] (offsets from the netmap_if):
+ *               tx rings, then rx rings
+ *   rings_ofs   the rings in region order: tx ring 0 .. tx_rings-1, then rx ring 0 ..
+ *               rx_rings-1, each ring_size bytes (256-byte header + num_slots slots,
+ *               rounded up to 256); ring_ofs[k] == rings_ofs + k * ring_size - nifp_ofs
+ *   csb_ofs     one 128-byte CSB pair per ring, in the same order: nm_csb_atok at
+ *               csb_ofs + k * 128, nm_csb_ktoa at csb_ofs + k * 128 + 64
+ *               (page aligned)
+ *   bufs_ofs    buffers 0 .. num_bufs-1, buf_size bytes each (page aligned); buffers 0 and
+ *               1 are reserved, every slot's buffer index is in 2 .. num_bufs-1
+ *   region_size end of the region (page aligned)
+ *
+ * "Region order" index k of a ring: tx ring t is k = t, rx ring r is k = tx_rings + r.
+ * Each ring's buf_ofs is bufs_ofs minus the ring's own offset, so NETMAP_BUF(ring, i) is
+ * region + bufs_ofs + i * buf_size from any ring.
+ *
+ * libvale checks magic, abi_version and every offset against its own computation of the
+ * layout before vale_open() returns; a program may read the header but never writes it.
+ */
+struct vale_region {
+	uint32_t magic;       /* VALE_MAGIC */
+	uint32_t abi_version; /* VALE_ABI_VERSION */
+	uint32_t header_size; /* sizeof(struct vale_region), 256 */
+	uint32_t flags;       /* 0 */
+	uint64_t region_size; /* bytes mapped */
+	uint64_t nifp_ofs;    /* struct netmap_if */
+	uint64_t rings_ofs;   /* first ring */
+	uint64_t csb_ofs;     /* first CSB pair */
+	uint64_t bufs_ofs;    /* buffer 0 */
+	uint32_t tx_rings;
+	uint32_t rx_rings;
+	uint32_t num_slots;   /* slots per ring */
+	uint32_t buf_size;    /* bytes per buffer */
+	uint32_t num_bufs;    /* buffers in the region, including the reserved 0 and 1 */
+	uint32_t ring_size;   /* bytes from one ring to the next */
+	char name[64];        /* "valeX:Y", NUL-terminated */
+	uint8_t pad[112];
+};
+
+/* "VALE" as the four bytes of the magic field in memory (a little-endian u32). */
+#define VALE_MAGIC 0x454c4156u
+/* Bumped on every incompatible change of the region or of the control protocol. */
+#define VALE_ABI_VERSION 1
+
+#define VALE_REGION_HEADER_SIZE 256
+#define VALE_CSB_RING_SIZE 128 /* bytes of CSB per ring: atok, then ktoa */
+#define VALE_FIRST_BUF 2       /* lowest buffer index a slot may hold */
+
+/* Port geometry limits (vale_open_opts); valed refuses anything outside them. */
+#define VALE_MAX_RINGS 16          /* per direction */
+#define VALE_MIN_SLOTS 64          /* slots per ring: a power of two in [64, 4096] */
+#define VALE_MAX_SLOTS 4096
+#define VALE_MIN_BUF_SIZE 128      /* buffer size: a multiple of 64 in [128, 16384] */
+#define VALE_MAX_BUF_SIZE 16384
+#define VALE_BUF_ALIGN 64
+#define VALE_MAX_REGION_SIZE (1ull << 30)
+#define VALE_MAX_FRAME_LEN 65536   /* all slots of one NS_MOREFRAG chain together */
+#define VALE_MAX_FRAGS 512         /* slots of one NS_MOREFRAG chain */
+
+#define VALE_DEFAULT_RUN_DIR "/run/vale" /* when opts->run_dir and VALE_RUN_DIR are unset */
+#define VALE_SOCKET_NAME "valed.sock"    /* valed's control socket inside the run directory */
+
+/* The CSB halves of the ring with region-order index k (see above). */
+#define VALE_CSB_ATOK(region, k)                                       \
+	((struct nm_csb_atok *)((char *)(region) + (region)->csb_ofs + \
+				(size_t)(k) * VALE_CSB_RING_SIZE))
+#define VALE_CSB_KTOA(region, k)                                       \
+	((struct nm_csb_ktoa *)((char *)(region) + (region)->csb_ofs + \
+				(size_t)(k) * VALE_CSB_RING_SIZE + 64))
+
+/* ------------------------------------------------------------------------------------------ */
+/* Layout checks                                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+VALE_STATIC_ASSERT(sizeof(struct timeval) == 16, "vale needs a 16-byte struct timeval (64-bit Linux)");
+
+VALE_STATIC_ASSERT(sizeof(struct netmap_slot) == 16, "netmap_slot size");
+VALE_STATIC_ASSERT(offsetof(struct netmap_slot, buf_idx) == 0, "netmap_slot.buf_idx");
+VALE_STATIC_ASSERT(offsetof(struct netmap_slot, len) == 4, "netmap_slot.len");
+VALE_STATIC_ASSERT(offsetof(struct netmap_slot, flags) == 6, "netmap_slot.flags");
+VALE_STATIC_ASSERT(offsetof(struct netmap_slot, ptr) == 8, "netmap_slot.ptr");
+
+VALE_STATIC_ASSERT(sizeof(struct netmap_ring) == 256, "netmap_ring header size");
+VALE_STATIC_ASSERT(VALE_ALIGNOF(struct netmap_ring) == 128, "netmap_ring alignment");
+VALE_STATIC_ASSERT(offsetof(struct netmap_ring, buf_ofs) == 0, "netmap_ring.buf_ofs");
+VALE_STATIC_ASSERT(offsetof(struct netmap_ring, num_slots) == 8, "netmap_ring.num_slots");
+VALE_STATIC_ASSERT(offsetof(struct netmap_ring, nr_buf_size) == 12, "netmap_ring.nr_buf_size");
+VALE_STATIC_ASSERT(offsetof(struct netmap_ring, ringid) == 16, "netmap_ring.ringid");
+VALE_STATIC_ASSERT(offsetof(struct netmap_ring, dir) == 18, "netmap_ring.dir");
+VALE_STATIC_ASSERT(offsetof(struct netmap_ring, head) == 20, "netmap_ring.head");
+VALE_STATIC_ASSERT(offsetof(struct netmap_ring, cur) == 24, "netmap_ring.cur");
+VALE_STATIC_ASSERT(offsetof(struct netmap_ring, tail) == 28, "netmap_ring.tail");
+VALE_STATIC_ASSERT(offsetof(struct netmap_ring, flags) == 32, "netmap_ring.flags");
+VALE_STATIC_ASSERT(offsetof(struct netmap_ring, ts) == 40, "netmap_ring.ts");
+VALE_STATIC_ASSERT(offsetof(struct netmap_ring, offset_mask) == 56, "netmap_ring.offset_mask");
+VALE_STATIC_ASSERT(offsetof(struct netmap_ring, buf_align) == 64, "netmap_ring.buf_align");
+VALE_STATIC_ASSERT(offsetof(struct netmap_ring, sem) == 128, "netmap_ring.sem");
+VALE_STATIC_ASSERT(offsetof(struct netmap_ring, slot) == 256, "netmap_ring.slot");
+
+VALE_STATIC_ASSERT(sizeof(struct netmap_if) == 56, "netmap_if header size");
+VALE_STATIC_ASSERT(offsetof(struct netmap_if, ni_name) == 0, "netmap_if.ni_name");
+VALE_STATIC_ASSERT(offsetof(struct netmap_if, ni_version) == 16, "netmap_if.ni_version");
+VALE_STATIC_ASSERT(offsetof(struct netmap_if, ni_flags) == 20, "netmap_if.ni_flags");
+VALE_STATIC_ASSERT(offsetof(struct netmap_if, ni_tx_rings) == 24, "netmap_if.ni_tx_rings");
+VALE_STATIC_ASSERT(offsetof(struct netmap_if, ni_rx_rings) == 28, "netmap_if.ni_rx_rings");
+VALE_STATIC_ASSERT(offsetof(struct netmap_if, ni_bufs_head) == 32, "netmap_if.ni_bufs_head");
+VALE_STATIC_ASSERT(offsetof(struct netmap_if, ni_host_tx_rings) == 36, "netmap_if.ni_host_tx_rings");
+VALE_STATIC_ASSERT(offsetof(struct netmap_if, ni_host_rx_rings) == 40, "netmap_if.ni_host_rx_rings");
+VALE_STATIC_ASSERT(offsetof(struct netmap_if, ni_spare1) == 44, "netmap_if.ni_spare1");
+VALE_STATIC_ASSERT(offsetof(struct netmap_if, ring_ofs) == 56, "netmap_if.ring_ofs");
+VALE_STATIC_ASSERT(sizeof(((struct netmap_if *)0)->ring_ofs[0]) == 8, "netmap_if.ring_ofs entry size");
+
+VALE_STATIC_ASSERT(sizeof(struct nm_csb_atok) == 64, "nm_csb_atok size");
+VALE_STATIC_ASSERT(offsetof(struct nm_csb_atok, head) == 0, "nm_csb_atok.head");
+VALE_STATIC_ASSERT(offsetof(struct nm_csb_atok, cur) == 4, "nm_csb_atok.cur");
+VALE_STATIC_ASSERT(offsetof(struct nm_csb_atok, appl_need_kick) == 8, "nm_csb_atok.appl_need_kick");
+VALE_STATIC_ASSERT(offsetof(struct nm_csb_atok, sync_flags) == 12, "nm_csb_atok.sync_flags");
+VALE_STATIC_ASSERT(sizeof(struct nm_csb_ktoa) == 64, "nm_csb_ktoa size");
+VALE_STATIC_ASSERT(offsetof(struct nm_csb_ktoa, hwcur) == 0, "nm_csb_ktoa.hwcur");
+VALE_STATIC_ASSERT(offsetof(struct nm_csb_ktoa, hwtail) == 4, "nm_csb_ktoa.hwtail");
+VALE_STATIC_ASSERT(offsetof(struct nm_csb_ktoa, kern_need_kick) == 8, "nm_csb_ktoa.kern_need_kick");
+VALE_STATIC_ASSERT(2 * 64 == VALE_CSB_RING_SIZE, "CSB pair size");
+
+VALE_STATIC_ASSERT(sizeof(struct vale_region) == VALE_REGION_HEADER_SIZE, "vale_region size");
+VALE_STATIC_ASSERT(offsetof(struct vale_region, magic) == 0, "vale_region.magic");
+VALE_STATIC_ASSERT(offsetof(struct vale_region, abi_version) == 4, "vale_region.abi_version");
+VALE_STATIC_ASSERT(offsetof(struct vale_region, header_size) == 8, "vale_region.header_size");
+VALE_STATIC_ASSERT(offsetof(struct vale_region, flags) == 12, "vale_region.flags");
+VALE_STATIC_ASSERT(offsetof(struct vale_region, region_size) == 16, "vale_region.region_size");
+VALE_STATIC_ASSERT(offsetof(struct vale_region, nifp_ofs) == 24, "vale_region.nifp_ofs");
+VALE_STATIC_ASSERT(offsetof(struct vale_region, rings_ofs) == 32, "vale_region.rings_ofs");
+VALE_STATIC_ASSERT(offsetof(struct vale_region, csb_ofs) == 40, "vale_region.csb_ofs");
+VALE_STATIC_ASSERT(offsetof(struct vale_region, bufs_ofs) == 48, "vale_region.bufs_ofs");
+VALE_STATIC_ASSERT(offsetof(struct vale_region, tx_rings) == 56, "vale_region.tx_rings");
+VALE_STATIC_ASSERT(offsetof(struct vale_region, rx_rings) == 60, "vale_region.rx_rings");
+VALE_STATIC_ASSERT(offsetof(struct vale_region, num_slots) == 64, "vale_region.num_slots");
+VALE_STATIC_ASSERT(offsetof(struct vale_region, buf_size) == 68, "vale_region.buf_size");
+VALE_STATIC_ASSERT(offsetof(struct vale_region, num_bufs) == 72, "vale_region.num_bufs");
+VALE_STATIC_ASSERT(offsetof(struct vale_region, ring_size) == 76, "vale_region.ring_size");
+VALE_STATIC_ASSERT(offsetof(struct vale_region, name) == 80, "vale_region.name");
+VALE_STATIC_ASSERT(offsetof(struct vale_region, pad) == 144, "vale_region.pad");
+
+/* ------------------------------------------------------------------------------------------ */
+/* The libvale API                                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+/*
+ * Threads: a ring is driven by one thread at a time (the thread that fills or drains it
+ * calls its sync); different rings of a port may be driven by different threads at once.
+ * vale_poll() looks at and syncs every ring of the port, so it belongs to the thread that
+ * drives all of them.  vale_open/vale_close may be called from any thread; vale_close must
+ * not race with any other call on the same port.
+ *
+ * Errors: a call that fails returns NULL or -1 and leaves a message for vale_last_error().
+ */
+
+/* An open port (opaque): the control connection, the mapped region and the eventfds. */
+struct vale_port;
+
+/* Port geometry and where to find valed.  Always start from vale_open_opts_init(). */
+struct vale_open_opts {
+	uint32_t tx_rings;   /* 1 .. VALE_MAX_RINGS */
+	uint32_t rx_rings;   /* 1 .. VALE_MAX_RINGS */
+	uint32_t slots;      /* slots per ring: a power of two, VALE_MIN_SLOTS .. VALE_MAX_SLOTS */
+	uint32_t buf_size;   /* bytes per buffer: multiple of 64, VALE_MIN_BUF_SIZE .. VALE_MAX_BUF_SIZE */
+	const char *run_dir; /* valed's run directory; NULL: $VALE_RUN_DIR, else VALE_DEFAULT_RUN_DIR */
+	int no_autostart;    /* nonzero: fail when no valed answers, instead of starting one */
+};
+
+/* Fills *o with the defaults: 1 tx ring, 1 rx ring, 1024 slots, 2048-byte buffers,
+ * run_dir NULL, no_autostart 0. */
+void vale_open_opts_init(struct vale_open_opts *o);
+
+/*
+ * Opens port `name` ("valeX:Y"; the switch and the port are created if they do not exist)
+ * and makes the calling process its owner until vale_close() or exit.  opts may be NULL for
+ * the defaults.  Returns NULL on error (no such daemon, bad name or geometry, port in use,
+ * ABI version mismatch...): see vale_last_error().
+ */
+struct vale_port *vale_open(const char *name, const struct vale_open_opts *opts);
+
+/* Unmaps the region, closes every descriptor and gives the port back to valed (which frees
+ * it unless it is persistent).  NULL is accepted and ignored. */
+void vale_close(struct vale_port *p);
+
+/* The port's netmap_if: find the rings with NETMAP_TXRING / NETMAP_RXRING.  Valid until
+ * vale_close(). */
+struct netmap_if *vale_nifp(const struct vale_port *p);
+
+/* The port's region header (read only), for its geometry and the CSB.  Valid until
+ * vale_close(). */
+const struct vale_region *vale_region(const struct vale_port *p);
+
+/*
+ * Publishes ring->head and ring->cur of tx ring `ring` to valed (slots before head are
+ * handed over for sending) and refreshes ring->tail with the slots valed has finished with.
+ * No system call is made unless valed has asked to be kicked (it sleeps on that ring).
+ * Returns 0, or -1 if `ring` is not a tx ring of the port or head/cur lie outside the ring
+ * (nothing is published then).
+ */
+int vale_txsync(struct vale_port *p, uint32_t ring);
+
+/*
+ * The same for rx ring `ring`: publishes ring->head/cur (slots before head are given back
+ * to valed for new frames) and refreshes ring->tail with the frames that arrived.  Never a
+ * system call: valed does not need a kick on rx rings.  Returns 0 or -1 as vale_txsync().
+ */
+int vale_rxsync(struct vale_port *p, uint32_t ring);
+
+#define VALE_POLLIN 1  /* some rx ring has frames between cur and tail */
+#define VALE_POLLOUT 2 /* some tx ring has free slots between cur and tail */
+
+/*
+ * Waits until one of `events` holds on some ring of the port, or timeout_ms milliseconds
+ * pass (< 0: no limit; 0: only look).  Returns the mask of events that hold (a subset of
+ * `events`), 0 on timeout, -1 on error.  The rings behind a reported event are synced
+ * (their tail is fresh) on return.  The wait is on the rings' interrupt eventfds, with
+ * notification enabled only while sleeping, so an idle client costs valed nothing.
+ */
+int vale_poll(struct vale_port *p, int events, int timeout_ms);
+
+/* The message of this thread's last failed libvale call ("" if none).  The string stays
+ * valid until the thread's next libvale call. */
+const char *vale_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* VALE_H */

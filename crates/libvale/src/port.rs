@@ -1,0 +1,468 @@
+//! A port as its client sees it: the mapped region, its rings, and the sync calls.
+
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::ptr::NonNull;
+use std::sync::atomic::{fence, Ordering::*};
+use std::time::{Duration, Instant};
+
+use vale_abi::control::{self, default_run_dir, Reply, Request};
+use vale_abi::csb::{CsbAtok, CsbKtoa};
+use vale_abi::netmap::{NetmapIf, NetmapRing, NetmapSlot, RING_SLOTS_OFS};
+use vale_abi::region::{Layout, PortParams, RegionHeader, VALE_ABI_VERSION};
+
+use crate::connect;
+
+/// How to open a port: geometry, run directory, whether to start valed.
+#[derive(Clone, Debug)]
+pub struct OpenOptions {
+    pub params: PortParams,
+    /// `None`: `VALE_RUN_DIR`, else `/run/vale`.
+    pub run_dir: Option<PathBuf>,
+    /// Start valed when none runs for the run directory (default: yes, unless the
+    /// environment has `VALE_NO_AUTOSTART=1`).
+    pub autostart: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            params: PortParams::default(),
+            run_dir: None,
+            autostart: std::env::var_os("VALE_NO_AUTOSTART").is_none_or(|v| v.is_empty() || v == "0"),
+        }
+    }
+}
+
+impl OpenOptions {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn rings(&mut self, tx: u32, rx: u32) -> &mut Self {
+        self.params.tx_rings = tx;
+        self.params.rx_rings = rx;
+        self
+    }
+    pub fn slots(&mut self, n: u32) -> &mut Self {
+        self.params.slots = n;
+        self
+    }
+    pub fn buf_size(&mut self, n: u32) -> &mut Self {
+        self.params.buf_size = n;
+        self
+    }
+    pub fn run_dir(&mut self, d: impl Into<PathBuf>) -> &mut Self {
+        self.run_dir = Some(d.into());
+        self
+    }
+    pub fn autostart(&mut self, on: bool) -> &mut Self {
+        self.autostart = on;
+        self
+    }
+
+    /// Opens (and so creates, if need be) port `name` = `valeX:Y`.
+    pub fn open(&self, name: &str) -> io::Result<Port> {
+        let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+        vale_abi::name::parse_port(name).map_err(invalid)?;
+        let layout = Layout::new(&self.params).map_err(invalid)?;
+        let run_dir = self.run_dir.clone().unwrap_or_else(default_run_dir);
+        let ctl = connect::connect(&run_dir, self.autostart)?;
+        let req = Request::Open {
+            port: name.to_string(),
+            params: self.params,
+            abi_version: VALE_ABI_VERSION,
+        };
+        control::send(&ctl, &req, &[])?;
+        let (reply, fds) = control::recv::<Reply>(&ctl)?
+            .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "valed closed the connection"))?;
+        match reply {
+            Reply::Opened { .. } => {}
+            Reply::Error { message } => return Err(io::Error::other(message)),
+            other => return Err(io::Error::other(format!("unexpected reply from valed: {other:?}"))),
+        }
+        let rings = layout.num_rings() as usize;
+        if fds.len() != 1 + 2 * rings {
+            return Err(io::Error::other(format!(
+                "valed sent {} descriptors, expected {}",
+                fds.len(),
+                1 + 2 * rings
+            )));
+        }
+        let mut fds = fds.into_iter();
+        let memfd = fds.next().expect("counted");
+        let (mut kick, mut irq) = (Vec::with_capacity(rings), Vec::with_capacity(rings));
+        for _ in 0..rings {
+            kick.push(fds.next().expect("counted"));
+            irq.push(fds.next().expect("counted"));
+        }
+        // SAFETY: maps the memfd valed sent, with the size both sides computed.
+        let base = unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                layout.region_size as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                memfd.as_raw_fd(),
+                0,
+            );
+            if p == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error());
+            }
+            NonNull::new_unchecked(p as *mut u8)
+        };
+        let port = Port {
+            name: name.to_string(),
+            base,
+            layout,
+            _ctl: ctl,
+            _memfd: memfd,
+            kick,
+            irq,
+        };
+        layout.check_header(port.region()).map_err(io::Error::other)?;
+        // Start from valed's view of every ring.
+        for i in 0..layout.num_rings() {
+            let r = port.ring(i);
+            let ktoa = port.ktoa(i);
+            // SAFETY: ring header inside our mapping; only this thread uses it yet.
+            unsafe {
+                let cur = ktoa.hwcur.load(Acquire);
+                (*r.ptr.as_ptr()).head = cur;
+                (*r.ptr.as_ptr()).cur = cur;
+                (*r.ptr.as_ptr()).tail = ktoa.hwtail.load(Acquire);
+            }
+        }
+        Ok(port)
+    }
+}
+
+/// An open port. Dropping it closes the port (valed frees it, unless it is persistent).
+pub struct Port {
+    name: String,
+    base: NonNull<u8>,
+    layout: Layout,
+    /// The connection that owns the port: valed frees the port when it closes.
+    _ctl: UnixStream,
+    _memfd: OwnedFd,
+    /// Per region ring (tx, then rx): client-to-valed kick, valed-to-client interrupt.
+    kick: Vec<OwnedFd>,
+    irq: Vec<OwnedFd>,
+}
+
+// SAFETY: the mapping is shared memory; rings are used one thread per ring, as documented.
+unsafe impl Send for Port {}
+unsafe impl Sync for Port {}
+
+/// What [`Port::poll`] waits for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Events {
+    /// Some rx ring holds frames.
+    pub readable: bool,
+    /// Some tx ring has a free slot.
+    pub writable: bool,
+}
+
+impl Port {
+    /// Opens `name` with default options.
+    pub fn open(name: &str) -> io::Result<Port> {
+        OpenOptions::new().open(name)
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn params(&self) -> &PortParams {
+        &self.layout.params
+    }
+
+    /// The region header valed wrote (magic, ABI version, offsets).
+    pub fn region(&self) -> &RegionHeader {
+        // SAFETY: offset 0 of our mapping, checked size.
+        unsafe { &*(self.base.as_ptr() as *const RegionHeader) }
+    }
+
+    /// The netmap interface descriptor, for netmap-style code.
+    pub fn nifp(&self) -> *mut NetmapIf {
+        // SAFETY: inside the mapping.
+        unsafe { self.base.as_ptr().add(self.layout.nifp_ofs as usize) as *mut NetmapIf }
+    }
+
+    fn ring(&self, i: u32) -> Ring {
+        // Our own layout, not the (writable) ring_ofs[] in the mapping.
+        // SAFETY: both offsets lie inside the mapping.
+        let (ring, bufs) = unsafe {
+            (
+                self.base.as_ptr().add(self.layout.ring_ofs(i) as usize),
+                self.base.as_ptr().add(self.layout.bufs_ofs as usize),
+            )
+        };
+        Ring {
+            ptr: NonNull::new(ring as *mut NetmapRing).expect("mapped"),
+            bufs: NonNull::new(bufs).expect("mapped"),
+            num_bufs: self.layout.num_bufs,
+        }
+    }
+
+    fn atok(&self, i: u32) -> &CsbAtok {
+        // SAFETY: inside the mapping, 64-byte aligned.
+        unsafe { &*(self.base.as_ptr().add(self.layout.csb_atok_ofs(i) as usize) as *const CsbAtok) }
+    }
+
+    fn ktoa(&self, i: u32) -> &CsbKtoa {
+        // SAFETY: as above.
+        unsafe { &*(self.base.as_ptr().add(self.layout.csb_ktoa_ofs(i) as usize) as *const CsbKtoa) }
+    }
+
+    fn tx_index(&self, ring: u32) -> io::Result<u32> {
+        if ring < self.layout.params.tx_rings {
+            Ok(ring)
+        } else {
+            Err(io::Error::new(io::ErrorKind::InvalidInput, format!("no tx ring {ring}")))
+        }
+    }
+
+    fn rx_index(&self, ring: u32) -> io::Result<u32> {
+        if ring < self.layout.params.rx_rings {
+            Ok(self.layout.params.tx_rings + ring)
+        } else {
+            Err(io::Error::new(io::ErrorKind::InvalidInput, format!("no rx ring {ring}")))
+        }
+    }
+
+    pub fn tx_ring(&self, ring: u32) -> Ring {
+        self.ring(self.tx_index(ring).expect("tx ring index in range"))
+    }
+
+    pub fn rx_ring(&self, ring: u32) -> Ring {
+        self.ring(self.rx_index(ring).expect("rx ring index in range"))
+    }
+
+    /// Publishes `head`/`cur` of region ring `i` and refreshes its `tail`.
+    fn sync(&self, i: u32, may_kick: bool) -> io::Result<()> {
+        let ring = self.ring(i);
+        let n = ring.num_slots();
+        let (head, cur) = (ring.head(), ring.cur());
+        if head >= n || cur >= n {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("ring {i}: head {head} / cur {cur} out of range (slots {n})"),
+            ));
+        }
+        let atok = self.atok(i);
+        let ktoa = self.ktoa(i);
+        atok.cur.store(cur, Relaxed);
+        // Release: the slots filled before head are visible to valed before head is.
+        atok.head.store(head, Release);
+        if may_kick {
+            // Store head, full fence, then load kern_need_kick: valed stores the flag, fences,
+            // then re-reads head, so either we see its flag and kick, or it sees our head.
+            fence(SeqCst);
+            if ktoa.kern_need_kick.load(Relaxed) != 0 {
+                signal(&self.kick[i as usize]);
+            }
+        }
+        // Acquire: what valed wrote in the slots before hwtail is visible to us.
+        ring.set_tail(ktoa.hwtail.load(Acquire));
+        Ok(())
+    }
+
+    /// Sends what the client queued on tx ring `ring` (slots from the last `head` to the
+    /// new one) and reclaims the slots valed is done with.
+    pub fn txsync(&self, ring: u32) -> io::Result<()> {
+        self.sync(self.tx_index(ring)?, true)
+    }
+
+    /// Returns the slots before `head` of rx ring `ring` to valed and picks up new frames.
+    pub fn rxsync(&self, ring: u32) -> io::Result<()> {
+        // valed never waits on an rx ring: it reads head when it delivers.
+        self.sync(self.rx_index(ring)?, false)
+    }
+
+    /// Syncs the rings `want` names and says which are ready, without sleeping.
+    fn ready(&self, want: Events) -> io::Result<Events> {
+        let mut got = Events::default();
+        if want.writable {
+            for r in 0..self.layout.params.tx_rings {
+                self.txsync(r)?;
+                got.writable |= self.tx_ring(r).space() > 0;
+            }
+        }
+        if want.readable {
+            for r in 0..self.layout.params.rx_rings {
+                self.rxsync(r)?;
+                got.readable |= !self.rx_ring(r).is_empty();
+            }
+        }
+        Ok(got)
+    }
+
+    /// Region ring indices `want` concerns.
+    fn wanted(&self, want: Events) -> impl Iterator<Item = u32> {
+        let t = self.layout.params.tx_rings;
+        let all = self.layout.num_rings();
+        (0..all).filter(move |&i| if i < t { want.writable } else { want.readable })
+    }
+
+    /// Waits until some rx ring has frames (`readable`) or some tx ring has room
+    /// (`writable`), or `timeout` passes (`None`: forever). Syncs the rings it looks at.
+    pub fn poll(&self, want: Events, timeout: Option<Duration>) -> io::Result<Events> {
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let got = self.ready(want)?;
+            if got != Events::default() {
+                return Ok(got);
+            }
+            let left = match deadline {
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return Ok(got);
+                    }
+                    (d - now).as_millis().clamp(1, i32::MAX as u128) as i32
+                }
+                None => -1,
+            };
+            // Ask for interrupts, full fence, then look once more: valed stores hwtail,
+            // fences, then reads appl_need_kick, so it either interrupts us or we see its
+            // tail here. Only then is sleeping safe.
+            for i in self.wanted(want) {
+                self.atok(i).appl_need_kick.store(1, Relaxed);
+            }
+            fence(SeqCst);
+            let moved = self.wanted(want).any(|i| self.ktoa(i).hwtail.load(Relaxed) != self.ring(i).tail());
+            if !moved {
+                let mut pfds: Vec<libc::pollfd> = self
+                    .wanted(want)
+                    .map(|i| libc::pollfd {
+                        fd: self.irq[i as usize].as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    })
+                    .collect();
+                // SAFETY: the array outlives the call and its length is passed.
+                let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, left) };
+                if r < 0 {
+                    let e = io::Error::last_os_error();
+                    if e.kind() != io::ErrorKind::Interrupted {
+                        return Err(e);
+                    }
+                }
+                for p in pfds.iter().filter(|p| p.revents != 0) {
+                    drain(p.fd);
+                }
+            }
+            for i in self.wanted(want) {
+                self.atok(i).appl_need_kick.store(0, Relaxed);
+            }
+        }
+    }
+}
+
+impl Drop for Port {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly what `open` mapped.
+        unsafe { libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.layout.region_size as usize) };
+    }
+}
+
+fn signal(fd: &OwnedFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64 to an eventfd.
+    unsafe { libc::write(fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+}
+
+fn drain(fd: i32) {
+    let mut v: u64 = 0;
+    // SAFETY: reads 8 bytes into a live u64 from an eventfd.
+    unsafe { libc::read(fd, &mut v as *mut u64 as *mut libc::c_void, 8) };
+}
+
+/// A netmap ring of an open port, with netmap's helpers. Valid while its [`Port`] is.
+#[derive(Clone, Copy)]
+pub struct Ring {
+    ptr: NonNull<NetmapRing>,
+    bufs: NonNull<u8>,
+    num_bufs: u32,
+}
+
+impl Ring {
+    #[inline(always)]
+    fn hdr(&self) -> *mut NetmapRing {
+        self.ptr.as_ptr()
+    }
+    #[inline(always)]
+    pub fn num_slots(&self) -> u32 {
+        // SAFETY (all accessors): the ring header lies in the port's mapping; the client is
+        // its only writer.
+        unsafe { (*self.hdr()).num_slots }
+    }
+    #[inline(always)]
+    pub fn buf_size(&self) -> u32 {
+        unsafe { (*self.hdr()).nr_buf_size }
+    }
+    #[inline(always)]
+    pub fn head(&self) -> u32 {
+        unsafe { (*self.hdr()).head }
+    }
+    #[inline(always)]
+    pub fn cur(&self) -> u32 {
+        unsafe { (*self.hdr()).cur }
+    }
+    #[inline(always)]
+    pub fn tail(&self) -> u32 {
+        unsafe { (*self.hdr()).tail }
+    }
+    #[inline(always)]
+    pub fn set_head(&self, v: u32) {
+        unsafe { (*self.hdr()).head = v }
+    }
+    #[inline(always)]
+    pub fn set_cur(&self, v: u32) {
+        unsafe { (*self.hdr()).cur = v }
+    }
+    #[inline(always)]
+    fn set_tail(&self, v: u32) {
+        unsafe { (*self.hdr()).tail = v }
+    }
+    /// netmap's `nm_ring_next`.
+    #[inline(always)]
+    pub fn next(&self, i: u32) -> u32 {
+        vale_abi::netmap::ring_next(i, self.num_slots())
+    }
+    /// netmap's `nm_ring_space`: slots from `cur` to `tail`.
+    #[inline(always)]
+    pub fn space(&self) -> u32 {
+        vale_abi::netmap::ring_distance(self.cur(), self.tail(), self.num_slots())
+    }
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.cur() == self.tail()
+    }
+    /// Moves `head` and `cur` forward by `n` slots.
+    #[inline(always)]
+    pub fn advance(&self, n: u32) {
+        let v = (self.cur() + n) % self.num_slots();
+        self.set_cur(v);
+        self.set_head(v);
+    }
+    /// Slot `i` (`i` < `num_slots`).
+    #[inline(always)]
+    #[allow(clippy::mut_from_ref)]
+    pub fn slot(&self, i: u32) -> &mut NetmapSlot {
+        assert!(i < self.num_slots(), "slot index out of range");
+        // SAFETY: in range; slots of a ring are the client's between head and tail.
+        unsafe { &mut *((self.hdr() as *mut u8).add(RING_SLOTS_OFS + 16 * i as usize) as *mut NetmapSlot) }
+    }
+    /// Buffer `idx`, as netmap's `NETMAP_BUF(ring, idx)`.
+    #[inline(always)]
+    #[allow(clippy::mut_from_ref)]
+    pub fn buf(&self, idx: u32) -> &mut [u8] {
+        assert!(idx < self.num_bufs, "buffer index out of range");
+        let size = self.buf_size() as usize;
+        // SAFETY: index checked against the pool of this port's own mapping.
+        unsafe { std::slice::from_raw_parts_mut(self.bufs.as_ptr().add(idx as usize * size), size) }
+    }
+}

@@ -1,0 +1,292 @@
+//! Every switch and worker of one valed, and the operations the control plane calls.
+//!
+//! Control operations are serialised by one lock; forwarding never takes it.
+
+use std::collections::BTreeMap;
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use vale_abi::control::{PortInfo, SwitchInfo};
+use vale_abi::name::{parse_port, parse_switch};
+use vale_abi::region::{Layout, PortParams};
+
+use crate::lookup;
+use crate::port::{Attachment, Port, PortShared};
+use crate::switch::{Switch, DEFAULT_BATCH, MAX_PORTS};
+use crate::worker::{Cmd, Worker};
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub workers: usize,
+    pub busy_poll: Duration,
+    /// Batch size of new switches.
+    pub batch: u32,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            workers: 1,
+            busy_poll: Duration::ZERO,
+            batch: DEFAULT_BATCH,
+        }
+    }
+}
+
+pub struct Engine {
+    cfg: EngineConfig,
+    switches: Mutex<BTreeMap<String, Arc<Switch>>>,
+    workers: Vec<Arc<Worker>>,
+    next_worker: AtomicUsize,
+}
+
+/// A port handed to a client, and the descriptors to send it.
+pub struct OpenedPort {
+    pub port: Arc<Port>,
+}
+
+impl OpenedPort {
+    /// memfd, then per ring (tx, then rx) kick and interrupt eventfds; valid while `port` is.
+    pub fn fds(&self) -> Vec<RawFd> {
+        self.port.attachment.as_ref().map(|a| a.client_fds()).unwrap_or_default()
+    }
+}
+
+/// Longest a control operation waits for workers to let go of a port.
+const DETACH_WAIT: Duration = Duration::from_secs(5);
+
+impl Engine {
+    pub fn new(cfg: EngineConfig) -> std::io::Result<Arc<Engine>> {
+        let epoch = Instant::now();
+        let workers = (0..cfg.workers.max(1))
+            .map(|i| Worker::spawn(i, cfg.busy_poll, epoch))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        Ok(Arc::new(Engine {
+            cfg,
+            switches: Mutex::new(BTreeMap::new()),
+            workers,
+            next_worker: AtomicUsize::new(0),
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Arc<Switch>>> {
+        self.switches.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Attaches a client (pid `owner`) to `name`, creating the switch and port if needed.
+    pub fn open(&self, name: &str, params: &PortParams, owner: u32) -> Result<OpenedPort, String> {
+        let (sw_name, _) = parse_port(name)?;
+        let layout = Layout::new(params)?;
+        let mut sws = self.lock();
+        let sw = sws
+            .entry(sw_name.to_string())
+            .or_insert_with(|| Arc::new(Switch::new(sw_name, self.cfg.batch)))
+            .clone();
+        let result = self.attach(&sw, name, layout, owner);
+        if sw.port_count() == 0 {
+            sws.remove(sw_name);
+        }
+        result
+    }
+
+    fn attach(&self, sw: &Arc<Switch>, name: &str, layout: Layout, owner: u32) -> Result<OpenedPort, String> {
+        let (index, shared) = match sw.find(name) {
+            Some(p) => match &p.attachment {
+                Some(a) => return Err(format!("port '{name}' is in use by pid {}", a.owner_pid)),
+                None => (p.index, p.shared.clone()),
+            },
+            None => {
+                let i = sw
+                    .free_index()
+                    .ok_or_else(|| format!("switch '{}' is full ({MAX_PORTS} ports)", sw.name))?;
+                (i, Arc::new(PortShared::new(name.to_string(), false)))
+            }
+        };
+        let att = Attachment::new(name, layout, owner)
+            .map_err(|e| format!("cannot create memory for port '{name}': {e}"))?;
+        let port = Arc::new(Port {
+            shared,
+            index,
+            attachment: Some(att),
+        });
+        sw.install(port.clone());
+        for ring in 0..layout.params.tx_rings {
+            let w = self.next_worker.fetch_add(1, Relaxed) % self.workers.len();
+            self.workers[w].send(Cmd::Add {
+                sw: sw.clone(),
+                port: port.clone(),
+                ring,
+            });
+        }
+        tracing::info!(port = name, pid = owner, ?layout.params, "port attached");
+        Ok(OpenedPort { port })
+    }
+
+    /// The owner of `port` went away: free it (a persistent port stays, empty).
+    pub fn close(&self, port: &Arc<Port>) {
+        {
+            let mut sws = self.lock();
+            let (sw_name, _) = parse_port(port.name()).expect("ports have valid names");
+            if let Some(sw) = sws.get(sw_name).cloned() {
+                let keep = port.shared.persistent.load(Relaxed).then(|| {
+                    Arc::new(Port {
+                        shared: port.shared.clone(),
+                        index: port.index,
+                        attachment: None,
+                    })
+                });
+                sw.replace(port, keep);
+                if sw.port_count() == 0 {
+                    sws.remove(sw_name);
+                }
+            }
+        }
+        self.release(port);
+        tracing::info!(port = port.name(), "port detached");
+    }
+
+    /// Makes every worker drop its references to `port`, so its memory goes now.
+    fn release(&self, port: &Arc<Port>) {
+        if port.attachment.is_none() {
+            return;
+        }
+        let (tx, rx) = mpsc::channel();
+        for w in &self.workers {
+            w.send(Cmd::Remove {
+                port: port.clone(),
+                done: tx.clone(),
+            });
+        }
+        for _ in &self.workers {
+            if rx.recv_timeout(DETACH_WAIT).is_err() {
+                tracing::error!(port = port.name(), "a worker did not release the port");
+                break;
+            }
+        }
+    }
+
+    /// Creates persistent port `name`, or makes an existing port persistent.
+    pub fn create(&self, name: &str) -> Result<(), String> {
+        let (sw_name, _) = parse_port(name)?;
+        let mut sws = self.lock();
+        let sw = sws
+            .entry(sw_name.to_string())
+            .or_insert_with(|| Arc::new(Switch::new(sw_name, self.cfg.batch)))
+            .clone();
+        if let Some(p) = sw.find(name) {
+            p.shared.persistent.store(true, Relaxed);
+            return Ok(());
+        }
+        let Some(index) = sw.free_index() else {
+            if sw.port_count() == 0 {
+                sws.remove(sw_name);
+            }
+            return Err(format!("switch '{sw_name}' is full ({MAX_PORTS} ports)"));
+        };
+        sw.install(Arc::new(Port {
+            shared: Arc::new(PortShared::new(name.to_string(), true)),
+            index,
+            attachment: None,
+        }));
+        Ok(())
+    }
+
+    /// Removes a port (taking it from its owner, if any) or a whole switch.
+    pub fn destroy(&self, name: &str) -> Result<(), String> {
+        let mut gone = Vec::new();
+        {
+            let mut sws = self.lock();
+            if name.contains(':') {
+                let (sw_name, _) = parse_port(name)?;
+                let sw = sws
+                    .get(sw_name)
+                    .cloned()
+                    .ok_or_else(|| format!("no such switch '{sw_name}'"))?;
+                let p = sw.find(name).ok_or_else(|| format!("no such port '{name}'"))?;
+                p.shared.persistent.store(false, Relaxed);
+                sw.replace(&p, None);
+                gone.push(p);
+                if sw.port_count() == 0 {
+                    sws.remove(sw_name);
+                }
+            } else {
+                parse_switch(name)?;
+                let sw = sws.remove(name).ok_or_else(|| format!("no such switch '{name}'"))?;
+                for p in sw.ports().iter().flatten() {
+                    p.shared.persistent.store(false, Relaxed);
+                    sw.replace(p, None);
+                    gone.push(p.clone());
+                }
+            }
+        }
+        for p in &gone {
+            self.release(p);
+            tracing::info!(port = p.name(), "port destroyed");
+        }
+        Ok(())
+    }
+
+    /// Sets a knob: `batch` or `lookup` on a switch, `moderation` (µs) on a port.
+    pub fn set(&self, target: &str, knob: &str, value: &str) -> Result<(), String> {
+        let sws = self.lock();
+        let sw_name = if target.contains(':') { parse_port(target)?.0 } else { parse_switch(target)? };
+        let sw = sws.get(sw_name).ok_or_else(|| format!("no such switch '{sw_name}'"))?;
+        let number = |max: u64| -> Result<u64, String> {
+            value
+                .parse::<u64>()
+                .ok()
+                .filter(|v| *v <= max)
+                .ok_or_else(|| format!("{knob} must be a number from 0 to {max}, not '{value}'"))
+        };
+        if target.contains(':') {
+            let p = sw.find(target).ok_or_else(|| format!("no such port '{target}'"))?;
+            match knob {
+                "moderation" => {
+                    let us = number(1_000_000)?;
+                    p.shared.moderation_ns.store(us * 1000, Relaxed);
+                    Ok(())
+                }
+                _ => Err(format!("no port knob '{knob}' (known: moderation)")),
+            }
+        } else {
+            match knob {
+                "batch" => sw.set_batch(number(u32::MAX as u64)? as u32),
+                "lookup" => {
+                    sw.set_lookup(lookup::by_name(value)?);
+                    Ok(())
+                }
+                _ => Err(format!("no switch knob '{knob}' (known: batch, lookup)")),
+            }
+        }
+    }
+
+    pub fn list(&self) -> Vec<SwitchInfo> {
+        let sws = self.lock();
+        sws.values()
+            .map(|sw| SwitchInfo {
+                name: sw.name.clone(),
+                lookup: sw.lookup().name().to_string(),
+                batch: sw.batch.load(Relaxed),
+                ports: sw.ports().iter().flatten().map(|p| port_info(p)).collect(),
+            })
+            .collect()
+    }
+}
+
+fn port_info(p: &Port) -> PortInfo {
+    let params = p.attachment.as_ref().map(|a| a.region.layout().params);
+    PortInfo {
+        name: p.name().to_string(),
+        kind: "native".into(),
+        persistent: p.shared.persistent.load(Relaxed),
+        owner_pid: p.attachment.as_ref().map(|a| a.owner_pid),
+        tx_rings: params.map_or(0, |x| x.tx_rings),
+        rx_rings: params.map_or(0, |x| x.rx_rings),
+        slots: params.map_or(0, |x| x.slots),
+        buf_size: params.map_or(0, |x| x.buf_size),
+        moderation_us: (p.shared.moderation_ns.load(Relaxed) / 1000) as u32,
+        counters: p.shared.stats.snapshot(),
+    }
+}

@@ -1,0 +1,33 @@
+//! Minimal eventfd helpers: the kick and interrupt lines of every ring.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+/// A non-blocking, close-on-exec eventfd.
+pub fn new() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall; the result is checked before it is owned.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Adds one to the counter, waking whoever polls it. A full counter (never in practice) still
+/// leaves the fd readable, so the wake-up is not lost.
+#[inline]
+pub fn signal(fd: &impl AsRawFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64.
+    unsafe { libc::write(fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+}
+
+/// Resets the counter; returns whether it was non-zero.
+#[inline]
+pub fn drain(fd: &impl AsRawFd) -> bool {
+    let mut v: u64 = 0;
+    // SAFETY: reads 8 bytes into a live u64.
+    let n = unsafe { libc::read(fd.as_raw_fd(), &mut v as *mut u64 as *mut libc::c_void, 8) };
+    n == 8
+}

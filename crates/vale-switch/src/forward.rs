@@ -1,0 +1,503 @@
+//! The forwarding pipeline of VALE section 3.3, with mSwitch's per-destination lists.
+//!
+//! One call of [`Pipeline::forward`] takes a batch from one source tx ring and runs:
+//! 1. **gather**: read each slot once, check it, collect the frame's fragments, prefetch the
+//!    payload;
+//! 2. **lookup**: one call of the switch's lookup module for the whole batch;
+//! 3. **deliver**: link the frames of each destination into a list, then serve every
+//!    destination in one critical section, copying into that port's own buffers.
+//!
+//! Unicast costs the same whatever the number of ports: only destinations that have frames are
+//! visited, unless the batch holds a flooded frame, which visits every port once per batch.
+//! A full destination ring drops and counts; nothing here ever waits on a client.
+
+use std::ptr;
+use std::sync::atomic::{fence, Ordering::*};
+use std::sync::Arc;
+use std::time::Instant;
+
+use vale_abi::netmap::{NetmapSlot, NS_INDIRECT, NS_MOREFRAG};
+use vale_abi::region::{FIRST_SLOT_BUF, MAX_FRAGS, MAX_FRAME_LEN};
+
+use crate::eventfd;
+use crate::lookup::{FrameMeta, DEST_DROP, DEST_FLOOD};
+use crate::port::{add, Irq, Port};
+use crate::switch::{Switch, MAX_BATCH, MAX_PORTS};
+
+const ETH_HLEN: u32 = 14;
+const NIL: u16 = u16::MAX;
+
+/// One fragment of a frame in the source port's memory.
+#[derive(Clone, Copy)]
+struct Frag {
+    ptr: *const u8,
+    len: u32,
+}
+
+/// Which interrupt line of a port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IrqLine {
+    Tx(u32),
+    Rx(u32),
+}
+
+impl IrqLine {
+    fn of(self, port: &Port) -> Option<&Irq> {
+        let a = port.attachment.as_ref()?;
+        match self {
+            IrqLine::Tx(r) => a.tx.get(r as usize).map(|t| &t.irq),
+            IrqLine::Rx(r) => a.rx.get(r as usize).map(|t| &t.irq),
+        }
+    }
+}
+
+/// Raises interrupts toward clients, applying each port's moderation interval (the CSB
+/// paper, section 3.1): within an interval of the last interrupt, the next one is deferred to
+/// the end of the interval and raised once, however many deliveries asked for it meanwhile.
+pub struct Notifier {
+    epoch: Instant,
+    pending: Vec<(u64, Arc<Port>, IrqLine)>,
+}
+
+impl Notifier {
+    pub fn new(epoch: Instant) -> Notifier {
+        Notifier {
+            epoch,
+            pending: Vec::new(),
+        }
+    }
+
+    pub fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    fn raise(&mut self, port: &Arc<Port>, line: IrqLine) {
+        let Some(irq) = line.of(port) else { return };
+        let m = port.shared.moderation_ns.load(Relaxed);
+        if m == 0 {
+            eventfd::signal(&irq.fd);
+            return;
+        }
+        let now = self.now_ns();
+        let last = irq.last_ns.load(Relaxed);
+        if now.saturating_sub(last) >= m {
+            irq.last_ns.store(now, Relaxed);
+            eventfd::signal(&irq.fd);
+        } else if !irq.pending.swap(true, AcqRel) {
+            self.pending.push((last + m, port.clone(), line));
+        }
+    }
+
+    /// Raises the deferred interrupts that are due; returns ns until the next one, if any.
+    pub fn fire_due(&mut self) -> Option<u64> {
+        if self.pending.is_empty() {
+            return None;
+        }
+        let now = self.now_ns();
+        let mut next = u64::MAX;
+        self.pending.retain(|(due, port, line)| {
+            if *due > now {
+                next = next.min(*due - now);
+                return true;
+            }
+            if let Some(irq) = line.of(port) {
+                irq.pending.store(false, Release);
+                irq.last_ns.store(now, Relaxed);
+                eventfd::signal(&irq.fd);
+            }
+            false
+        });
+        (next != u64::MAX).then_some(next)
+    }
+
+    /// Forgets deferred interrupts of a port that is going away.
+    pub fn forget(&mut self, port: &Arc<Port>) {
+        self.pending.retain(|(_, p, _)| !Arc::ptr_eq(p, port));
+    }
+}
+
+/// A worker's scratch space for one batch; allocated once, reused for every batch.
+pub struct Pipeline {
+    frames: Vec<FrameMeta>,
+    /// (first fragment, fragment count) of each frame.
+    frame_frags: Vec<(u32, u32)>,
+    frags: Vec<Frag>,
+    /// Next frame in the same destination list (mSwitch), or NIL.
+    next: Vec<u16>,
+    dst_head: Vec<u16>,
+    dst_tail: Vec<u16>,
+    /// Destinations whose list is not empty.
+    active: Vec<u16>,
+    dst_bufs: Vec<*mut u8>,
+    pub notifier: Notifier,
+}
+
+// SAFETY: the raw pointers are only meaningful during one `forward` call on one thread.
+unsafe impl Send for Pipeline {}
+
+impl Pipeline {
+    pub fn new(epoch: Instant) -> Pipeline {
+        let b = MAX_BATCH as usize;
+        Pipeline {
+            frames: Vec::with_capacity(b),
+            frame_frags: Vec::with_capacity(b),
+            frags: Vec::with_capacity(4 * b),
+            next: vec![NIL; b],
+            dst_head: vec![NIL; MAX_PORTS],
+            dst_tail: vec![NIL; MAX_PORTS],
+            active: Vec::with_capacity(MAX_PORTS),
+            dst_bufs: Vec::with_capacity(MAX_FRAGS as usize),
+            notifier: Notifier::new(epoch),
+        }
+    }
+
+    /// Forwards one batch from tx ring `ring` of `src`. Returns the number of slots consumed;
+    /// 0 when the client's `head` showed nothing new to take.
+    pub fn forward(&mut self, sw: &Switch, src: &Arc<Port>, ring: u32) -> u32 {
+        let Some(att) = &src.attachment else { return 0 };
+        let Some(txr) = att.tx.get(ring as usize) else { return 0 };
+        let reg = &att.region;
+        let l = reg.layout();
+        let n = l.params.slots;
+        let mask = n - 1;
+        let buf_size = l.params.buf_size;
+        let num_bufs = l.num_bufs;
+        let atok = reg.atok(ring);
+        let ktoa = reg.ktoa(ring);
+
+        // The client's head, read once. Acquire pairs with the client's release store, so the
+        // slots before it are complete when we read them.
+        let head = atok.head.load(Acquire);
+        let seen = txr.seen_head.swap(head, Relaxed);
+        if head >= n {
+            if head != seen {
+                add(&src.stats().bad_input, 1);
+                src.note_bad_input(format_args!("tx ring {ring} head {head} >= {n} slots"));
+            }
+            return 0;
+        }
+        let hwcur = txr.hwcur.load(Relaxed);
+        if head == hwcur {
+            return 0;
+        }
+
+        // Stage 1: gather.
+        let batch = sw.batch.load(Relaxed) as usize;
+        self.frames.clear();
+        self.frame_frags.clear();
+        self.frags.clear();
+        let mut bad = 0u64;
+        let mut cur = hwcur;
+        while cur != head && self.frames.len() < batch {
+            let chain_start = cur;
+            let frag_start = self.frags.len();
+            let mut total = 0u32;
+            let mut count = 0u32;
+            let mut ok = true;
+            let mut first_flags = 0u16;
+            let complete = loop {
+                // SAFETY: `cur` < n, so the slot is inside the region; read once, volatile,
+                // because the client may be writing it.
+                let slot: NetmapSlot = unsafe { ptr::read_volatile(reg.slot(ring, cur)) };
+                cur = (cur + 1) & mask;
+                if count == 0 {
+                    first_flags = slot.flags;
+                }
+                count += 1;
+                let len = slot.len as u32;
+                if slot.buf_idx < FIRST_SLOT_BUF
+                    || slot.buf_idx >= num_bufs
+                    || len > buf_size
+                    || slot.flags & NS_INDIRECT != 0
+                    || count > MAX_FRAGS
+                    || total + len > MAX_FRAME_LEN
+                {
+                    ok = false;
+                } else if ok {
+                    total += len;
+                    self.frags.push(Frag {
+                        ptr: reg.buf(slot.buf_idx),
+                        len,
+                    });
+                }
+                if slot.flags & NS_MOREFRAG == 0 {
+                    break true;
+                }
+                if cur == head {
+                    break false;
+                }
+            };
+            if !complete && ok && count < n - 1 {
+                // The rest of the chain is not published yet: take it next time.
+                cur = chain_start;
+                self.frags.truncate(frag_start);
+                break;
+            }
+            if !ok || !complete || self.frags[frag_start].len < ETH_HLEN {
+                // A bad slot, a chain that can never complete, or no Ethernet header in the
+                // first slot: the frame is dropped and counted against its sender.
+                bad += 1;
+                self.frags.truncate(frag_start);
+                continue;
+            }
+            let first = self.frags[frag_start];
+            prefetch(first.ptr);
+            self.frames.push(FrameMeta {
+                data: first.ptr,
+                first_len: first.len,
+                len: total,
+                flags: first_flags,
+                dst: DEST_DROP,
+            });
+            self.frame_frags.push((frag_start as u32, count));
+        }
+        if bad != 0 {
+            add(&src.stats().bad_input, bad);
+            src.note_bad_input(format_args!("{bad} bad slot chain(s) on tx ring {ring}"));
+        }
+        if cur == hwcur {
+            return 0;
+        }
+
+        if !self.frames.is_empty() {
+            // Stage 2: lookup, once for the batch.
+            let now_s = (self.notifier.now_ns() / 1_000_000_000) as u32;
+            sw.lookup().lookup(src.index, &mut self.frames, now_s);
+            // Stage 3: deliver.
+            self.deliver_batch(sw, src, ring);
+        }
+
+        // Give the consumed slots back: every slot but one between hwcur and the new hwtail
+        // is the client's again.
+        txr.hwcur.store(cur, Relaxed);
+        ktoa.hwcur.store(cur, Relaxed);
+        ktoa.hwtail.store((cur + n - 1) & mask, Release);
+        // Store hwtail, full fence, then load appl_need_kick: the client stores the flag,
+        // fences, then re-reads hwtail, so one of us sees the other (no lost wake-up).
+        fence(SeqCst);
+        if atok.appl_need_kick.load(Relaxed) != 0 {
+            self.notifier.raise(src, IrqLine::Tx(ring));
+        }
+        (cur.wrapping_sub(hwcur)) & mask
+    }
+
+    fn deliver_batch(&mut self, sw: &Switch, src: &Arc<Port>, ring: u32) {
+        let table = sw.ports();
+        let mut tx_bytes = 0u64;
+        let mut tx_drops = 0u64;
+        let mut flood_head = NIL;
+        let mut flood_tail = NIL;
+        for (i, f) in self.frames.iter().enumerate() {
+            let i = i as u16;
+            tx_bytes += f.len as u64;
+            self.next[i as usize] = NIL;
+            let d = f.dst;
+            if d == DEST_FLOOD {
+                if flood_head == NIL {
+                    flood_head = i;
+                } else {
+                    self.next[flood_tail as usize] = i;
+                }
+                flood_tail = i;
+                continue;
+            }
+            let valid = d != DEST_DROP
+                && d != src.index
+                && matches!(table.get(d as usize), Some(Some(_)));
+            if !valid {
+                tx_drops += 1;
+                continue;
+            }
+            let d = d as usize;
+            if self.dst_head[d] == NIL {
+                self.dst_head[d] = i;
+                self.active.push(d as u16);
+            } else {
+                self.next[self.dst_tail[d] as usize] = i;
+            }
+            self.dst_tail[d] = i;
+        }
+        let stats = src.stats();
+        add(&stats.tx_packets, self.frames.len() as u64);
+        add(&stats.tx_bytes, tx_bytes);
+        add(&stats.tx_drops, tx_drops);
+
+        if flood_head != NIL {
+            for p in table.iter().flatten() {
+                if p.index != src.index {
+                    let own = self.dst_head[p.index as usize];
+                    self.deliver(p, ring, own, flood_head);
+                }
+            }
+        } else {
+            for k in 0..self.active.len() {
+                let d = self.active[k] as usize;
+                if let Some(Some(p)) = table.get(d) {
+                    self.deliver(p, ring, self.dst_head[d], NIL);
+                }
+            }
+        }
+        for &d in &self.active {
+            self.dst_head[d as usize] = NIL;
+        }
+        self.active.clear();
+    }
+
+    /// Delivers the frames of list `a` merged with list `b` (in batch order) to `dst`, in one
+    /// critical section on the destination ring.
+    fn deliver(&mut self, dst: &Arc<Port>, src_ring: u32, mut a: u16, mut b: u16) {
+        let stats = dst.stats();
+        let Some(att) = &dst.attachment else {
+            let mut dropped = 0;
+            while a != NIL || b != NIL {
+                take_next(&self.next, &mut a, &mut b);
+                dropped += 1;
+            }
+            add(&stats.rx_drops, dropped);
+            return;
+        };
+        let r = src_ring % att.rx.len() as u32;
+        let rxr = &att.rx[r as usize];
+        let reg = &att.region;
+        let l = reg.layout();
+        let ring = l.params.tx_rings + r;
+        let n = l.params.slots;
+        let mask = n - 1;
+        let bsize = l.params.buf_size;
+        let num_bufs = l.num_bufs;
+        let atok = reg.atok(ring);
+        let ktoa = reg.ktoa(ring);
+
+        let (mut delivered, mut bytes, mut dropped, mut bad) = (0u64, 0u64, 0u64, 0u64);
+        let mut hwtail = rxr.lock.lock().unwrap_or_else(|e| e.into_inner());
+        // The client's head, read once: slots from hwtail up to head-1 are ours to fill.
+        let head = atok.head.load(Acquire);
+        let mut tail = *hwtail;
+        let mut free = if head < n {
+            head.wrapping_sub(tail).wrapping_sub(1) & mask
+        } else {
+            bad += 1;
+            0
+        };
+        while a != NIL || b != NIL {
+            let i = take_next(&self.next, &mut a, &mut b) as usize;
+            let len = self.frames[i].len;
+            let need = len.div_ceil(bsize).max(1);
+            if need > free {
+                dropped += 1;
+                continue;
+            }
+            // The destination's buffer indices are its client's to change: check each.
+            self.dst_bufs.clear();
+            for k in 0..need {
+                // SAFETY: index reduced modulo the ring size.
+                let idx = unsafe { ptr::read_volatile(&(*reg.slot(ring, (tail + k) & mask)).buf_idx) };
+                if !(FIRST_SLOT_BUF..num_bufs).contains(&idx) {
+                    break;
+                }
+                self.dst_bufs.push(reg.buf(idx));
+            }
+            if self.dst_bufs.len() != need as usize {
+                bad += 1;
+                dropped += 1;
+                continue;
+            }
+            let (fs, fc) = self.frame_frags[i];
+            let frags = &self.frags[fs as usize..(fs + fc) as usize];
+            // SAFETY: source fragments were checked against the source's buffer size and
+            // pool; destination buffers against the destination's; lengths fit as computed.
+            unsafe { copy_frame(frags, &self.dst_bufs, bsize as usize) };
+            for k in 0..need {
+                let chunk = (len - k * bsize).min(bsize);
+                let flags = if k + 1 < need { NS_MOREFRAG } else { 0 };
+                let s = reg.slot(ring, (tail + k) & mask);
+                // SAFETY: slot inside the region.
+                unsafe {
+                    ptr::write_volatile(&mut (*s).len, chunk as u16);
+                    ptr::write_volatile(&mut (*s).flags, flags);
+                }
+            }
+            tail = (tail + need) & mask;
+            free -= need;
+            delivered += 1;
+            bytes += len as u64;
+        }
+        if delivered != 0 {
+            *hwtail = tail;
+            // Release: the slots and payloads written above are visible before the new tail.
+            ktoa.hwtail.store(tail, Release);
+        }
+        if head < n {
+            ktoa.hwcur.store(head, Relaxed);
+        }
+        drop(hwtail);
+        add(&stats.rx_packets, delivered);
+        add(&stats.rx_bytes, bytes);
+        add(&stats.rx_drops, dropped);
+        if bad != 0 {
+            add(&stats.bad_input, bad);
+            dst.note_bad_input(format_args!("rx ring {r}: bad head or buffer index"));
+        }
+        if delivered != 0 {
+            // Same store / fence / load order as for tx completions above.
+            fence(SeqCst);
+            if atok.appl_need_kick.load(Relaxed) != 0 {
+                self.notifier.raise(dst, IrqLine::Rx(r));
+            }
+        }
+    }
+}
+
+/// Pops the lower-numbered head of two frame lists (they never share a frame).
+#[inline(always)]
+fn take_next(next: &[u16], a: &mut u16, b: &mut u16) -> u16 {
+    let from_a = *b == NIL || (*a != NIL && *a < *b);
+    let list = if from_a { a } else { b };
+    let i = *list;
+    *list = next[i as usize];
+    i
+}
+
+/// Copies a frame's fragments into consecutive destination buffers of `bsize` bytes.
+///
+/// # Safety
+/// Each fragment must be readable for its length rounded up to 64 bytes (buffers are
+/// multiples of 64), and `dst` must hold enough buffers of `bsize` bytes for the frame.
+#[inline(always)]
+unsafe fn copy_frame(frags: &[Frag], dst: &[*mut u8], bsize: usize) {
+    if let ([f], [d]) = (frags, dst) {
+        // The common case: one slot in, one slot out. Copy whole 64-byte chunks; both
+        // buffers are at least that long.
+        let n = (f.len as usize + 63) & !63;
+        ptr::copy_nonoverlapping(f.ptr, *d, n);
+        return;
+    }
+    let mut di = 0;
+    let mut doff = 0;
+    for f in frags {
+        let mut sp = f.ptr;
+        let mut rem = f.len as usize;
+        while rem > 0 {
+            let c = rem.min(bsize - doff);
+            ptr::copy_nonoverlapping(sp, dst[di].add(doff), c);
+            sp = sp.add(c);
+            rem -= c;
+            doff += c;
+            if doff == bsize {
+                di += 1;
+                doff = 0;
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
