@@ -388,11 +388,12 @@ struct vale_open_opts {
 	uint32_t slots;      /* slots per ring: a power of two, VALE_MIN_SLOTS .. VALE_MAX_SLOTS */
 	uint32_t buf_size;   /* bytes per buffer: multiple of 64, VALE_MIN_BUF_SIZE .. VALE_MAX_BUF_SIZE */
 	const char *run_dir; /* valed's run directory; NULL: $VALE_RUN_DIR, else VALE_DEFAULT_RUN_DIR */
-	int no_autostart;    /* nonzero: fail when no valed answers, instead of starting one */
+	int no_autostart;    /* nonzero: fail when no valed answers, instead of starting one
+	                      * (default: 0, or 1 when VALE_NO_AUTOSTART is set and not "0") */
 };
 
 /* Fills *o with the defaults: 1 tx ring, 1 rx ring, 1024 slots, 2048-byte buffers,
- * run_dir NULL, no_autostart 0. */
+ * run_dir NULL, no_autostart 0 (unless VALE_NO_AUTOSTART says otherwise). */
 void vale_open_opts_init(struct vale_open_opts *o);
 
 /*

@@ -120,7 +120,8 @@ pub unsafe extern "C" fn vale_nifp(p: *const Port) -> *mut NetmapIf {
 /// `p` must come from `vale_open`.
 #[no_mangle]
 pub unsafe extern "C" fn vale_region(p: *const Port) -> *const RegionHeader {
-    p.as_ref().map_or(std::ptr::null(), |p| p.region() as *const _)
+    p.as_ref()
+        .map_or(std::ptr::null(), |p| p.region() as *const _)
 }
 
 unsafe fn with_port(p: *mut Port, f: impl FnOnce(&Port) -> std::io::Result<c_int>) -> c_int {
@@ -162,7 +163,10 @@ pub unsafe extern "C" fn vale_poll(p: *mut Port, events: c_int, timeout_ms: c_in
         };
         let timeout = (timeout_ms >= 0).then(|| Duration::from_millis(timeout_ms as u64));
         let got = p.poll(want, timeout)?;
-        Ok(if got.readable { VALE_POLLIN } else { 0 } | if got.writable { VALE_POLLOUT } else { 0 })
+        Ok(
+            if got.readable { VALE_POLLIN } else { 0 }
+                | if got.writable { VALE_POLLOUT } else { 0 },
+        )
     })
 }
 

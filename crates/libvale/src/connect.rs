@@ -17,7 +17,13 @@ pub fn connect(run_dir: &Path, autostart: bool) -> io::Result<UnixStream> {
     let sock = run_dir.join(SOCKET_NAME);
     match UnixStream::connect(&sock) {
         Ok(s) => return Ok(s),
-        Err(e) if !autostart || !matches!(e.kind(), io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused) => {
+        Err(e)
+            if !autostart
+                || !matches!(
+                    e.kind(),
+                    io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused
+                ) =>
+        {
             return Err(io::Error::new(
                 e.kind(),
                 format!("cannot reach valed at {}: {e}", sock.display()),

@@ -8,7 +8,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{fence, Ordering::*};
 use std::time::{Duration, Instant};
 
-use vale_abi::control::{self, default_run_dir, Reply, Request};
+use vale_abi::control::{self, default_run_dir, PortCounters, Reply, Request};
 use vale_abi::csb::{CsbAtok, CsbKtoa};
 use vale_abi::netmap::{NetmapIf, NetmapRing, NetmapSlot, RING_SLOTS_OFS};
 use vale_abi::region::{Layout, PortParams, RegionHeader, VALE_ABI_VERSION};
@@ -31,7 +31,8 @@ impl Default for OpenOptions {
         OpenOptions {
             params: PortParams::default(),
             run_dir: None,
-            autostart: std::env::var_os("VALE_NO_AUTOSTART").is_none_or(|v| v.is_empty() || v == "0"),
+            autostart: std::env::var_os("VALE_NO_AUTOSTART")
+                .is_none_or(|v| v.is_empty() || v == "0"),
         }
     }
 }
@@ -75,12 +76,17 @@ impl OpenOptions {
             abi_version: VALE_ABI_VERSION,
         };
         control::send(&ctl, &req, &[])?;
-        let (reply, fds) = control::recv::<Reply>(&ctl)?
-            .ok_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "valed closed the connection"))?;
+        let (reply, fds) = control::recv::<Reply>(&ctl)?.ok_or_else(|| {
+            io::Error::new(io::ErrorKind::UnexpectedEof, "valed closed the connection")
+        })?;
         match reply {
             Reply::Opened { .. } => {}
             Reply::Error { message } => return Err(io::Error::other(message)),
-            other => return Err(io::Error::other(format!("unexpected reply from valed: {other:?}"))),
+            other => {
+                return Err(io::Error::other(format!(
+                    "unexpected reply from valed: {other:?}"
+                )))
+            }
         }
         let rings = layout.num_rings() as usize;
         if fds.len() != 1 + 2 * rings {
@@ -116,12 +122,14 @@ impl OpenOptions {
             name: name.to_string(),
             base,
             layout,
-            _ctl: ctl,
+            ctl,
             _memfd: memfd,
             kick,
             irq,
         };
-        layout.check_header(port.region()).map_err(io::Error::other)?;
+        layout
+            .check_header(port.region())
+            .map_err(io::Error::other)?;
         // Start from valed's view of every ring.
         for i in 0..layout.num_rings() {
             let r = port.ring(i);
@@ -144,7 +152,7 @@ pub struct Port {
     base: NonNull<u8>,
     layout: Layout,
     /// The connection that owns the port: valed frees the port when it closes.
-    _ctl: UnixStream,
+    ctl: UnixStream,
     _memfd: OwnedFd,
     /// Per region ring (tx, then rx): client-to-valed kick, valed-to-client interrupt.
     kick: Vec<OwnedFd>,
@@ -172,6 +180,26 @@ impl Port {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// This port's counters as valed keeps them (one control round trip; not for a hot loop).
+    pub fn counters(&self) -> io::Result<PortCounters> {
+        control::send(&self.ctl, &Request::List, &[])?;
+        match control::recv::<Reply>(&self.ctl)? {
+            Some((Reply::List { switches }, _)) => switches
+                .iter()
+                .flat_map(|s| s.ports.iter())
+                .find(|p| p.name == self.name)
+                .map(|p| p.counters)
+                .ok_or_else(|| {
+                    io::Error::new(
+                        io::ErrorKind::NotFound,
+                        format!("port '{}' is gone", self.name),
+                    )
+                }),
+            Some((Reply::Error { message }, _)) => Err(io::Error::other(message)),
+            _ => Err(io::Error::other("unexpected reply from valed")),
+        }
     }
 
     pub fn params(&self) -> &PortParams {
@@ -208,19 +236,26 @@ impl Port {
 
     fn atok(&self, i: u32) -> &CsbAtok {
         // SAFETY: inside the mapping, 64-byte aligned.
-        unsafe { &*(self.base.as_ptr().add(self.layout.csb_atok_ofs(i) as usize) as *const CsbAtok) }
+        unsafe {
+            &*(self.base.as_ptr().add(self.layout.csb_atok_ofs(i) as usize) as *const CsbAtok)
+        }
     }
 
     fn ktoa(&self, i: u32) -> &CsbKtoa {
         // SAFETY: as above.
-        unsafe { &*(self.base.as_ptr().add(self.layout.csb_ktoa_ofs(i) as usize) as *const CsbKtoa) }
+        unsafe {
+            &*(self.base.as_ptr().add(self.layout.csb_ktoa_ofs(i) as usize) as *const CsbKtoa)
+        }
     }
 
     fn tx_index(&self, ring: u32) -> io::Result<u32> {
         if ring < self.layout.params.tx_rings {
             Ok(ring)
         } else {
-            Err(io::Error::new(io::ErrorKind::InvalidInput, format!("no tx ring {ring}")))
+            Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("no tx ring {ring}"),
+            ))
         }
     }
 
@@ -228,7 +263,10 @@ impl Port {
         if ring < self.layout.params.rx_rings {
             Ok(self.layout.params.tx_rings + ring)
         } else {
-            Err(io::Error::new(io::ErrorKind::InvalidInput, format!("no rx ring {ring}")))
+            Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("no rx ring {ring}"),
+            ))
         }
     }
 
@@ -332,7 +370,9 @@ impl Port {
                 self.atok(i).appl_need_kick.store(1, Relaxed);
             }
             fence(SeqCst);
-            let moved = self.wanted(want).any(|i| self.ktoa(i).hwtail.load(Relaxed) != self.ring(i).tail());
+            let moved = self
+                .wanted(want)
+                .any(|i| self.ktoa(i).hwtail.load(Relaxed) != self.ring(i).tail());
             if !moved {
                 let mut pfds: Vec<libc::pollfd> = self
                     .wanted(want)
@@ -364,7 +404,12 @@ impl Port {
 impl Drop for Port {
     fn drop(&mut self) {
         // SAFETY: unmaps exactly what `open` mapped.
-        unsafe { libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.layout.region_size as usize) };
+        unsafe {
+            libc::munmap(
+                self.base.as_ptr() as *mut libc::c_void,
+                self.layout.region_size as usize,
+            )
+        };
     }
 }
 
@@ -454,7 +499,9 @@ impl Ring {
     pub fn slot(&self, i: u32) -> &mut NetmapSlot {
         assert!(i < self.num_slots(), "slot index out of range");
         // SAFETY: in range; slots of a ring are the client's between head and tail.
-        unsafe { &mut *((self.hdr() as *mut u8).add(RING_SLOTS_OFS + 16 * i as usize) as *mut NetmapSlot) }
+        unsafe {
+            &mut *((self.hdr() as *mut u8).add(RING_SLOTS_OFS + 16 * i as usize) as *mut NetmapSlot)
+        }
     }
     /// Buffer `idx`, as netmap's `NETMAP_BUF(ring, idx)`.
     #[inline(always)]

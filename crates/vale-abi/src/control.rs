@@ -114,7 +114,10 @@ pub struct PortCounters {
 pub fn send<T: Serialize>(sock: &UnixStream, msg: &T, fds: &[RawFd]) -> io::Result<()> {
     let body = serde_json::to_vec(msg).map_err(io::Error::other)?;
     if body.len() > MAX_MESSAGE || fds.len() > MAX_FDS {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, "control message too large"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "control message too large",
+        ));
     }
     let mut frame = Vec::with_capacity(4 + body.len());
     frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
@@ -181,13 +184,20 @@ pub fn recv<T: DeserializeOwned>(sock: &UnixStream) -> io::Result<Option<(T, Vec
     }
     let len = u32::from_le_bytes(len) as usize;
     if len > MAX_MESSAGE {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "control message too large"));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "control message too large",
+        ));
     }
     let mut body = vec![0u8; len];
     let mut r: &UnixStream = sock;
     r.read_exact(&mut body)?;
-    let msg = serde_json::from_slice(&body)
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("bad control message: {e}")))?;
+    let msg = serde_json::from_slice(&body).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("bad control message: {e}"),
+        )
+    })?;
     Ok(Some((msg, fds)))
 }
 
@@ -229,7 +239,10 @@ fn recv_with_fds(fd: RawFd, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Resul
             cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
         }
         if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "too many descriptors"));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "too many descriptors",
+            ));
         }
         Ok(n)
     }
@@ -244,7 +257,14 @@ mod tests {
         let (a, b) = UnixStream::pair().unwrap();
         let f = std::fs::File::open("/dev/null").unwrap();
         send(&a, &Request::List, &[f.as_raw_fd(), f.as_raw_fd()]).unwrap();
-        send(&a, &Reply::Error { message: "x".into() }, &[]).unwrap();
+        send(
+            &a,
+            &Reply::Error {
+                message: "x".into(),
+            },
+            &[],
+        )
+        .unwrap();
         let (r, fds): (Request, _) = recv(&b).unwrap().unwrap();
         assert!(matches!(r, Request::List));
         assert_eq!(fds.len(), 2);

@@ -3,13 +3,17 @@
 
 /// Longest switch or port part.
 pub const MAX_PART: usize = 32;
+/// Longest full port name (it must fit the region header's 64-byte, NUL-terminated field).
+pub const MAX_PORT_NAME: usize = 63;
 
 fn check_part(what: &str, part: &str, full: &str) -> Result<(), String> {
     if part.is_empty() {
         return Err(format!("bad name '{full}': empty {what}"));
     }
     if part.len() > MAX_PART {
-        return Err(format!("bad name '{full}': {what} longer than {MAX_PART} characters"));
+        return Err(format!(
+            "bad name '{full}': {what} longer than {MAX_PART} characters"
+        ));
     }
     if let Some(c) = part
         .chars()
@@ -38,6 +42,9 @@ pub fn parse_port(name: &str) -> Result<(&str, &str), String> {
     };
     parse_switch(sw).map_err(|_| format!("bad name '{name}': a port is named valeX:Y"))?;
     check_part("port", port, name)?;
+    if name.len() > MAX_PORT_NAME {
+        return Err(format!("bad name '{name}': longer than {MAX_PORT_NAME} characters"));
+    }
     Ok((sw, port))
 }
 
@@ -49,7 +56,15 @@ mod tests {
     fn names() {
         assert_eq!(parse_port("vale0:a").unwrap(), ("vale0", "a"));
         assert_eq!(parse_port("vale_x-1:p-2_Z").unwrap(), ("vale_x-1", "p-2_Z"));
-        for bad in ["vale0", "vale:a", "vale0:", "foo0:a", "vale0:a:b", "vale0:a b", "vale0:é"] {
+        for bad in [
+            "vale0",
+            "vale:a",
+            "vale0:",
+            "foo0:a",
+            "vale0:a:b",
+            "vale0:a b",
+            "vale0:é",
+        ] {
             assert!(parse_port(bad).is_err(), "{bad}");
         }
         assert!(parse_switch("vale0").is_ok());

@@ -79,7 +79,7 @@ impl PortParams {
             ));
         }
         if !(MIN_BUF_SIZE..=MAX_BUF_SIZE).contains(&self.buf_size)
-            || self.buf_size % BUF_SIZE_ALIGN != 0
+            || !self.buf_size.is_multiple_of(BUF_SIZE_ALIGN)
         {
             return Err(format!(
                 "buffer size must be a multiple of {BUF_SIZE_ALIGN} from {MIN_BUF_SIZE} to {MAX_BUF_SIZE}, not {}",
@@ -281,9 +281,20 @@ mod tests {
             PortParams { rx_rings: 17, ..ok },
             PortParams { slots: 1000, ..ok },
             PortParams { slots: 32, ..ok },
-            PortParams { buf_size: 100, ..ok },
-            PortParams { buf_size: 32768, ..ok },
-            PortParams { tx_rings: 16, rx_rings: 16, slots: 4096, buf_size: 16384 },
+            PortParams {
+                buf_size: 100,
+                ..ok
+            },
+            PortParams {
+                buf_size: 32768,
+                ..ok
+            },
+            PortParams {
+                tx_rings: 16,
+                rx_rings: 16,
+                slots: 4096,
+                buf_size: 16384,
+            },
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }

@@ -1,3 +1,489 @@
-fn main() {
-    println!("Hello, world!");
+//! vale-ctl: the vale control tool.
+//!
+//! Speaks valed's control protocol ([`vale_abi::control`]) over `<run dir>/valed.sock`: one
+//! request, one reply, per invocation. It never starts valed.
+
+use std::io::{self, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{anyhow, Context};
+use clap::{Parser, Subcommand};
+use vale_abi::control::{self, default_run_dir, PortInfo, Reply, Request, SwitchInfo, SOCKET_NAME};
+use vale_abi::name::{parse_port, parse_switch};
+
+/// Exit status when valed refused a request or the conversation failed.
+const EXIT_FAILED: u8 = 1;
+/// Exit status when no valed answers for the run directory.
+const EXIT_NO_DAEMON: u8 = 3;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "vale-ctl",
+    version,
+    about = "Control vale switches and ports: list them with counters, create and destroy \
+persistent ports, set knobs",
+    long_about = "vale-ctl controls vale, a virtual local Ethernet in user space. It talks to \
+valed, the vale daemon, through the control socket <run dir>/valed.sock: it lists switches \
+(valeX) and ports (valeX:Y) with their counters, creates persistent ports, destroys ports and \
+whole switches, and sets switch and port knobs.\n\n\
+Switch and port names are valeX and valeX:Y, where X and Y are 1 to 32 letters, digits, '_' \
+or '-'.\n\n\
+vale-ctl never starts valed: when no valed serves the run directory it says so and exits with \
+status 3. Start valed by hand, or let a libvale client (such as vale-pktgen) start it.",
+    after_help = "KNOBS (vale-ctl set TARGET KNOB VALUE):\n  \
+valeX    batch N          frames gathered from a ring per pass, 1-2048 (default 512)\n  \
+valeX    lookup MODULE    learning: the learning bridge (default); hub: flood everything\n  \
+valeX:Y  moderation US    microseconds between interrupts toward the client, 0 = immediate\n\n\
+EXAMPLES:\n  \
+vale-ctl create vale0:a              persistent port a on switch vale0 (made if absent)\n  \
+vale-ctl list                        every switch and port, with counters\n  \
+vale-ctl ls vale0:a --json           one port, as JSON\n  \
+vale-ctl set vale0 batch 64\n  \
+vale-ctl set vale0 lookup hub\n  \
+vale-ctl set vale0:a moderation 20\n  \
+vale-ctl destroy vale0:a             remove one port (taken from its client, if held)\n  \
+vale-ctl rm vale0                    remove switch vale0 and all its ports\n  \
+vale-ctl --run-dir /tmp/v list       ask the valed of another run directory\n\n\
+EXIT STATUS:\n  \
+0  success\n  \
+1  valed refused the request (its message is printed), the name given to list does not\n     \
+exist, or the conversation with valed failed\n  \
+2  usage error: unknown command or option, missing argument, malformed name\n  \
+3  no valed running for the run directory\n\n\
+ENVIRONMENT:\n  \
+VALE_RUN_DIR   run directory when --run-dir is not given (default /run/vale)\n\n\
+FILES:\n  \
+<run dir>/valed.sock   valed's control socket; its permissions say who may use vale-ctl"
+)]
+struct Cli {
+    /// Run directory of the valed to talk to [env: VALE_RUN_DIR] [default: /run/vale]
+    #[arg(long, global = true, value_name = "DIR")]
+    run_dir: Option<PathBuf>,
+    /// Print JSON on stdout instead of text (list: the switches; other commands: {"ok":true})
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// List switches and ports with their counters
+    #[command(
+        visible_alias = "ls",
+        long_about = "Lists every switch, or only switch valeX, or only port valeX:Y. Each \
+switch gets a header line\n\n  \
+valeX  lookup MODULE  batch N  ports N\n\n\
+and, under it, a table of its ports:\n\n  \
+NAME       the port, valeX:Y\n  \
+KIND       native: a libvale client\n  \
+OWNER      pid of the process holding the port, - if none\n  \
+PERSIST    yes: made by 'vale-ctl create', stays when no client holds it\n  \
+RINGS      tx/rx rings (- while no client holds the port)\n  \
+SLOTS      slots per ring\n  \
+BUF        buffer size, bytes\n  \
+MOD(us)    interrupt moderation toward the client, microseconds\n  \
+TX-PKTS    frames the client sent into the switch (TX-BYTES: their bytes)\n  \
+RX-PKTS    frames the switch delivered to the client (RX-BYTES: their bytes)\n  \
+RX-DROP    frames for the port dropped: its receive ring was full or nobody held it\n  \
+TX-DROP    frames from the port that had nowhere to go\n  \
+BAD        frames refused because the client wrote bad ring values\n\n\
+With no switches, prints nothing. With --json, prints a JSON array of switches (name, \
+lookup, batch, ports), each port with the fields above (name, kind, persistent, owner_pid, \
+tx_rings, rx_rings, slots, buf_size, moderation_us, counters); for one switch or one port it \
+is still an array, of that one switch (with only that port). An unknown NAME is an error."
+    )]
+    List {
+        /// Show only this switch (valeX) or port (valeX:Y)
+        #[arg(value_name = "NAME", value_parser = any_name)]
+        name: Option<String>,
+    },
+    /// Create a persistent port (and its switch, if absent)
+    #[command(
+        long_about = "Creates persistent port valeX:Y, and switch valeX if it does not \
+exist. A persistent port stays, with its counters, when no client holds it; a client that \
+opens it later gets it. Creating a port that exists makes it persistent."
+    )]
+    Create {
+        /// The port, valeX:Y
+        #[arg(value_name = "PORT", value_parser = port_name)]
+        port: String,
+    },
+    /// Destroy a port or a whole switch
+    #[command(
+        visible_alias = "rm",
+        long_about = "Destroys port valeX:Y, or switch valeX with all its ports. A port held \
+by a client is taken from it: the client keeps its mapping, but valed no longer forwards \
+to or from it."
+    )]
+    Destroy {
+        /// The port (valeX:Y) or switch (valeX)
+        #[arg(value_name = "NAME", value_parser = any_name)]
+        name: String,
+    },
+    /// Set a knob of a switch or a port
+    #[command(
+        long_about = "Sets a knob of switch valeX or of port valeX:Y. The change takes \
+effect at once.\n\n\
+Switch knobs:\n  \
+batch N          frames gathered from a source ring per pass, 1-2048 (default 512)\n  \
+lookup MODULE    how destinations are chosen:\n                     \
+learning   the learning bridge: learns source MACs, floods unknown,\n                                \
+broadcast and multicast destinations (default)\n                     \
+hub        floods every frame to every other port\n\n\
+Port knobs:\n  \
+moderation US    microseconds between interrupts toward the client,\n                   \
+0-1000000; 0 = immediate (default)"
+    )]
+    Set {
+        /// The switch (valeX) or port (valeX:Y)
+        #[arg(value_name = "TARGET", value_parser = any_name)]
+        target: String,
+        /// batch or lookup (switch); moderation (port)
+        #[arg(value_name = "KNOB")]
+        knob: String,
+        /// The new value
+        #[arg(value_name = "VALUE", allow_negative_numbers = true)]
+        value: String,
+    },
+}
+
+/// A switch (`valeX`) or a port (`valeX:Y`).
+fn any_name(s: &str) -> Result<String, String> {
+    if s.contains(':') {
+        parse_port(s)?;
+    } else {
+        parse_switch(s)?;
+    }
+    Ok(s.to_string())
+}
+
+/// A port (`valeX:Y`).
+fn port_name(s: &str) -> Result<String, String> {
+    parse_port(s)?;
+    Ok(s.to_string())
+}
+
+/// Why vale-ctl failed.
+enum Failure {
+    /// No valed answers at the socket.
+    NoDaemon(PathBuf, io::Error),
+    /// A refusal, from valed or from the client-side checks of its answer.
+    Refused(String),
+    /// Anything else: the conversation with valed broke.
+    Other(anyhow::Error),
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(e: anyhow::Error) -> Self {
+        Failure::Other(e)
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::NoDaemon(dir, e)) => {
+            eprintln!("vale-ctl: no valed running for {} ({e})", dir.display());
+            ExitCode::from(EXIT_NO_DAEMON)
+        }
+        Err(Failure::Refused(message)) => {
+            eprintln!("vale-ctl: {message}");
+            ExitCode::from(EXIT_FAILED)
+        }
+        Err(Failure::Other(e)) => {
+            eprintln!("vale-ctl: {e:#}");
+            ExitCode::from(EXIT_FAILED)
+        }
+    }
+}
+
+fn run(cli: &Cli) -> Result<(), Failure> {
+    let run_dir = cli.run_dir.clone().unwrap_or_else(default_run_dir);
+    let sock = connect(&run_dir)?;
+    match &cli.command {
+        Command::List { name } => {
+            let switches = match ask(&sock, &Request::List)? {
+                Reply::List { switches } => switches,
+                other => return Err(unexpected(&other)),
+            };
+            let views = select(switches, name.as_deref())?;
+            if cli.json {
+                let list: Vec<&SwitchInfo> = views.iter().map(|v| &v.info).collect();
+                let text = serde_json::to_string_pretty(&list).context("cannot format JSON")?;
+                output(&format!("{text}\n"))
+            } else {
+                output(&render(&views))
+            }
+        }
+        Command::Create { port } => done(cli, ask(&sock, &Request::Create { port: port.clone() })?),
+        Command::Destroy { name } => {
+            done(cli, ask(&sock, &Request::Destroy { name: name.clone() })?)
+        }
+        Command::Set {
+            target,
+            knob,
+            value,
+        } => {
+            let req = Request::Set {
+                target: target.clone(),
+                knob: knob.clone(),
+                value: value.clone(),
+            };
+            done(cli, ask(&sock, &req)?)
+        }
+    }
+}
+
+fn connect(run_dir: &Path) -> Result<UnixStream, Failure> {
+    UnixStream::connect(run_dir.join(SOCKET_NAME))
+        .map_err(|e| Failure::NoDaemon(run_dir.to_path_buf(), e))
+}
+
+/// Sends one request and returns valed's reply; `Reply::Error` becomes a refusal.
+fn ask(sock: &UnixStream, req: &Request) -> Result<Reply, Failure> {
+    control::send(sock, req, &[]).context("cannot send the request to valed")?;
+    match control::recv::<Reply>(sock).context("cannot read valed's reply")? {
+        Some((Reply::Error { message }, _)) => Err(Failure::Refused(message)),
+        Some((reply, _fds)) => Ok(reply),
+        None => Err(anyhow!("valed closed the connection without replying").into()),
+    }
+}
+
+fn unexpected(reply: &Reply) -> Failure {
+    anyhow!("unexpected reply from valed: {reply:?}").into()
+}
+
+/// Finishes a command whose success is `Reply::Ok`: quiet, or `{"ok":true}` with `--json`.
+fn done(cli: &Cli, reply: Reply) -> Result<(), Failure> {
+    match reply {
+        Reply::Ok if cli.json => output("{\"ok\":true}\n"),
+        Reply::Ok => Ok(()),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// Writes to stdout; a reader that went away (`vale-ctl list | head`) is not an error.
+fn output(text: &str) -> Result<(), Failure> {
+    let mut out = io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => {
+            Err(anyhow!("cannot write output: {e}").into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A switch to show, with its real number of ports (its `ports` may be filtered to one).
+struct View {
+    info: SwitchInfo,
+    total_ports: usize,
+}
+
+/// Keeps what `list NAME` asked for: everything, one switch, or one port in its switch.
+fn select(switches: Vec<SwitchInfo>, name: Option<&str>) -> Result<Vec<View>, Failure> {
+    let mut views = switches.into_iter().map(|info| View {
+        total_ports: info.ports.len(),
+        info,
+    });
+    let Some(name) = name else {
+        return Ok(views.collect());
+    };
+    let (sw_name, port) = match parse_port(name) {
+        Ok((sw, _)) => (sw, Some(name)),
+        Err(_) => (name, None),
+    };
+    let mut view = views
+        .find(|v| v.info.name == sw_name)
+        .ok_or_else(|| Failure::Refused(format!("no such switch '{sw_name}'")))?;
+    if let Some(port) = port {
+        view.info.ports.retain(|p| p.name == port);
+        if view.info.ports.is_empty() {
+            return Err(Failure::Refused(format!("no such port '{port}'")));
+        }
+    }
+    Ok(vec![view])
+}
+
+/// Column titles, and whether each column holds numbers (right-aligned).
+const COLUMNS: [(&str, bool); 15] = [
+    ("NAME", false),
+    ("KIND", false),
+    ("OWNER", true),
+    ("PERSIST", false),
+    ("RINGS", true),
+    ("SLOTS", true),
+    ("BUF", true),
+    ("MOD(us)", true),
+    ("TX-PKTS", true),
+    ("TX-BYTES", true),
+    ("RX-PKTS", true),
+    ("RX-BYTES", true),
+    ("RX-DROP", true),
+    ("TX-DROP", true),
+    ("BAD", true),
+];
+
+fn port_row(p: &PortInfo) -> Vec<String> {
+    // A port nobody holds has no memory, so no ring geometry to show.
+    let mapped = p.tx_rings != 0 || p.rx_rings != 0;
+    let geometry = |v: String| if mapped { v } else { "-".to_string() };
+    let c = &p.counters;
+    vec![
+        p.name.clone(),
+        p.kind.clone(),
+        p.owner_pid
+            .map_or_else(|| "-".to_string(), |pid| pid.to_string()),
+        if p.persistent { "yes" } else { "no" }.to_string(),
+        geometry(format!("{}/{}", p.tx_rings, p.rx_rings)),
+        geometry(p.slots.to_string()),
+        geometry(p.buf_size.to_string()),
+        p.moderation_us.to_string(),
+        c.tx_packets.to_string(),
+        c.tx_bytes.to_string(),
+        c.rx_packets.to_string(),
+        c.rx_bytes.to_string(),
+        c.rx_drops.to_string(),
+        c.tx_drops.to_string(),
+        c.bad_input.to_string(),
+    ]
+}
+
+/// The human form of `list`: per switch a header line and an indented port table, every
+/// table aligned to the same column widths.
+fn render(views: &[View]) -> String {
+    let header: Vec<String> = COLUMNS.iter().map(|(t, _)| t.to_string()).collect();
+    let rows: Vec<Vec<Vec<String>>> = views
+        .iter()
+        .map(|v| v.info.ports.iter().map(port_row).collect())
+        .collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows.iter().flatten() {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |out: &mut String, cells: &[String]| {
+        let mut text = String::from(" ");
+        for (i, cell) in cells.iter().enumerate() {
+            let pad = " ".repeat(widths[i] - cell.chars().count());
+            text.push(' ');
+            if COLUMNS[i].1 {
+                text.push_str(&pad);
+                text.push_str(cell);
+            } else {
+                text.push_str(cell);
+                text.push_str(&pad);
+            }
+            text.push(' ');
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    let mut out = String::new();
+    for (i, (view, rows)) in views.iter().zip(&rows).enumerate() {
+        if i > 0 {
+            out.push('\n');
+        }
+        let sw = &view.info;
+        out.push_str(&format!(
+            "{}  lookup {}  batch {}  ports {}\n",
+            sw.name, sw.lookup, sw.batch, view.total_ports
+        ));
+        if !rows.is_empty() {
+            line(&mut out, &header);
+            for row in rows {
+                line(&mut out, row);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn port(name: &str, owner: Option<u32>) -> PortInfo {
+        PortInfo {
+            name: name.into(),
+            kind: "native".into(),
+            persistent: owner.is_none(),
+            owner_pid: owner,
+            tx_rings: if owner.is_some() { 1 } else { 0 },
+            rx_rings: if owner.is_some() { 1 } else { 0 },
+            slots: if owner.is_some() { 1024 } else { 0 },
+            buf_size: if owner.is_some() { 2048 } else { 0 },
+            ..Default::default()
+        }
+    }
+
+    fn switches() -> Vec<SwitchInfo> {
+        vec![
+            SwitchInfo {
+                name: "vale0".into(),
+                lookup: "learning".into(),
+                batch: 512,
+                ports: vec![port("vale0:a", None), port("vale0:b", Some(4242))],
+            },
+            SwitchInfo {
+                name: "vale1".into(),
+                lookup: "hub".into(),
+                batch: 64,
+                ports: vec![port("vale1:long-port-name", Some(7))],
+            },
+        ]
+    }
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(Cli::try_parse_from(["vale-ctl", "create", "vale0"]).is_err());
+        assert!(Cli::try_parse_from(["vale-ctl", "create", "vale0:a b"]).is_err());
+        assert!(Cli::try_parse_from(["vale-ctl", "rm", "foo"]).is_err());
+        assert!(Cli::try_parse_from(["vale-ctl", "ls", "vale0:a", "--json"]).is_ok());
+        assert!(Cli::try_parse_from(["vale-ctl", "set", "vale0", "batch", "64"]).is_ok());
+    }
+
+    #[test]
+    fn select_filters() {
+        assert_eq!(select(switches(), None).ok().unwrap().len(), 2);
+        let v = select(switches(), Some("vale1")).ok().unwrap();
+        assert_eq!((v.len(), v[0].info.name.as_str()), (1, "vale1"));
+        let v = select(switches(), Some("vale0:b")).ok().unwrap();
+        assert_eq!((v[0].info.ports.len(), v[0].total_ports), (1, 2));
+        assert_eq!(v[0].info.ports[0].name, "vale0:b");
+        match select(switches(), Some("vale9")) {
+            Err(Failure::Refused(m)) => assert_eq!(m, "no such switch 'vale9'"),
+            _ => panic!(),
+        }
+        match select(switches(), Some("vale0:z")) {
+            Err(Failure::Refused(m)) => assert_eq!(m, "no such port 'vale0:z'"),
+            _ => panic!(),
+        }
+    }
+
+    #[test]
+    fn render_aligns() {
+        let text = render(&select(switches(), None).ok().unwrap());
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "vale0  lookup learning  batch 512  ports 2");
+        assert!(lines[1].trim_start().starts_with("NAME"));
+        assert!(lines[2].contains("  -  ") && lines[2].contains(" yes "));
+        assert!(lines[3].contains(" 4242 ") && lines[3].contains(" 1/1 "));
+        assert_eq!(lines[4], "");
+        assert_eq!(lines[5], "vale1  lookup hub  batch 64  ports 1");
+        // Every table line puts BAD's right edge in the same place.
+        let ends: Vec<usize> = [1, 2, 3, 6, 7].iter().map(|&i| lines[i].len()).collect();
+        assert!(ends.windows(2).all(|w| w[0] == w[1]), "{text}");
+        assert_eq!(render(&[]), "");
+    }
 }

@@ -1,3 +1,497 @@
+//! vale-pktgen: send, receive, or ping-pong frames through a vale port (the role of netmap's
+//! pkt-gen).
+
+mod frame;
+mod report;
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use clap::{Parser, ValueEnum};
+use vale::{Events, OpenOptions, Port, NS_MOREFRAG};
+
+use report::{Final, Meter, Rtt};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Function {
+    /// Send frames as fast as the ring (or --rate) allows
+    Tx,
+    /// Count received frames
+    Rx,
+    /// Send one frame at a time and time its echo (run `pong` on another port)
+    Ping,
+    /// Echo every received frame back to its sender
+    Pong,
+}
+
+/// Traffic source, sink and latency meter for vale ports.
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "Traffic source, sink and latency meter for vale ports",
+    long_about = "vale-pktgen opens a port of a vale switch (creating the switch and port, and \
+starting valed if none runs) and sends, receives or ping-pongs frames through it with no \
+system call per packet. It prints a line a second on stderr and a final report on stdout: \
+packets, bytes, rate in packets and bits per second, the frames valed dropped for this port, \
+and for ping the round-trip time (min, median, 99th percentile, max).\n\n\
+Frames are Ethernet + IPv4 + UDP of exactly --len bytes (no FCS); bit rates count those \
+bytes. Frames longer than a buffer travel as chains of slots marked NS_MOREFRAG.",
+    after_help = "EXAMPLES:\n  vale-pktgen -i vale0:b -f rx &\n  vale-pktgen -i vale0:a -f tx -l 60 -T 5\n  \
+vale-pktgen -i vale0:a -f tx -l 1514 -R 1000000 -n 5000000 -D 02:00:00:00:00:0b\n  \
+vale-pktgen -i vale0:p -f pong &\n  vale-pktgen -i vale0:q -f ping -n 10000 --json\n\n\
+STOPPING:\n  After --count packets, after --duration seconds, or on SIGINT/SIGTERM; each prints the final report.\n\n\
+EXIT STATUS:\n  0 on success, 1 on an error (port cannot be opened, valed went away), 2 on bad usage.\n\n\
+ENVIRONMENT:\n  VALE_RUN_DIR        valed's run directory (default /run/vale)\n  \
+VALE_NO_AUTOSTART   set to 1 to fail instead of starting valed"
+)]
+struct Args {
+    /// Port to open, valeX:Y
+    #[arg(short = 'i', long = "port", value_name = "PORT")]
+    port: String,
+    /// What to do
+    #[arg(short = 'f', long = "function", value_enum)]
+    function: Function,
+    /// Frame length in bytes, Ethernet header included, FCS excluded (60-9000)
+    #[arg(short = 'l', long = "len", default_value_t = 60,
+          value_parser = clap::value_parser!(u32).range(60..=9000))]
+    len: u32,
+    /// Frames handled per ring sync (1-4096)
+    #[arg(short = 'b', long = "batch", default_value_t = 512,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    batch: u32,
+    /// Send at most this many frames per second (tx, ping); 0 = no limit
+    #[arg(short = 'R', long = "rate", default_value_t = 0, value_name = "PPS")]
+    rate: u64,
+    /// Stop after this many frames (sent for tx and ping, received for rx and pong); 0 = no limit
+    #[arg(short = 'n', long = "count", default_value_t = 0)]
+    count: u64,
+    /// Stop after this many seconds; 0 = no limit
+    #[arg(
+        short = 'T',
+        long = "duration",
+        default_value_t = 0.0,
+        value_name = "SECONDS"
+    )]
+    duration: f64,
+    /// Source MAC address (default: derived from the port name)
+    #[arg(short = 'S', long = "src-mac", value_name = "MAC")]
+    src_mac: Option<String>,
+    /// Destination MAC address
+    #[arg(
+        short = 'D',
+        long = "dst-mac",
+        value_name = "MAC",
+        default_value = "ff:ff:ff:ff:ff:ff"
+    )]
+    dst_mac: String,
+    /// Print the final report as one JSON object
+    #[arg(long)]
+    json: bool,
+    /// No line a second on stderr
+    #[arg(short = 'q', long)]
+    quiet: bool,
+    /// Tx rings of the port (1-16)
+    #[arg(long, default_value_t = 1)]
+    tx_rings: u32,
+    /// Rx rings of the port (1-16)
+    #[arg(long, default_value_t = 1)]
+    rx_rings: u32,
+    /// Slots per ring (power of two, 64-4096)
+    #[arg(long, default_value_t = 1024)]
+    slots: u32,
+    /// Buffer size in bytes (multiple of 64, 128-16384)
+    #[arg(long, default_value_t = 2048)]
+    buf_size: u32,
+    /// valed's run directory [env: VALE_RUN_DIR] [default: /run/vale]
+    #[arg(long, value_name = "DIR")]
+    run_dir: Option<std::path::PathBuf>,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Relaxed);
+}
+
 fn main() {
-    println!("Hello, world!");
+    if let Err(e) = run() {
+        eprintln!("vale-pktgen: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// When to stop.
+struct Limits {
+    count: u64,
+    deadline: Option<Instant>,
+}
+
+impl Limits {
+    fn done(&self, packets: u64, now: Instant) -> bool {
+        STOP.load(Relaxed)
+            || (self.count != 0 && packets >= self.count)
+            || self.deadline.is_some_and(|d| now >= d)
+    }
+
+    /// How long a wait may last.
+    fn wait(&self, now: Instant) -> Duration {
+        let cap = Duration::from_millis(100);
+        self.deadline
+            .map_or(cap, |d| d.saturating_duration_since(now).min(cap))
+    }
+}
+
+fn run() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let mut opts = OpenOptions::new();
+    opts.rings(args.tx_rings, args.rx_rings)
+        .slots(args.slots)
+        .buf_size(args.buf_size);
+    if let Some(d) = &args.run_dir {
+        opts.run_dir(d);
+    }
+    let src = match &args.src_mac {
+        Some(m) => frame::parse_mac(m).map_err(anyhow::Error::msg)?,
+        None => frame::mac_for(&args.port),
+    };
+    let dst = frame::parse_mac(&args.dst_mac).map_err(anyhow::Error::msg)?;
+    if !(args.duration >= 0.0 && args.duration.is_finite()) {
+        bail!("bad --duration {}", args.duration);
+    }
+    let port = opts
+        .open(&args.port)
+        .with_context(|| format!("cannot open {}", args.port))?;
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    let limits = Limits {
+        count: args.count,
+        deadline: (args.duration > 0.0)
+            .then(|| Instant::now() + Duration::from_secs_f64(args.duration)),
+    };
+    let before = port.counters().unwrap_or_default();
+    let frame = frame::build(args.len as usize, src, dst);
+    let mut meter = Meter::new(args.quiet || args.json);
+    let mut rtt = None;
+    let mut lost = 0;
+    match args.function {
+        Function::Tx => tx(&port, &args, &frame, &limits, &mut meter)?,
+        Function::Rx => rx(&port, &limits, &mut meter)?,
+        Function::Pong => pong(&port, &limits, &mut meter)?,
+        Function::Ping => {
+            let (samples, l) = ping(&port, &args, &frame, &limits, &mut meter)?;
+            rtt = Rtt::from_ns(samples);
+            lost = l;
+        }
+    }
+    let secs = meter.elapsed().as_secs_f64();
+    let after = port.counters().unwrap_or_default();
+    let drops = match args.function {
+        Function::Tx => (after.tx_drops + after.bad_input) - (before.tx_drops + before.bad_input),
+        Function::Ping => lost + after.rx_drops - before.rx_drops,
+        _ => after.rx_drops - before.rx_drops,
+    };
+    Final {
+        mode: format!("{:?}", args.function).to_lowercase(),
+        port: args.port.clone(),
+        frame_len: args.len as usize,
+        packets: meter.packets,
+        bytes: meter.bytes,
+        seconds: secs,
+        pps: meter.packets as f64 / secs.max(1e-9),
+        bps: meter.bytes as f64 * 8.0 / secs.max(1e-9),
+        drops,
+        rtt,
+    }
+    .print(args.json);
+    Ok(())
+}
+
+/// Writes `frame` into the slots from `cur` on, chaining with NS_MOREFRAG when it does not fit
+/// one buffer; returns the slot after the last one used.
+fn put_frame(ring: &vale::Ring, mut cur: u32, frame: &[u8], prefilled: bool) -> u32 {
+    let bsize = ring.buf_size() as usize;
+    let mut chunks = frame.chunks(bsize).peekable();
+    while let Some(chunk) = chunks.next() {
+        let slot = ring.slot(cur);
+        if !prefilled {
+            ring.buf(slot.buf_idx)[..chunk.len()].copy_from_slice(chunk);
+        }
+        slot.len = chunk.len() as u16;
+        slot.flags = if chunks.peek().is_some() {
+            NS_MOREFRAG
+        } else {
+            0
+        };
+        cur = ring.next(cur);
+    }
+    cur
+}
+
+fn tx(
+    port: &Port,
+    args: &Args,
+    frame: &[u8],
+    limits: &Limits,
+    meter: &mut Meter,
+) -> anyhow::Result<()> {
+    let rings = port.params().tx_rings;
+    let per_frame = frame.len().div_ceil(port.params().buf_size as usize) as u32;
+    // Frames that fit one buffer are written once, here; the loop only sets lengths.
+    let prefilled = per_frame == 1;
+    if prefilled {
+        for r in 0..rings {
+            let ring = port.tx_ring(r);
+            for s in 0..ring.num_slots() {
+                let idx = ring.slot(s).buf_idx;
+                ring.buf(idx)[..frame.len()].copy_from_slice(frame);
+            }
+        }
+    }
+    let start = Instant::now();
+    let mut r = 0;
+    loop {
+        let now = Instant::now();
+        meter.tick(now);
+        if limits.done(meter.packets, now) {
+            break;
+        }
+        let ring = port.tx_ring(r);
+        let mut want = (ring.space() / per_frame).min(args.batch) as u64;
+        if limits.count != 0 {
+            want = want.min(limits.count - meter.packets);
+        }
+        if args.rate != 0 {
+            let allowed = (args.rate as f64 * (now - start).as_secs_f64()) as u64 + 1;
+            want = want.min(allowed.saturating_sub(meter.packets));
+            if want == 0 {
+                std::thread::sleep(Duration::from_micros(20));
+                continue;
+            }
+        }
+        if want == 0 {
+            port.poll(
+                Events {
+                    writable: true,
+                    readable: false,
+                },
+                Some(limits.wait(now)),
+            )?;
+            r = (r + 1) % rings;
+            continue;
+        }
+        let mut cur = ring.cur();
+        for _ in 0..want {
+            cur = put_frame(&ring, cur, frame, prefilled);
+        }
+        ring.set_cur(cur);
+        ring.set_head(cur);
+        port.txsync(r)?;
+        meter.packets += want;
+        meter.bytes += want * frame.len() as u64;
+        r = (r + 1) % rings;
+    }
+    // Let valed take what is queued, so the counts are what left this port.
+    let deadline = Instant::now() + Duration::from_secs(1);
+    for r in 0..rings {
+        let ring = port.tx_ring(r);
+        while ring.space() < ring.num_slots() - 1 && Instant::now() < deadline {
+            port.poll(
+                Events {
+                    writable: true,
+                    readable: false,
+                },
+                Some(Duration::from_millis(10)),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// Receives from every rx ring; `each` sees every complete frame (all its slots) and says
+/// whether to keep going. Returns when the ring had nothing, after releasing what it read.
+fn drain_rx(
+    port: &Port,
+    meter: &mut Meter,
+    mut each: impl FnMut(&vale::Ring, &[u32]) -> bool,
+) -> anyhow::Result<bool> {
+    let mut got = false;
+    let mut chain: Vec<u32> = Vec::new();
+    for r in 0..port.params().rx_rings {
+        port.rxsync(r)?;
+        let ring = port.rx_ring(r);
+        let mut cur = ring.cur();
+        let mut release = cur;
+        while cur != ring.tail() {
+            let slot = ring.slot(cur);
+            chain.push(cur);
+            meter.bytes += slot.len as u64;
+            cur = ring.next(cur);
+            if slot.flags & NS_MOREFRAG == 0 {
+                meter.packets += 1;
+                got = true;
+                let go = each(&ring, &chain);
+                chain.clear();
+                release = cur;
+                if !go {
+                    break;
+                }
+            }
+        }
+        // An incomplete chain stays on the ring until its last slot arrives.
+        chain.clear();
+        ring.set_cur(release);
+        ring.set_head(release);
+        port.rxsync(r)?;
+    }
+    Ok(got)
+}
+
+fn rx(port: &Port, limits: &Limits, meter: &mut Meter) -> anyhow::Result<()> {
+    loop {
+        let now = Instant::now();
+        meter.tick(now);
+        if limits.done(meter.packets, now) {
+            return Ok(());
+        }
+        let got = drain_rx(port, meter, |_, _| true)?;
+        if !got {
+            port.poll(
+                Events {
+                    readable: true,
+                    writable: false,
+                },
+                Some(limits.wait(now)),
+            )?;
+        }
+    }
+}
+
+fn pong(port: &Port, limits: &Limits, meter: &mut Meter) -> anyhow::Result<()> {
+    let txr = port.tx_ring(0);
+    let mut echo = Vec::with_capacity(9000);
+    loop {
+        let now = Instant::now();
+        meter.tick(now);
+        if limits.done(meter.packets, now) {
+            return Ok(());
+        }
+        let mut queued = false;
+        let got = drain_rx(port, meter, |ring, chain| {
+            echo.clear();
+            for &s in chain {
+                let slot = ring.slot(s);
+                echo.extend_from_slice(&ring.buf(slot.buf_idx)[..slot.len as usize]);
+            }
+            if echo.len() >= frame::ETH_HLEN {
+                let (d, s) = echo.split_at_mut(6);
+                d.swap_with_slice(&mut s[..6]);
+                let need = echo.len().div_ceil(txr.buf_size() as usize) as u32;
+                if txr.space() >= need {
+                    let cur = put_frame(&txr, txr.cur(), &echo, false);
+                    txr.set_cur(cur);
+                    txr.set_head(cur);
+                    queued = true;
+                }
+            }
+            true
+        })?;
+        if queued {
+            port.txsync(0)?;
+        }
+        if !got {
+            port.poll(
+                Events {
+                    readable: true,
+                    writable: false,
+                },
+                Some(limits.wait(now)),
+            )?;
+        }
+    }
+}
+
+fn ping(
+    port: &Port,
+    args: &Args,
+    frame: &[u8],
+    limits: &Limits,
+    meter: &mut Meter,
+) -> anyhow::Result<(Vec<u64>, u64)> {
+    let txr = port.tx_ring(0);
+    let epoch = Instant::now();
+    let mut f = frame.to_vec();
+    let mut samples = Vec::new();
+    let mut lost = 0u64;
+    let mut seq = 0u32;
+    let mut sent = 0u64;
+    loop {
+        let now = Instant::now();
+        meter.tick(now);
+        if limits.done(sent, now) {
+            return Ok((samples, lost));
+        }
+        if args.rate != 0 {
+            let next = Duration::from_secs_f64(sent as f64 / args.rate as f64);
+            if now - epoch < next {
+                std::thread::sleep(next - (now - epoch));
+            }
+        }
+        seq = seq.wrapping_add(1);
+        f[frame::SEQ_OFS..frame::SEQ_OFS + 4].copy_from_slice(&seq.to_le_bytes());
+        let t0 = epoch.elapsed().as_nanos() as u64;
+        f[frame::TS_OFS..frame::TS_OFS + 8].copy_from_slice(&t0.to_le_bytes());
+        while txr.space() == 0 {
+            port.poll(
+                Events {
+                    writable: true,
+                    readable: false,
+                },
+                Some(Duration::from_millis(100)),
+            )?;
+        }
+        let cur = put_frame(&txr, txr.cur(), &f, false);
+        txr.set_cur(cur);
+        txr.set_head(cur);
+        port.txsync(0)?;
+        sent += 1;
+        // Wait up to a second for the echo of this sequence number.
+        let give_up = Instant::now() + Duration::from_secs(1);
+        let mut answered = false;
+        while !answered && Instant::now() < give_up && !STOP.load(Relaxed) {
+            drain_rx(port, meter, |ring, chain| {
+                let slot = ring.slot(chain[0]);
+                let b = &ring.buf(slot.buf_idx)[..slot.len as usize];
+                if b.len() >= frame::TS_OFS + 8
+                    && b[frame::PAYLOAD_OFS..frame::SEQ_OFS] == frame::MAGIC
+                    && b[frame::SEQ_OFS..frame::TS_OFS] == seq.to_le_bytes()
+                {
+                    let t1 = epoch.elapsed().as_nanos() as u64;
+                    let ts = u64::from_le_bytes(
+                        b[frame::TS_OFS..frame::TS_OFS + 8]
+                            .try_into()
+                            .expect("8 bytes"),
+                    );
+                    samples.push(t1.saturating_sub(ts));
+                    answered = true;
+                }
+                true
+            })?;
+            if !answered {
+                port.poll(
+                    Events {
+                        readable: true,
+                        writable: false,
+                    },
+                    Some(Duration::from_millis(100)),
+                )?;
+            }
+        }
+        if !answered {
+            lost += 1;
+        }
+    }
 }

@@ -50,7 +50,11 @@ pub struct OpenedPort {
 impl OpenedPort {
     /// memfd, then per ring (tx, then rx) kick and interrupt eventfds; valid while `port` is.
     pub fn fds(&self) -> Vec<RawFd> {
-        self.port.attachment.as_ref().map(|a| a.client_fds()).unwrap_or_default()
+        self.port
+            .attachment
+            .as_ref()
+            .map(|a| a.client_fds())
+            .unwrap_or_default()
     }
 }
 
@@ -91,7 +95,13 @@ impl Engine {
         result
     }
 
-    fn attach(&self, sw: &Arc<Switch>, name: &str, layout: Layout, owner: u32) -> Result<OpenedPort, String> {
+    fn attach(
+        &self,
+        sw: &Arc<Switch>,
+        name: &str,
+        layout: Layout,
+        owner: u32,
+    ) -> Result<OpenedPort, String> {
         let (index, shared) = match sw.find(name) {
             Some(p) => match &p.attachment {
                 Some(a) => return Err(format!("port '{name}' is in use by pid {}", a.owner_pid)),
@@ -204,7 +214,9 @@ impl Engine {
                     .get(sw_name)
                     .cloned()
                     .ok_or_else(|| format!("no such switch '{sw_name}'"))?;
-                let p = sw.find(name).ok_or_else(|| format!("no such port '{name}'"))?;
+                let p = sw
+                    .find(name)
+                    .ok_or_else(|| format!("no such port '{name}'"))?;
                 p.shared.persistent.store(false, Relaxed);
                 sw.replace(&p, None);
                 gone.push(p);
@@ -213,7 +225,9 @@ impl Engine {
                 }
             } else {
                 parse_switch(name)?;
-                let sw = sws.remove(name).ok_or_else(|| format!("no such switch '{name}'"))?;
+                let sw = sws
+                    .remove(name)
+                    .ok_or_else(|| format!("no such switch '{name}'"))?;
                 for p in sw.ports().iter().flatten() {
                     p.shared.persistent.store(false, Relaxed);
                     sw.replace(p, None);
@@ -231,8 +245,14 @@ impl Engine {
     /// Sets a knob: `batch` or `lookup` on a switch, `moderation` (µs) on a port.
     pub fn set(&self, target: &str, knob: &str, value: &str) -> Result<(), String> {
         let sws = self.lock();
-        let sw_name = if target.contains(':') { parse_port(target)?.0 } else { parse_switch(target)? };
-        let sw = sws.get(sw_name).ok_or_else(|| format!("no such switch '{sw_name}'"))?;
+        let sw_name = if target.contains(':') {
+            parse_port(target)?.0
+        } else {
+            parse_switch(target)?
+        };
+        let sw = sws
+            .get(sw_name)
+            .ok_or_else(|| format!("no such switch '{sw_name}'"))?;
         let number = |max: u64| -> Result<u64, String> {
             value
                 .parse::<u64>()
@@ -241,7 +261,9 @@ impl Engine {
                 .ok_or_else(|| format!("{knob} must be a number from 0 to {max}, not '{value}'"))
         };
         if target.contains(':') {
-            let p = sw.find(target).ok_or_else(|| format!("no such port '{target}'"))?;
+            let p = sw
+                .find(target)
+                .ok_or_else(|| format!("no such port '{target}'"))?;
             match knob {
                 "moderation" => {
                     let us = number(1_000_000)?;

@@ -155,7 +155,9 @@ impl Pipeline {
     /// 0 when the client's `head` showed nothing new to take.
     pub fn forward(&mut self, sw: &Switch, src: &Arc<Port>, ring: u32) -> u32 {
         let Some(att) = &src.attachment else { return 0 };
-        let Some(txr) = att.tx.get(ring as usize) else { return 0 };
+        let Some(txr) = att.tx.get(ring as usize) else {
+            return 0;
+        };
         let reg = &att.region;
         let l = reg.layout();
         let n = l.params.slots;
@@ -301,9 +303,8 @@ impl Pipeline {
                 flood_tail = i;
                 continue;
             }
-            let valid = d != DEST_DROP
-                && d != src.index
-                && matches!(table.get(d as usize), Some(Some(_)));
+            let valid =
+                d != DEST_DROP && d != src.index && matches!(table.get(d as usize), Some(Some(_)));
             if !valid {
                 tx_drops += 1;
                 continue;
@@ -391,7 +392,8 @@ impl Pipeline {
             self.dst_bufs.clear();
             for k in 0..need {
                 // SAFETY: index reduced modulo the ring size.
-                let idx = unsafe { ptr::read_volatile(&(*reg.slot(ring, (tail + k) & mask)).buf_idx) };
+                let idx =
+                    unsafe { ptr::read_volatile(&(*reg.slot(ring, (tail + k) & mask)).buf_idx) };
                 if !(FIRST_SLOT_BUF..num_bufs).contains(&idx) {
                     break;
                 }

@@ -77,7 +77,9 @@ pub const MODULES: &[&str] = &["learning", "hub"];
 /// Makes a lookup module by name.
 pub fn by_name(name: &str) -> Result<Box<dyn Lookup>, String> {
     match name {
-        "learning" => Ok(Box::new(LearningBridge::new(LearningBridge::DEFAULT_ENTRIES))),
+        "learning" => Ok(Box::new(LearningBridge::new(
+            LearningBridge::DEFAULT_ENTRIES,
+        ))),
         "hub" => Ok(Box::new(Hub)),
         _ => Err(format!(
             "no lookup module '{name}' (known: {})",
@@ -276,7 +278,10 @@ mod tests {
         let mut f = [frame(&bc)];
         b.lookup(1, &mut f, 11);
         assert_eq!(f[0].dst, DEST_FLOOD);
-        assert_eq!(b.find(0x0b00_0000_0002, 11 + LearningBridge::DEFAULT_AGE_S), None);
+        assert_eq!(
+            b.find(0x0b00_0000_0002, 11 + LearningBridge::DEFAULT_AGE_S),
+            None
+        );
         b.forget_port(2);
         assert_eq!(b.find(0x0b00_0000_0002, 11), None);
     }

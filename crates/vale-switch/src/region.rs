@@ -32,7 +32,8 @@ impl Region {
         let cname = std::ffi::CString::new(format!("vale:{name}")).map_err(io::Error::other)?;
         // SAFETY: plain syscalls; each result is checked.
         unsafe {
-            let fd = libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
+            let fd =
+                libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
             if fd < 0 {
                 return Err(io::Error::last_os_error());
             }
@@ -150,6 +151,11 @@ impl Region {
 impl Drop for Region {
     fn drop(&mut self) {
         // SAFETY: unmaps exactly the mapping created in `create`.
-        unsafe { libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.layout.region_size as usize) };
+        unsafe {
+            libc::munmap(
+                self.base.as_ptr() as *mut libc::c_void,
+                self.layout.region_size as usize,
+            )
+        };
     }
 }

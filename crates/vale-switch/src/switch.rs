@@ -33,7 +33,9 @@ impl Switch {
         Switch {
             name: name.to_string(),
             ports: ArcSwap::from_pointee(Vec::new()),
-            lookup: ArcSwap::from_pointee(lookup::by_name(lookup::MODULES[0]).expect("default module")),
+            lookup: ArcSwap::from_pointee(
+                lookup::by_name(lookup::MODULES[0]).expect("default module"),
+            ),
             batch: AtomicU32::new(batch.clamp(1, MAX_BATCH)),
         }
     }
@@ -62,7 +64,11 @@ impl Switch {
     }
 
     pub fn find(&self, port_name: &str) -> Option<Arc<Port>> {
-        self.ports().iter().flatten().find(|p| p.name() == port_name).cloned()
+        self.ports()
+            .iter()
+            .flatten()
+            .find(|p| p.name() == port_name)
+            .cloned()
     }
 
     pub fn port_count(&self) -> usize {

@@ -56,7 +56,10 @@ impl Worker {
     }
 
     pub fn send(&self, cmd: Cmd) {
-        self.inbox.lock().unwrap_or_else(|e| e.into_inner()).push(cmd);
+        self.inbox
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(cmd);
         eventfd::signal(&self.wake);
     }
 }
@@ -132,7 +135,12 @@ impl Loop {
             let timeout = if self.active.is_empty() { -1 } else { 0 };
             // SAFETY: the buffer outlives the call and its length is passed.
             let n = unsafe {
-                libc::epoll_wait(self.epoll.as_raw_fd(), events.as_mut_ptr(), events.len() as i32, timeout)
+                libc::epoll_wait(
+                    self.epoll.as_raw_fd(),
+                    events.as_mut_ptr(),
+                    events.len() as i32,
+                    timeout,
+                )
             };
             for ev in events.iter().take(n.max(0) as usize) {
                 match ev.u64 {
@@ -190,10 +198,20 @@ impl Loop {
                     for slot in self.sources.iter_mut() {
                         if slot.as_ref().is_some_and(|s| Arc::ptr_eq(&s.port, &port)) {
                             let s = slot.take().expect("checked");
-                            if let Some(t) = s.port.attachment.as_ref().and_then(|a| a.tx.get(s.ring as usize)) {
+                            if let Some(t) = s
+                                .port
+                                .attachment
+                                .as_ref()
+                                .and_then(|a| a.tx.get(s.ring as usize))
+                            {
                                 // SAFETY: plain syscall; the fd is still open (we hold the port).
                                 unsafe {
-                                    libc::epoll_ctl(self.epoll.as_raw_fd(), libc::EPOLL_CTL_DEL, t.kick.as_raw_fd(), std::ptr::null_mut())
+                                    libc::epoll_ctl(
+                                        self.epoll.as_raw_fd(),
+                                        libc::EPOLL_CTL_DEL,
+                                        t.kick.as_raw_fd(),
+                                        std::ptr::null_mut(),
+                                    )
                                 };
                             }
                         }
@@ -210,7 +228,9 @@ impl Loop {
 
     /// A kick arrived (or may have): poll the ring from now on, without kicks.
     fn kicked(&mut self, token: usize) {
-        let Some(Some(s)) = self.sources.get_mut(token) else { return };
+        let Some(Some(s)) = self.sources.get_mut(token) else {
+            return;
+        };
         let Some(a) = &s.port.attachment else { return };
         eventfd::drain(&a.tx[s.ring as usize].kick);
         a.region.ktoa(s.ring).kern_need_kick.store(0, Relaxed);
@@ -261,7 +281,10 @@ impl Loop {
         let Some(ns) = next_ns else { return };
         let ns = ns.max(1);
         let spec = libc::itimerspec {
-            it_interval: libc::timespec { tv_sec: 0, tv_nsec: 0 },
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
             it_value: libc::timespec {
                 tv_sec: (ns / 1_000_000_000) as libc::time_t,
                 tv_nsec: (ns % 1_000_000_000) as libc::c_long,

@@ -77,7 +77,12 @@ impl Connection {
                 Ok(None) => break,
                 Err(e) => {
                     if e.kind() == std::io::ErrorKind::InvalidData {
-                        let _ = self.reply(&Reply::Error { message: e.to_string() }, &[]);
+                        let _ = self.reply(
+                            &Reply::Error {
+                                message: e.to_string(),
+                            },
+                            &[],
+                        );
                     }
                     break;
                 }
@@ -101,7 +106,11 @@ impl Connection {
             Err(message) => Reply::Error { message },
         };
         match req {
-            Request::Open { port, params, abi_version } => {
+            Request::Open {
+                port,
+                params,
+                abi_version,
+            } => {
                 if abi_version != VALE_ABI_VERSION {
                     let message = format!(
                         "client speaks vale ABI version {abi_version}, valed speaks {VALE_ABI_VERSION}"
@@ -111,19 +120,32 @@ impl Connection {
                 match self.engine.open(&port, &params, self.pid) {
                     Ok(opened) => {
                         let fds = opened.fds();
-                        let r = self.reply(&Reply::Opened { port, fds: fds.len() as u32 }, &fds);
+                        let r = self.reply(
+                            &Reply::Opened {
+                                port,
+                                fds: fds.len() as u32,
+                            },
+                            &fds,
+                        );
                         self.owned.push(opened.port);
                         r
                     }
                     Err(message) => self.reply(&Reply::Error { message }, &[]),
                 }
             }
-            Request::List => self.reply(&Reply::List { switches: self.engine.list() }, &[]),
+            Request::List => self.reply(
+                &Reply::List {
+                    switches: self.engine.list(),
+                },
+                &[],
+            ),
             Request::Create { port } => self.reply(&done(self.engine.create(&port)), &[]),
             Request::Destroy { name } => self.reply(&done(self.engine.destroy(&name)), &[]),
-            Request::Set { target, knob, value } => {
-                self.reply(&done(self.engine.set(&target, &knob, &value)), &[])
-            }
+            Request::Set {
+                target,
+                knob,
+                value,
+            } => self.reply(&done(self.engine.set(&target, &knob, &value)), &[]),
         }
     }
 }

@@ -71,9 +71,15 @@ fn run() -> anyhow::Result<()> {
     let mode = u32::from_str_radix(&args.socket_mode, 8)
         .ok()
         .filter(|m| *m <= 0o777)
-        .with_context(|| format!("bad --socket-mode '{}': give octal permissions like 660", args.socket_mode))?;
+        .with_context(|| {
+            format!(
+                "bad --socket-mode '{}': give octal permissions like 660",
+                args.socket_mode
+            )
+        })?;
     let run_dir = args.run_dir.clone().unwrap_or_else(default_run_dir);
-    std::fs::create_dir_all(&run_dir).with_context(|| format!("cannot create run directory {}", run_dir.display()))?;
+    std::fs::create_dir_all(&run_dir)
+        .with_context(|| format!("cannot create run directory {}", run_dir.display()))?;
 
     // One valed per run directory: the lock is held for the life of the process.
     let lock_path = run_dir.join("valed.lock");
@@ -90,7 +96,8 @@ fn run() -> anyhow::Result<()> {
 
     let sock_path = run_dir.join(SOCKET_NAME);
     let _ = std::fs::remove_file(&sock_path);
-    let listener = UnixListener::bind(&sock_path).with_context(|| format!("cannot bind {}", sock_path.display()))?;
+    let listener = UnixListener::bind(&sock_path)
+        .with_context(|| format!("cannot bind {}", sock_path.display()))?;
     std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(mode))?;
 
     block_signals_and_clean_up_on_exit(sock_path.clone());

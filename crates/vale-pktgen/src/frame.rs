@@ -1,0 +1,88 @@
+//! The frames vale-pktgen sends: Ethernet + IPv4 + UDP, with a payload that carries a magic,
+//! a sequence number and a send time (ping/pong use the last two).
+
+/// Offsets inside a frame.
+pub const ETH_HLEN: usize = 14;
+const IP_OFS: usize = ETH_HLEN;
+const UDP_OFS: usize = IP_OFS + 20;
+pub const PAYLOAD_OFS: usize = UDP_OFS + 8;
+/// "vp", then a u32 sequence number, then a u64 send time (ns): all inside a 60-byte frame.
+pub const MAGIC: [u8; 2] = *b"vp";
+pub const SEQ_OFS: usize = PAYLOAD_OFS + 2;
+pub const TS_OFS: usize = SEQ_OFS + 4;
+
+pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let mut mac = [0u8; 6];
+    if parts.len() != 6 {
+        return Err(format!(
+            "bad MAC address '{s}': want six hex octets like 02:00:00:00:00:01"
+        ));
+    }
+    for (m, p) in mac.iter_mut().zip(parts) {
+        *m = u8::from_str_radix(p, 16).map_err(|_| format!("bad MAC address '{s}'"))?;
+    }
+    Ok(mac)
+}
+
+/// A locally administered unicast MAC derived from a port name, stable across runs.
+pub fn mac_for(name: &str) -> [u8; 6] {
+    let h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    });
+    let b = h.to_le_bytes();
+    [0x02, b[0], b[1], b[2], b[3], b[4]]
+}
+
+fn checksum(data: &[u8]) -> u16 {
+    let mut sum = 0u32;
+    for c in data.chunks(2) {
+        sum += u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u32;
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// A whole frame of `len` bytes (at least 60).
+pub fn build(len: usize, src: [u8; 6], dst: [u8; 6]) -> Vec<u8> {
+    let mut f = vec![0u8; len];
+    f[0..6].copy_from_slice(&dst);
+    f[6..12].copy_from_slice(&src);
+    f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    let ip_len = (len - IP_OFS).min(0xffff) as u16;
+    let ip = &mut f[IP_OFS..UDP_OFS];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&ip_len.to_be_bytes());
+    ip[8] = 64; // ttl
+    ip[9] = 17; // udp
+    ip[12..16].copy_from_slice(&[10, 0, 0, 1]);
+    ip[16..20].copy_from_slice(&[10, 0, 0, 2]);
+    let c = checksum(ip);
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    let udp = &mut f[UDP_OFS..PAYLOAD_OFS];
+    udp[0..2].copy_from_slice(&1234u16.to_be_bytes());
+    udp[2..4].copy_from_slice(&4321u16.to_be_bytes());
+    udp[4..6].copy_from_slice(&(ip_len - 20).to_be_bytes());
+    f[PAYLOAD_OFS..SEQ_OFS].copy_from_slice(&MAGIC);
+    for (i, b) in f[TS_OFS + 8..].iter_mut().enumerate() {
+        *b = i as u8;
+    }
+    f
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_is_well_formed() {
+        let f = build(60, mac_for("vale0:a"), [0xff; 6]);
+        assert_eq!(f.len(), 60);
+        assert_eq!(checksum(&f[IP_OFS..UDP_OFS]), 0, "ip checksum verifies");
+        assert_eq!(parse_mac("02:00:00:00:00:0a").unwrap(), [2, 0, 0, 0, 0, 10]);
+        assert!(parse_mac("02:00").is_err());
+        assert_eq!(mac_for("x")[0], 2);
+    }
+}
