@@ -5,7 +5,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, Ordering::*};
+use std::sync::atomic::{fence, AtomicU64, Ordering::*};
 use std::time::{Duration, Instant};
 
 use vale_abi::control::{self, default_run_dir, PortCounters, Reply, Request};
@@ -126,6 +126,7 @@ impl OpenOptions {
             _memfd: memfd,
             kick,
             irq,
+            interrupts: AtomicU64::new(0),
         };
         layout
             .check_header(port.region())
@@ -157,6 +158,8 @@ pub struct Port {
     /// Per region ring (tx, then rx): client-to-valed kick, valed-to-client interrupt.
     kick: Vec<OwnedFd>,
     irq: Vec<OwnedFd>,
+    /// Interrupts valed raised that `poll` consumed.
+    interrupts: AtomicU64,
 }
 
 // SAFETY: the mapping is shared memory; rings are used one thread per ring, as documented.
@@ -180,6 +183,12 @@ impl Port {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// Interrupts from valed that [`Port::poll`] has consumed so far (each eventfd signal
+    /// counts once; with interrupt moderation, several deliveries share one).
+    pub fn interrupts(&self) -> u64 {
+        self.interrupts.load(Relaxed)
     }
 
     /// This port's counters as valed keeps them (one control round trip; not for a hot loop).
@@ -391,7 +400,7 @@ impl Port {
                     }
                 }
                 for p in pfds.iter().filter(|p| p.revents != 0) {
-                    drain(p.fd);
+                    self.interrupts.fetch_add(drain(p.fd), Relaxed);
                 }
             }
             for i in self.wanted(want) {
@@ -419,10 +428,16 @@ fn signal(fd: &OwnedFd) {
     unsafe { libc::write(fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
 }
 
-fn drain(fd: i32) {
+/// Resets an eventfd; returns how many signals it had counted.
+fn drain(fd: i32) -> u64 {
     let mut v: u64 = 0;
     // SAFETY: reads 8 bytes into a live u64 from an eventfd.
-    unsafe { libc::read(fd, &mut v as *mut u64 as *mut libc::c_void, 8) };
+    let n = unsafe { libc::read(fd, &mut v as *mut u64 as *mut libc::c_void, 8) };
+    if n == 8 {
+        v
+    } else {
+        0
+    }
 }
 
 /// A netmap ring of an open port, with netmap's helpers. Valid while its [`Port`] is.

@@ -43,7 +43,9 @@ pub fn parse_port(name: &str) -> Result<(&str, &str), String> {
     parse_switch(sw).map_err(|_| format!("bad name '{name}': a port is named valeX:Y"))?;
     check_part("port", port, name)?;
     if name.len() > MAX_PORT_NAME {
-        return Err(format!("bad name '{name}': longer than {MAX_PORT_NAME} characters"));
+        return Err(format!(
+            "bad name '{name}': longer than {MAX_PORT_NAME} characters"
+        ));
     }
     Ok((sw, port))
 }
