@@ -187,7 +187,11 @@ fn run() -> anyhow::Result<()> {
             lost = l;
         }
     }
-    let secs = meter.elapsed().as_secs_f64();
+    let secs = match args.function {
+        Function::Rx => meter.active(),
+        _ => meter.elapsed(),
+    }
+    .as_secs_f64();
     let after = port.counters().unwrap_or_default();
     let drops = match args.function {
         Function::Tx => (after.tx_drops + after.bad_input) - (before.tx_drops + before.bad_input),
@@ -358,7 +362,9 @@ fn rx(port: &Port, limits: &Limits, meter: &mut Meter) -> anyhow::Result<()> {
             return Ok(());
         }
         let got = drain_rx(port, meter, |_, _| true)?;
-        if !got {
+        if got {
+            meter.seen(now);
+        } else {
             port.poll(
                 Events {
                     readable: true,

@@ -12,6 +12,9 @@ pub struct Meter {
     last_bytes: u64,
     pub packets: u64,
     pub bytes: u64,
+    /// When traffic was first and last seen (receivers time their run by these).
+    first_seen: Option<Instant>,
+    last_seen: Option<Instant>,
     quiet: bool,
 }
 
@@ -37,12 +40,29 @@ impl Meter {
             last_bytes: 0,
             packets: 0,
             bytes: 0,
+            first_seen: None,
+            last_seen: None,
             quiet,
         }
     }
 
     pub fn elapsed(&self) -> Duration {
         self.start.elapsed()
+    }
+
+    /// Notes that traffic arrived now.
+    pub fn seen(&mut self, now: Instant) {
+        self.first_seen.get_or_insert(now);
+        self.last_seen = Some(now);
+    }
+
+    /// From the first to the last arrival: a receiver's rate is not diluted by the time it
+    /// waited before the sender started or after it stopped.
+    pub fn active(&self) -> Duration {
+        match (self.first_seen, self.last_seen) {
+            (Some(a), Some(b)) if b > a => b - a,
+            _ => self.elapsed(),
+        }
     }
 
     /// Prints a line when a second has passed since the last one.
