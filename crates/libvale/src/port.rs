@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use vale_abi::control::{self, default_run_dir, PortCounters, Reply, Request};
 use vale_abi::csb::{CsbAtok, CsbKtoa};
+use vale_abi::eventfd;
 use vale_abi::netmap::{NetmapIf, NetmapRing, NetmapSlot, RING_SLOTS_OFS};
 use vale_abi::region::{Layout, PortParams, RegionHeader, VALE_ABI_VERSION};
 
@@ -308,7 +309,7 @@ impl Port {
             // then re-reads head, so either we see its flag and kick, or it sees our head.
             fence(SeqCst);
             if ktoa.kern_need_kick.load(Relaxed) != 0 {
-                signal(&self.kick[i as usize]);
+                eventfd::signal(&self.kick[i as usize]);
             }
         }
         // Acquire: what valed wrote in the slots before hwtail is visible to us.
@@ -400,7 +401,7 @@ impl Port {
                     }
                 }
                 for p in pfds.iter().filter(|p| p.revents != 0) {
-                    self.interrupts.fetch_add(drain(p.fd), Relaxed);
+                    self.interrupts.fetch_add(eventfd::drain(&p.fd), Relaxed);
                 }
             }
             for i in self.wanted(want) {
@@ -419,24 +420,6 @@ impl Drop for Port {
                 self.layout.region_size as usize,
             )
         };
-    }
-}
-
-fn signal(fd: &OwnedFd) {
-    let one: u64 = 1;
-    // SAFETY: writes 8 bytes from a live u64 to an eventfd.
-    unsafe { libc::write(fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
-}
-
-/// Resets an eventfd; returns how many signals it had counted.
-fn drain(fd: i32) -> u64 {
-    let mut v: u64 = 0;
-    // SAFETY: reads 8 bytes into a live u64 from an eventfd.
-    let n = unsafe { libc::read(fd, &mut v as *mut u64 as *mut libc::c_void, 8) };
-    if n == 8 {
-        v
-    } else {
-        0
     }
 }
 

@@ -2,6 +2,7 @@
 //!
 //! - [`netmap`]: the binary layout of netmap's `netmap_if`, `netmap_ring`, `netmap_slot`.
 //! - [`csb`]: the per-ring Communication Status Block (netmap's `nm_csb_atok`/`nm_csb_ktoa`).
+//! - [`eventfd`]: the kick and interrupt lines.
 //! - [`region`]: how one port's shared memory region is laid out, with magic and ABI version.
 //! - [`name`]: the `valeX:Y` naming rules.
 //! - [`control`]: the messages spoken on valed's control socket.
@@ -10,6 +11,7 @@
 
 pub mod control;
 pub mod csb;
+pub mod eventfd;
 pub mod name;
 pub mod netmap;
 pub mod region;

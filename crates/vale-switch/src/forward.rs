@@ -19,10 +19,10 @@ use std::time::Instant;
 use vale_abi::netmap::{NetmapSlot, NS_INDIRECT, NS_MOREFRAG};
 use vale_abi::region::{FIRST_SLOT_BUF, MAX_FRAGS, MAX_FRAME_LEN};
 
-use crate::eventfd;
 use crate::lookup::{FrameMeta, DEST_DROP, DEST_FLOOD};
 use crate::port::{add, Irq, Port};
 use crate::switch::{Switch, MAX_BATCH, MAX_PORTS};
+use vale_abi::eventfd;
 
 const ETH_HLEN: u32 = 14;
 const NIL: u16 = u16::MAX;

@@ -9,7 +9,6 @@
 //! - [`engine`]: every switch and worker; what the control plane calls.
 
 pub mod engine;
-pub mod eventfd;
 pub mod forward;
 pub mod lookup;
 pub mod port;

@@ -8,8 +8,8 @@ use std::sync::Mutex;
 use vale_abi::control::PortCounters;
 use vale_abi::region::Layout;
 
-use crate::eventfd;
 use crate::region::Region;
+use vale_abi::eventfd;
 
 /// Index of a port in its switch's table.
 pub type PortIndex = u16;

@@ -15,10 +15,10 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::eventfd;
 use crate::forward::Pipeline;
 use crate::port::Port;
 use crate::switch::Switch;
+use vale_abi::eventfd;
 
 pub enum Cmd {
     /// Serve tx ring `ring` of `port`.

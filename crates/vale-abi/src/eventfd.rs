@@ -1,4 +1,5 @@
-//! Minimal eventfd helpers: the kick and interrupt lines of every ring.
+//! The kick and interrupt lines of every ring are eventfds: signalling one is writing 1,
+//! consuming its signals is reading the counter. Both sides of the ABI use these helpers.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -23,11 +24,15 @@ pub fn signal(fd: &impl AsRawFd) {
     unsafe { libc::write(fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
 }
 
-/// Resets the counter; returns whether it was non-zero.
+/// Resets the counter; returns how many signals it held (0 if none).
 #[inline]
-pub fn drain(fd: &impl AsRawFd) -> bool {
+pub fn drain(fd: &impl AsRawFd) -> u64 {
     let mut v: u64 = 0;
     // SAFETY: reads 8 bytes into a live u64.
     let n = unsafe { libc::read(fd.as_raw_fd(), &mut v as *mut u64 as *mut libc::c_void, 8) };
-    n == 8
+    if n == 8 {
+        v
+    } else {
+        0
+    }
 }
