@@ -1,6 +1,6 @@
 //! A port as its client sees it: the mapped region, its rings, and the sync calls.
 
-use std::io;
+use std::io::{self, Read};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -411,8 +411,19 @@ impl Port {
     }
 }
 
+/// Longest a close waits for valed to confirm the port is free.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
 impl Drop for Port {
     fn drop(&mut self) {
+        // Closing is synchronous: say we are done, then wait until valed, having freed the
+        // port, closes its end. The name can be opened again as soon as this returns.
+        if self.ctl.shutdown(std::net::Shutdown::Write).is_ok()
+            && self.ctl.set_read_timeout(Some(CLOSE_WAIT)).is_ok()
+        {
+            let mut sink = [0u8; 256];
+            while matches!((&self.ctl).read(&mut sink), Ok(n) if n > 0) {}
+        }
         // SAFETY: unmaps exactly what `open` mapped.
         unsafe {
             libc::munmap(

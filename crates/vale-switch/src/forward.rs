@@ -190,7 +190,15 @@ impl Pipeline {
         self.frags.clear();
         let mut bad = 0u64;
         let mut cur = hwcur;
+        let mut dropping = txr.dropping_chain.load(Relaxed);
         while cur != head && self.frames.len() < batch {
+            if dropping {
+                // SAFETY: as below.
+                let flags = unsafe { ptr::read_volatile(&(*reg.slot(ring, cur)).flags) };
+                cur = (cur + 1) & mask;
+                dropping = flags & NS_MOREFRAG != 0;
+                continue;
+            }
             let chain_start = cur;
             let frag_start = self.frags.len();
             let mut total = 0u32;
@@ -237,9 +245,11 @@ impl Pipeline {
             }
             if !ok || !complete || self.frags[frag_start].len < ETH_HLEN {
                 // A bad slot, a chain that can never complete, or no Ethernet header in the
-                // first slot: the frame is dropped and counted against its sender.
+                // first slot: the frame is dropped and counted against its sender. If the
+                // chain's end is still to come, its remaining slots are skipped when they are.
                 bad += 1;
                 self.frags.truncate(frag_start);
+                dropping = !complete;
                 continue;
             }
             let first = self.frags[frag_start];
@@ -253,6 +263,7 @@ impl Pipeline {
             });
             self.frame_frags.push((frag_start as u32, count));
         }
+        txr.dropping_chain.store(dropping, Relaxed);
         if bad != 0 {
             add(&src.stats().bad_input, bad);
             src.note_bad_input(format_args!("{bad} bad slot chain(s) on tx ring {ring}"));
@@ -289,6 +300,7 @@ impl Pipeline {
         let mut tx_drops = 0u64;
         let mut flood_head = NIL;
         let mut flood_tail = NIL;
+        let mut flooded = 0u64;
         for (i, f) in self.frames.iter().enumerate() {
             let i = i as u16;
             tx_bytes += f.len as u64;
@@ -301,6 +313,7 @@ impl Pipeline {
                     self.next[flood_tail as usize] = i;
                 }
                 flood_tail = i;
+                flooded += 1;
                 continue;
             }
             let valid =
@@ -318,17 +331,18 @@ impl Pipeline {
             }
             self.dst_tail[d] = i;
         }
-        let stats = src.stats();
-        add(&stats.tx_packets, self.frames.len() as u64);
-        add(&stats.tx_bytes, tx_bytes);
-        add(&stats.tx_drops, tx_drops);
-
         if flood_head != NIL {
+            let mut reached = false;
             for p in table.iter().flatten() {
                 if p.index != src.index {
                     let own = self.dst_head[p.index as usize];
                     self.deliver(p, ring, own, flood_head);
+                    reached = true;
                 }
+            }
+            if !reached {
+                // The sender is alone on the switch: flooded frames had nowhere to go.
+                tx_drops += flooded;
             }
         } else {
             for k in 0..self.active.len() {
@@ -342,6 +356,10 @@ impl Pipeline {
             self.dst_head[d as usize] = NIL;
         }
         self.active.clear();
+        let stats = src.stats();
+        add(&stats.tx_packets, self.frames.len() as u64);
+        add(&stats.tx_bytes, tx_bytes);
+        add(&stats.tx_drops, tx_drops);
     }
 
     /// Delivers the frames of list `a` merged with list `b` (in batch order) to `dst`, in one

@@ -85,6 +85,9 @@ pub struct TxRing {
     /// The client's `head` as last read, valid or not. Work is a change of `head`, so a bad
     /// value or a half-published chain is looked at (and counted) once, not spun on.
     pub seen_head: AtomicU32,
+    /// Inside a refused chain whose last slot is not yet published: its remaining slots are
+    /// skipped, never forwarded as a frame of their own.
+    pub dropping_chain: AtomicBool,
 }
 
 /// valed's state of one rx ring. Workers deliver into it under `lock`, once per batch.
@@ -123,6 +126,7 @@ impl Attachment {
                     irq: irq()?,
                     hwcur: AtomicU32::new(0),
                     seen_head: AtomicU32::new(0),
+                    dropping_chain: AtomicBool::new(false),
                 })
             })
             .collect::<std::io::Result<Vec<_>>>()?;

@@ -95,19 +95,21 @@ fn run() -> anyhow::Result<()> {
     }
 
     let sock_path = run_dir.join(SOCKET_NAME);
-    let _ = std::fs::remove_file(&sock_path);
-    let listener = UnixListener::bind(&sock_path)
-        .with_context(|| format!("cannot bind {}", sock_path.display()))?;
-    std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(mode))?;
-
+    // Before any thread starts, so that every thread inherits the blocked mask.
     block_signals_and_clean_up_on_exit(sock_path.clone());
-
+    // Workers before the socket: once it exists, clients are served at once.
     let engine = Engine::new(EngineConfig {
         workers: args.workers as usize,
         busy_poll: Duration::from_micros(args.busy_poll_us),
         batch: args.batch,
     })
     .context("cannot start workers")?;
+
+    let _ = std::fs::remove_file(&sock_path);
+    let listener = UnixListener::bind(&sock_path)
+        .with_context(|| format!("cannot bind {}", sock_path.display()))?;
+    std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(mode))?;
+
     tracing::info!(run_dir = %run_dir.display(), workers = args.workers, batch = args.batch,
         busy_poll_us = args.busy_poll_us, pid = std::process::id(), "valed ready");
     control::serve(listener, engine);

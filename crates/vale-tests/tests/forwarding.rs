@@ -1,0 +1,1527 @@
+//! End-to-end forwarding: frames through a real valed, sent and received by libvale clients
+//! and by vale-pktgen, checked byte for byte and against valed's counters.
+//!
+//! The tests of this file run one at a time (see [`serial`]): several take timings or rates,
+//! and the machine may have few CPUs.
+
+use std::io::Read;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use vale::{Events, Port, PortCounters, PortParams};
+use vale_tests::*;
+
+const MAC_D: [u8; 6] = [2, 0, 0, 0, 0, 0xd];
+/// Bound of every wait that should take milliseconds.
+const T: Duration = Duration::from_secs(10);
+const READABLE: Events = Events {
+    readable: true,
+    writable: false,
+};
+const WRITABLE: Events = Events {
+    readable: false,
+    writable: true,
+};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Serialises the tests of this file; a failed test does not block the others.
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+fn counters(v: &Valed, name: &str) -> PortCounters {
+    v.port(name)
+        .unwrap_or_else(|| panic!("{name} is not listed"))
+        .counters
+}
+
+fn ctl_ok(v: &Valed, args: &[&str]) {
+    let out = v.ctl(args);
+    assert!(
+        out.status.success(),
+        "vale-ctl {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Runs vale-ctl and expects exit status 1 with `message` on stderr.
+fn ctl_refused(v: &Valed, args: &[&str], message: &str) {
+    let out = v.ctl(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "vale-ctl {args:?}: {err}");
+    assert!(
+        err.contains(message),
+        "vale-ctl {args:?}: stderr {err:?} lacks {message:?}"
+    );
+}
+
+/// Queues `frame` on tx ring 0, waiting (bounded) for room.
+fn send_waiting(port: &Port, frame: &[u8]) {
+    let deadline = Instant::now() + T;
+    while !send_frame(port, frame) {
+        assert!(Instant::now() < deadline, "tx ring stayed full");
+        port.poll(WRITABLE, Some(Duration::from_millis(50)))
+            .expect("poll");
+    }
+}
+
+/// Waits until valed has taken every slot queued on tx ring `r` (so every frame in it has
+/// been delivered or dropped).
+fn wait_tx_drained(port: &Port, r: u32) {
+    let ring = port.tx_ring(r);
+    let deadline = Instant::now() + T;
+    loop {
+        port.txsync(r).expect("txsync");
+        if ring.space() == ring.num_slots() - 1 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "valed did not take the slots of tx ring {r} of {}",
+            port.name()
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Sends each frame (flow-controlled on the sender's ring) and waits until valed took them.
+fn send_all(port: &Port, frames: &[Vec<u8>]) {
+    for f in frames {
+        send_waiting(port, f);
+    }
+    port.txsync(0).expect("txsync");
+    wait_tx_drained(port, 0);
+}
+
+/// Exactly `n` frames from rx ring 0 within `T`.
+fn recv_n(port: &Port, n: usize) -> Vec<Vec<u8>> {
+    let deadline = Instant::now() + T;
+    let mut out = Vec::new();
+    while out.len() < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "{}: got {} of {n} frames",
+            port.name(),
+            out.len()
+        );
+        out.extend(wait_frames(port, left));
+    }
+    assert_eq!(out.len(), n, "{}: more frames than expected", port.name());
+    out
+}
+
+/// Takes every complete frame waiting on rx ring `r`, reassembling chains.
+fn recv_ring(port: &Port, r: u32) -> Vec<Vec<u8>> {
+    port.rxsync(r).expect("rxsync");
+    let ring = port.rx_ring(r);
+    let mut out = Vec::new();
+    let mut cur = ring.cur();
+    let mut release = cur;
+    let mut frame = Vec::new();
+    while cur != ring.tail() {
+        let slot = ring.slot(cur);
+        frame.extend_from_slice(&ring.buf(slot.buf_idx)[..slot.len as usize]);
+        cur = ring.next(cur);
+        if slot.flags & vale::NS_MOREFRAG == 0 {
+            out.push(std::mem::take(&mut frame));
+            release = cur;
+        }
+    }
+    ring.set_cur(release);
+    ring.set_head(release);
+    port.rxsync(r).expect("rxsync");
+    out
+}
+
+fn assert_nothing(port: &Port) {
+    let got = recv_frames(port);
+    assert!(
+        got.is_empty(),
+        "{} received {} unexpected frame(s)",
+        port.name(),
+        got.len()
+    );
+}
+
+/// Sends `n` checked frames from `tx` to `rx` with at most `window` in flight (so a full
+/// receive ring never drops), and checks that each arrives once, whole and in order.
+fn stream(tx: &Port, rx: &Port, src: [u8; 6], dst: [u8; 6], n: u64, window: u64) {
+    let len = |seq: u64| 60 + (seq * 7 % 1455) as usize;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (mut sent, mut got) = (0u64, 0u64);
+    while got < n {
+        assert!(
+            Instant::now() < deadline,
+            "{} -> {}: {got} of {n} frames after 60 s",
+            tx.name(),
+            rx.name()
+        );
+        while sent < n && sent - got < window {
+            if !send_frame(tx, &test_frame(len(sent), src, dst, sent)) {
+                break;
+            }
+            sent += 1;
+        }
+        tx.txsync(0).expect("txsync");
+        let frames = recv_frames(rx);
+        if frames.is_empty() {
+            rx.poll(READABLE, Some(Duration::from_millis(100)))
+                .expect("poll");
+            continue;
+        }
+        for f in frames {
+            assert!(got < sent, "{}: a frame nobody sent", rx.name());
+            let want = test_frame(len(got), src, dst, got);
+            assert!(
+                f == want,
+                "{}: frame {got} differs (len {}, want {})",
+                rx.name(),
+                f.len(),
+                want.len()
+            );
+            got += 1;
+        }
+    }
+}
+
+/// A child process, killed (and reaped) if the test ends before it does.
+struct Kid {
+    child: Child,
+    what: String,
+}
+
+impl Kid {
+    fn spawn(mut cmd: Command, what: &str) -> Kid {
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {what}: {e}"));
+        Kid {
+            child,
+            what: what.to_string(),
+        }
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        // SAFETY: plain kill(2) on our own, not yet reaped, child.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
+    }
+
+    /// Waits up to `timeout` for the child to exit and collects its output.
+    fn finish(mut self, timeout: Duration) -> Output {
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            match self.child.try_wait().expect("try_wait") {
+                Some(s) => break s,
+                None if Instant::now() >= deadline => {
+                    panic!("{} still running after {timeout:?}", self.what)
+                }
+                None => std::thread::sleep(Duration::from_millis(5)),
+            }
+        };
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        if let Some(mut o) = self.child.stdout.take() {
+            o.read_to_end(&mut stdout).expect("read stdout");
+        }
+        if let Some(mut e) = self.child.stderr.take() {
+            e.read_to_end(&mut stderr).expect("read stderr");
+        }
+        Output {
+            status,
+            stdout,
+            stderr,
+        }
+    }
+}
+
+impl Drop for Kid {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn report(out: &Output, what: &str) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{what} failed ({:?}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{what}: final report is not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+fn num(r: &serde_json::Value, field: &str) -> u64 {
+    r[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("report field {field} missing or not an integer: {r}"))
+}
+
+fn float(r: &serde_json::Value, field: &str) -> f64 {
+    r[field]
+        .as_f64()
+        .unwrap_or_else(|| panic!("report field {field} missing or not a number: {r}"))
+}
+
+/// vale-pktgen tx on vale0:a, vale-pktgen rx on vale0:b: every frame sent is received or
+/// counted as dropped at b, and the reports agree with valed's counters.
+fn pktgen_pair(len: u64, dst: &str, tx_extra: &[&str], rx_extra: &[&str]) {
+    let _s = serial();
+    let v = Valed::start();
+    let count = 200_000u64;
+    // a is persistent, so its counters stay listed after the sender exits.
+    ctl_ok(&v, &["create", "vale0:a"]);
+    let mut rx = v.pktgen(&["-i", "vale0:b", "-f", "rx", "-T", "120", "--json"]);
+    rx.args(rx_extra);
+    let rx = Kid::spawn(rx, "vale-pktgen rx");
+    assert!(
+        wait_until(T, || v
+            .port("vale0:b")
+            .is_some_and(|p| p.owner_pid.is_some())),
+        "the receiver did not open vale0:b"
+    );
+    let (l, n) = (len.to_string(), count.to_string());
+    let mut tx = v.pktgen(&[
+        "-i", "vale0:a", "-f", "tx", "-l", &l, "-n", &n, "-D", dst, "--json",
+    ]);
+    tx.args(tx_extra);
+    let tx = Kid::spawn(tx, "vale-pktgen tx").finish(Duration::from_secs(60));
+    let t = report(&tx, "vale-pktgen tx");
+    assert_eq!(t["mode"], "tx", "{t}");
+    assert_eq!(t["port"], "vale0:a", "{t}");
+    assert_eq!(num(&t, "frame_len"), len, "{t}");
+    assert_eq!(num(&t, "packets"), count, "{t}");
+    assert_eq!(num(&t, "bytes"), count * len, "{t}");
+    assert_eq!(num(&t, "drops"), 0, "{t}");
+    let secs = float(&t, "seconds");
+    assert!(secs > 0.0, "{t}");
+    let pps = float(&t, "pps");
+    assert!((pps * secs / count as f64 - 1.0).abs() < 0.01, "pps: {t}");
+    let bps = float(&t, "bps");
+    assert!(
+        (bps * secs / (8 * count * len) as f64 - 1.0).abs() < 0.01,
+        "bps: {t}"
+    );
+    assert!(t.get("rtt").is_none(), "tx has no rtt: {t}");
+
+    // Every frame reaches b's ring or is counted as dropped there.
+    assert!(
+        wait_until(T, || {
+            let c = counters(&v, "vale0:b");
+            c.rx_packets + c.rx_drops >= count
+        }),
+        "b accounts for fewer than {count} frames: {:?}",
+        counters(&v, "vale0:b")
+    );
+    // Let the receiver read what was delivered; take valed's view while it still holds b,
+    // then stop it.
+    std::thread::sleep(Duration::from_millis(500));
+    let list = v.list();
+    rx.signal(libc::SIGTERM);
+    let rx_out = rx.finish(T);
+    let r = report(&rx_out, "vale-pktgen rx");
+
+    assert_eq!(list.len(), 1);
+    let a = list[0].ports.iter().find(|p| p.name == "vale0:a").unwrap();
+    let b = list[0].ports.iter().find(|p| p.name == "vale0:b").unwrap();
+    assert!(a.persistent);
+    assert_eq!(a.counters.tx_packets, count, "{a:?}");
+    assert_eq!(a.counters.tx_bytes, count * len, "{a:?}");
+    assert_eq!((a.counters.tx_drops, a.counters.bad_input), (0, 0), "{a:?}");
+    assert_eq!(a.counters.rx_packets, 0, "{a:?}");
+    let bc = b.counters;
+    assert_eq!(bc.rx_packets + bc.rx_drops, count, "{bc:?}");
+    assert_eq!(bc.rx_bytes, bc.rx_packets * len, "{bc:?}");
+    assert_eq!((bc.tx_packets, bc.bad_input), (0, 0), "{bc:?}");
+    assert!(bc.rx_packets > 0, "nothing delivered: {bc:?}");
+
+    assert_eq!(r["mode"], "rx", "{r}");
+    assert_eq!(r["port"], "vale0:b", "{r}");
+    assert_eq!(num(&r, "packets"), bc.rx_packets, "rx report vs valed: {r}");
+    assert_eq!(num(&r, "bytes"), bc.rx_bytes, "rx report vs valed: {r}");
+    assert_eq!(num(&r, "drops"), bc.rx_drops, "rx report vs valed: {r}");
+    assert_eq!(num(&r, "packets") + num(&r, "drops"), count, "{r}");
+}
+
+#[test]
+fn pktgen_60_byte_frames_all_accounted_for() {
+    pktgen_pair(60, "ff:ff:ff:ff:ff:ff", &[], &[]);
+}
+
+#[test]
+fn pktgen_1514_byte_frames_all_accounted_for() {
+    // An unknown unicast destination: flooded, so b gets it.
+    pktgen_pair(1514, "02:00:00:00:00:0b", &[], &[]);
+}
+
+#[test]
+fn pktgen_9000_byte_jumbo_chains_all_accounted_for() {
+    pktgen_pair(9000, "ff:ff:ff:ff:ff:ff", &[], &[]);
+}
+
+#[test]
+fn pktgen_multi_ring_small_buffer_ports_all_accounted_for() {
+    // 4 tx rings of 512-byte buffers (18-slot chains) into 2 rx rings of 256 slots.
+    pktgen_pair(
+        9000,
+        "ff:ff:ff:ff:ff:ff",
+        &["--tx-rings", "4", "--buf-size", "512"],
+        &["--rx-rings", "2", "--slots", "256"],
+    );
+}
+
+#[test]
+fn pktgen_multi_ring_short_frames_all_accounted_for() {
+    pktgen_pair(
+        60,
+        "ff:ff:ff:ff:ff:ff",
+        &["--tx-rings", "3", "--slots", "64", "-b", "16"],
+        &["--rx-rings", "4"],
+    );
+}
+
+/// Sends each size from `a` to `b` and checks it arrives whole, as one frame, in as many
+/// slots as b's buffer size requires.
+fn jumbo_between(a: &Port, b: &Port, src: [u8; 6], dst: [u8; 6], sizes: &[usize]) {
+    let bsize = b.params().buf_size as usize;
+    let ring = b.rx_ring(0);
+    for (seq, &len) in sizes.iter().enumerate() {
+        let f = test_frame(len, src, dst, seq as u64);
+        send_all(a, std::slice::from_ref(&f));
+        b.rxsync(0).unwrap();
+        let (cur, tail) = (ring.cur(), ring.tail());
+        let slots = (tail + ring.num_slots() - cur) % ring.num_slots();
+        assert_eq!(
+            slots as usize,
+            len.div_ceil(bsize),
+            "{len}-byte frame into {bsize}-byte buffers"
+        );
+        // Every slot of the chain but the last is full and marked NS_MOREFRAG.
+        let mut s = cur;
+        for k in 0..slots {
+            let slot = ring.slot(s);
+            let last = k + 1 == slots;
+            assert_eq!(
+                slot.flags & vale::NS_MOREFRAG == 0,
+                last,
+                "slot {k} of {len}"
+            );
+            if !last {
+                assert_eq!(slot.len as usize, bsize, "slot {k} of {len}");
+            }
+            s = ring.next(s);
+        }
+        let got = recv_frames(b);
+        assert_eq!(got.len(), 1, "{len}-byte frame: {} frames", got.len());
+        assert!(got[0] == f, "{len}-byte frame differs");
+    }
+}
+
+#[test]
+fn jumbo_frames_arrive_byte_identical() {
+    let _s = serial();
+    let v = Valed::start();
+    let a = v.open("vale0:a");
+    let b = v.open("vale0:b");
+    let sizes = [60, 1514, 1515, 2047, 2048, 2049, 4096, 9000, 65536];
+    jumbo_between(&a, &b, MAC_A, MAC_B, &sizes);
+    let total: u64 = sizes.iter().map(|&s| s as u64).sum();
+    let ac = counters(&v, "vale0:a");
+    let bc = counters(&v, "vale0:b");
+    assert_eq!((ac.tx_packets, ac.tx_bytes), (sizes.len() as u64, total));
+    assert_eq!((bc.rx_packets, bc.rx_bytes), (sizes.len() as u64, total));
+    assert_eq!((ac.bad_input, bc.rx_drops), (0, 0));
+}
+
+#[test]
+fn jumbo_frames_between_different_buffer_sizes() {
+    let _s = serial();
+    let v = Valed::start();
+    let a = v.open("vale0:a");
+    let b = v.options().buf_size(512).open("vale0:b").unwrap();
+    let c = v
+        .options()
+        .buf_size(128)
+        .slots(2048)
+        .open("vale0:c")
+        .unwrap();
+    assert_eq!(b.params().buf_size, 512);
+    assert_eq!(b.rx_ring(0).buf_size(), 512);
+    assert_eq!(v.port("vale0:b").unwrap().buf_size, 512);
+    let sizes = [60, 511, 512, 513, 1515, 2048, 4096, 9000, 65536];
+    // 2048-byte buffers into 512-byte ones (c gets the flood too: drain it).
+    jumbo_between(&a, &b, MAC_A, MAC_B, &sizes);
+    assert_eq!(recv_frames(&c).len(), sizes.len());
+    // 512 into 2048 (a is learnt now: b's frames go to a only).
+    jumbo_between(&b, &a, MAC_B, MAC_A, &sizes);
+    assert_nothing(&c);
+    // 128 into 512, and a 65536-byte frame of exactly 512 slots of 128 bytes.
+    jumbo_between(&c, &b, MAC_C, MAC_B, &sizes);
+    jumbo_between(&b, &c, MAC_B, MAC_C, &sizes);
+    for p in ["vale0:a", "vale0:b", "vale0:c"] {
+        let k = counters(&v, p);
+        assert_eq!(
+            (k.rx_drops, k.bad_input, k.tx_drops),
+            (0, 0, 0),
+            "{p}: {k:?}"
+        );
+    }
+}
+
+#[test]
+fn chain_cut_by_head_waits_for_its_last_slot() {
+    let _s = serial();
+    let v = Valed::start();
+    let a = v.open("vale0:a");
+    let b = v.open("vale0:b");
+    let f = test_frame(5000, MAC_A, MAC_B, 7);
+    let ring = a.tx_ring(0);
+    let bsize = ring.buf_size() as usize;
+    let chunks: Vec<&[u8]> = f.chunks(bsize).collect();
+    assert_eq!(chunks.len(), 3);
+    let mut cur = ring.cur();
+    for (k, c) in chunks.iter().enumerate() {
+        let slot = ring.slot(cur);
+        ring.buf(slot.buf_idx)[..c.len()].copy_from_slice(c);
+        slot.len = c.len() as u16;
+        slot.flags = if k + 1 < chunks.len() {
+            vale::NS_MOREFRAG
+        } else {
+            0
+        };
+        cur = ring.next(cur);
+    }
+    // Publish the first two slots only.
+    ring.set_cur(ring.next(ring.next(ring.cur())));
+    ring.set_head(ring.cur());
+    a.txsync(0).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    a.txsync(0).unwrap();
+    assert_eq!(
+        ring.space(),
+        ring.num_slots() - 3,
+        "valed took part of a chain"
+    );
+    assert!(wait_frames(&b, Duration::from_millis(50)).is_empty());
+    assert_eq!(counters(&v, "vale0:a").bad_input, 0);
+    // Then the last one.
+    ring.set_cur(cur);
+    ring.set_head(cur);
+    a.txsync(0).unwrap();
+    let got = recv_n(&b, 1);
+    assert!(got[0] == f, "the completed chain differs");
+    assert_eq!(counters(&v, "vale0:a").tx_packets, 1);
+}
+
+#[test]
+fn port_geometry_is_reported_and_every_tx_ring_forwards() {
+    let _s = serial();
+    let v = Valed::start();
+    let mut o = v.options();
+    o.rings(4, 4).slots(256);
+    let a = o.open("vale0:a").unwrap();
+    let b = o.open("vale0:b").unwrap();
+    let c = v.options().rings(1, 2).open("vale0:c").unwrap();
+    let want = PortParams {
+        tx_rings: 4,
+        rx_rings: 4,
+        slots: 256,
+        buf_size: 2048,
+    };
+    assert_eq!(*a.params(), want);
+    assert_eq!(*b.params(), want);
+    for r in 0..4 {
+        for ring in [a.tx_ring(r), a.rx_ring(r)] {
+            assert_eq!((ring.num_slots(), ring.buf_size()), (256, 2048));
+        }
+        assert_eq!(
+            a.tx_ring(r).space(),
+            255,
+            "a fresh tx ring has n-1 free slots"
+        );
+    }
+    for (name, tx, rx, slots) in [
+        ("vale0:a", 4, 4, 256),
+        ("vale0:b", 4, 4, 256),
+        ("vale0:c", 1, 2, 1024),
+    ] {
+        let p = v.port(name).unwrap();
+        assert_eq!(
+            (p.tx_rings, p.rx_rings, p.slots, p.buf_size),
+            (tx, rx, slots, 2048),
+            "{p:?}"
+        );
+        assert_eq!(p.owner_pid, Some(std::process::id()));
+    }
+
+    // One frame on each of a's tx rings, by hand. MAC_B is unknown: b and c both get them.
+    for r in 0..4u32 {
+        let ring = a.tx_ring(r);
+        let f = test_frame(100 + r as usize, MAC_A, MAC_B, r as u64);
+        let slot = ring.slot(ring.cur());
+        ring.buf(slot.buf_idx)[..f.len()].copy_from_slice(&f);
+        slot.len = f.len() as u16;
+        slot.flags = 0;
+        ring.advance(1);
+        a.txsync(r).unwrap();
+    }
+    for r in 0..4u32 {
+        wait_tx_drained(&a, r);
+    }
+    // Frames from source ring r land on rx ring r modulo the destination's rx rings.
+    for r in 0..4u32 {
+        let got = recv_ring(&b, r);
+        assert_eq!(got.len(), 1, "b rx ring {r}");
+        assert!(got[0] == test_frame(100 + r as usize, MAC_A, MAC_B, r as u64));
+    }
+    // c has two rx rings: source rings 0 and 2 share its ring 0, 1 and 3 its ring 1 (in no
+    // particular order between source rings).
+    for r in 0..2u32 {
+        let mut got = recv_ring(&c, r);
+        got.sort();
+        let mut want: Vec<Vec<u8>> = [r, r + 2]
+            .iter()
+            .map(|&s| test_frame(100 + s as usize, MAC_A, MAC_B, s as u64))
+            .collect();
+        want.sort();
+        assert!(got == want, "c rx ring {r}: {} frames", got.len());
+    }
+    let ac = counters(&v, "vale0:a");
+    assert_eq!(ac.tx_packets, 4);
+    assert_eq!(counters(&v, "vale0:b").rx_packets, 4);
+    assert_eq!(counters(&v, "vale0:c").rx_packets, 4);
+
+    // Several rings at once, many frames each: all arrive, in order per ring.
+    let per_ring = 200u64;
+    for r in 0..4u32 {
+        let ring = a.tx_ring(r);
+        for k in 0..per_ring {
+            let f = test_frame(64, MAC_A, MAC_B, r as u64 * 1000 + k);
+            let slot = ring.slot(ring.cur());
+            ring.buf(slot.buf_idx)[..64].copy_from_slice(&f);
+            slot.len = 64;
+            slot.flags = 0;
+            ring.advance(1);
+        }
+        a.txsync(r).unwrap();
+    }
+    for r in 0..4u32 {
+        wait_tx_drained(&a, r);
+    }
+    for r in 0..4u32 {
+        let got = recv_ring(&b, r);
+        assert_eq!(got.len() as u64, per_ring, "b rx ring {r}");
+        for (k, f) in got.iter().enumerate() {
+            assert!(*f == test_frame(64, MAC_A, MAC_B, r as u64 * 1000 + k as u64));
+        }
+    }
+    assert_eq!(counters(&v, "vale0:b").rx_drops, 0);
+}
+
+#[test]
+fn bad_geometry_is_refused_naming_the_field() {
+    let _s = serial();
+    let v = Valed::start();
+    let cases: [(&str, PortParams); 8] = [
+        (
+            "slots",
+            PortParams {
+                slots: 1000,
+                ..Default::default()
+            },
+        ),
+        (
+            "slots",
+            PortParams {
+                slots: 32,
+                ..Default::default()
+            },
+        ),
+        (
+            "slots",
+            PortParams {
+                slots: 8192,
+                ..Default::default()
+            },
+        ),
+        (
+            "tx rings",
+            PortParams {
+                tx_rings: 17,
+                ..Default::default()
+            },
+        ),
+        (
+            "rx rings",
+            PortParams {
+                rx_rings: 17,
+                ..Default::default()
+            },
+        ),
+        (
+            "tx rings",
+            PortParams {
+                tx_rings: 0,
+                ..Default::default()
+            },
+        ),
+        (
+            "buffer size",
+            PortParams {
+                buf_size: 100,
+                ..Default::default()
+            },
+        ),
+        (
+            "buffer size",
+            PortParams {
+                buf_size: 2000,
+                ..Default::default()
+            },
+        ),
+    ];
+    for (field, params) in cases {
+        let mut o = v.options();
+        o.params = params;
+        let e = o
+            .open("vale0:a")
+            .err()
+            .unwrap_or_else(|| panic!("{params:?} accepted"));
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{e}");
+        let m = e.to_string();
+        assert!(
+            m.contains(field),
+            "{params:?}: message {m:?} does not name {field}"
+        );
+    }
+    // Each field valid, the whole too large.
+    let mut o = v.options();
+    o.rings(16, 16).slots(4096).buf_size(16384);
+    let m = o
+        .open("vale0:a")
+        .err()
+        .expect("2 GiB port accepted")
+        .to_string();
+    assert!(m.contains("port memory"), "{m}");
+    // Nothing was created, and valed still serves.
+    assert!(v.list().is_empty());
+    let _a = v
+        .options()
+        .slots(64)
+        .buf_size(128)
+        .rings(16, 16)
+        .open("vale0:a")
+        .unwrap();
+    assert_eq!(v.port("vale0:a").unwrap().tx_rings, 16);
+}
+
+#[test]
+fn learning_bridge_floods_unknown_then_forwards_to_the_learnt_port() {
+    let _s = serial();
+    let v = Valed::start();
+    let a = v.open("vale0:a");
+    let b = v.open("vale0:b");
+    let c = v.open("vale0:c");
+
+    // Nothing is learnt: a's frame for MAC_B is flooded to b and c.
+    let f = test_frame(60, MAC_A, MAC_B, 0);
+    send_all(&a, std::slice::from_ref(&f));
+    assert_eq!(recv_n(&b, 1), vec![f.clone()]);
+    assert_eq!(recv_n(&c, 1), vec![f]);
+    assert_eq!(counters(&v, "vale0:a").tx_drops, 0);
+
+    // MAC_A was learnt on a: b's reply goes to a only.
+    let r = test_frame(60, MAC_B, MAC_A, 1);
+    send_all(&b, std::slice::from_ref(&r));
+    assert_eq!(recv_n(&a, 1), vec![r]);
+    assert_nothing(&c);
+    assert_nothing(&b);
+    let c_before = counters(&v, "vale0:c");
+    assert_eq!(c_before.rx_packets, 1);
+
+    // MAC_B was learnt on b: 100 frames go to b only.
+    let frames: Vec<Vec<u8>> = (0..100)
+        .map(|s| test_frame(60 + s as usize, MAC_A, MAC_B, 100 + s))
+        .collect();
+    send_all(&a, &frames);
+    assert_eq!(recv_n(&b, 100), frames);
+    assert_nothing(&c);
+    assert_nothing(&a);
+    assert_eq!(counters(&v, "vale0:c"), c_before, "c's counters moved");
+    assert_eq!(counters(&v, "vale0:b").rx_packets, 101);
+
+    // Broadcast still reaches everybody but the sender.
+    let bc = test_frame(60, MAC_A, BROADCAST, 1000);
+    send_all(&a, std::slice::from_ref(&bc));
+    assert_eq!(recv_n(&b, 1), vec![bc.clone()]);
+    assert_eq!(recv_n(&c, 1), vec![bc]);
+    assert_nothing(&a);
+    // A multicast (group bit) too.
+    let mc = test_frame(60, MAC_A, [0x01, 0, 0x5e, 0, 0, 1], 1001);
+    send_all(&a, std::slice::from_ref(&mc));
+    assert_eq!(recv_n(&b, 1), vec![mc.clone()]);
+    assert_eq!(recv_n(&c, 1), vec![mc]);
+
+    // A frame to the sender's own address has nowhere to go: a tx drop, delivered nowhere.
+    let own = test_frame(60, MAC_A, MAC_A, 1002);
+    send_all(&a, std::slice::from_ref(&own));
+    assert_nothing(&a);
+    assert_nothing(&b);
+    assert_nothing(&c);
+    let ac = counters(&v, "vale0:a");
+    assert_eq!((ac.tx_packets, ac.tx_drops), (104, 1), "{ac:?}");
+}
+
+#[test]
+fn hub_lookup_floods_learnt_unicast() {
+    let _s = serial();
+    let v = Valed::start();
+    let a = v.open("vale0:a");
+    let b = v.open("vale0:b");
+    let c = v.open("vale0:c");
+    assert_eq!(v.list()[0].lookup, "learning");
+    // Teach the bridge where MAC_A and MAC_B are.
+    send_all(&a, &[test_frame(60, MAC_A, MAC_B, 0)]);
+    send_all(&b, &[test_frame(60, MAC_B, MAC_A, 1)]);
+    for p in [&a, &b, &c] {
+        recv_frames(p);
+    }
+    send_all(&a, &[test_frame(60, MAC_A, MAC_B, 2)]);
+    assert_eq!(recv_n(&b, 1).len(), 1);
+    assert_nothing(&c);
+
+    ctl_ok(&v, &["set", "vale0", "lookup", "hub"]);
+    assert_eq!(v.list()[0].lookup, "hub");
+    let frames: Vec<Vec<u8>> = (0..10)
+        .map(|s| test_frame(80, MAC_A, MAC_B, 10 + s))
+        .collect();
+    send_all(&a, &frames);
+    assert_eq!(recv_n(&b, 10), frames);
+    assert_eq!(recv_n(&c, 10), frames);
+    assert_nothing(&a);
+    // Under the hub even a frame to the sender's own address goes everywhere else.
+    let own = test_frame(60, MAC_A, MAC_A, 99);
+    send_all(&a, std::slice::from_ref(&own));
+    assert_eq!(recv_n(&b, 1), vec![own.clone()]);
+    assert_eq!(recv_n(&c, 1), vec![own]);
+    assert_nothing(&a);
+}
+
+#[test]
+fn unknown_lookup_module_is_refused() {
+    let _s = serial();
+    let v = Valed::start();
+    let _a = v.open("vale0:a");
+    ctl_refused(
+        &v,
+        &["set", "vale0", "lookup", "nosuch"],
+        "no lookup module 'nosuch' (known: learning, hub)",
+    );
+    assert_eq!(v.list()[0].lookup, "learning", "the module changed anyway");
+    ctl_refused(
+        &v,
+        &["set", "vale9", "lookup", "hub"],
+        "no such switch 'vale9'",
+    );
+}
+
+#[test]
+fn full_rx_ring_drops_and_counts_without_blocking_the_sender() {
+    let _s = serial();
+    let v = Valed::start();
+    let a = v.open("vale0:a");
+    let b = v.options().slots(64).open("vale0:b").unwrap();
+    let frames: Vec<Vec<u8>> = (0..1000).map(|s| test_frame(60, MAC_A, MAC_B, s)).collect();
+    let start = Instant::now();
+    for f in &frames {
+        send_waiting(&a, f);
+    }
+    a.txsync(0).unwrap();
+    wait_tx_drained(&a, 0);
+    let took = start.elapsed();
+    assert!(
+        took < Duration::from_secs(1),
+        "valed took {took:?} for 1000 frames toward a full ring"
+    );
+    let bc = counters(&v, "vale0:b");
+    assert_eq!(bc.rx_packets, 63, "a 64-slot ring holds 63 frames: {bc:?}");
+    assert_eq!(bc.rx_drops, 1000 - 63, "{bc:?}");
+    assert_eq!(bc.rx_bytes, 63 * 60, "{bc:?}");
+    let ac = counters(&v, "vale0:a");
+    assert_eq!((ac.tx_packets, ac.tx_drops), (1000, 0), "{ac:?}");
+
+    // The 63 first frames wait intact on the ring.
+    let got = recv_frames(&b);
+    assert_eq!(got.len(), 63);
+    assert!(got == frames[..63], "the queued frames changed");
+    // With room again, new frames arrive.
+    let more: Vec<Vec<u8>> = (0..10)
+        .map(|s| test_frame(61, MAC_A, MAC_B, 5000 + s))
+        .collect();
+    send_all(&a, &more);
+    assert_eq!(recv_n(&b, 10), more);
+    let bc = counters(&v, "vale0:b");
+    assert_eq!((bc.rx_packets, bc.rx_drops), (73, 937), "{bc:?}");
+}
+
+#[test]
+fn batch_knob_of_one_still_forwards_in_order() {
+    let _s = serial();
+    let v = Valed::start();
+    let a = v.open("vale0:a");
+    let b = v.open("vale0:b");
+    assert_eq!(v.list()[0].batch, 512);
+    ctl_ok(&v, &["set", "vale0", "batch", "1"]);
+    assert_eq!(v.list()[0].batch, 1);
+    // 100 frames queued at once, taken one per pass.
+    let frames: Vec<Vec<u8>> = (0..100)
+        .map(|s| test_frame(60 + s as usize, MAC_A, MAC_B, s))
+        .collect();
+    for f in &frames {
+        assert!(send_frame(&a, f));
+    }
+    a.txsync(0).unwrap();
+    assert_eq!(recv_n(&b, 100), frames);
+    stream(&a, &b, MAC_A, MAC_B, 5000, 200);
+
+    ctl_refused(
+        &v,
+        &["set", "vale0", "batch", "0"],
+        "batch must be 1 to 2048, not 0",
+    );
+    ctl_refused(
+        &v,
+        &["set", "vale0", "batch", "5000"],
+        "batch must be 1 to 2048, not 5000",
+    );
+    ctl_refused(
+        &v,
+        &["set", "vale0", "batch", "-1"],
+        "batch must be a number",
+    );
+    ctl_refused(
+        &v,
+        &["set", "vale0", "batch", "many"],
+        "batch must be a number",
+    );
+    assert_eq!(v.list()[0].batch, 1, "a refused value changed the batch");
+    ctl_ok(&v, &["set", "vale0", "batch", "2048"]);
+    assert_eq!(v.list()[0].batch, 2048);
+    stream(&a, &b, MAC_A, MAC_B, 5000, 500);
+}
+
+#[test]
+fn valed_batch_option_sets_the_batch_of_new_switches() {
+    let _s = serial();
+    let v = Valed::start_with(&["--batch", "7"]);
+    let a = v.open("vale0:a");
+    let b = v.open("vale0:b");
+    assert_eq!(v.list()[0].batch, 7);
+    stream(&a, &b, MAC_A, MAC_B, 2000, 100);
+}
+
+#[test]
+fn two_workers_forward_two_streams_concurrently() {
+    let _s = serial();
+    let v = Valed::start_with(&["--workers", "2"]);
+    // Rings go to workers round-robin in opening order: a and c land on different workers.
+    let a = v.open("vale0:a");
+    let c = v.open("vale0:c");
+    let b = v.open("vale0:b");
+    let d = v.open("vale0:d");
+    // (valed listens before it starts its workers: count them once it has answered.)
+    let workers = std::fs::read_dir(format!("/proc/{}/task", v.pid()))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|c| c.starts_with("vale-worker-"))
+        .count();
+    assert_eq!(
+        workers, 2,
+        "valed --workers 2 runs {workers} worker threads"
+    );
+    // Let the bridge learn b and d, then drain everything.
+    send_all(&b, &[test_frame(60, MAC_B, BROADCAST, 0)]);
+    send_all(&d, &[test_frame(60, MAC_D, BROADCAST, 0)]);
+    for p in [&a, &b, &c, &d] {
+        recv_frames(p);
+    }
+    let n = 50_000;
+    std::thread::scope(|s| {
+        s.spawn(|| stream(&a, &b, MAC_A, MAC_B, n, 256));
+        s.spawn(|| stream(&c, &d, MAC_C, MAC_D, n, 256));
+    });
+    assert_nothing(&b);
+    assert_nothing(&d);
+    for (tx, rx) in [("vale0:a", "vale0:b"), ("vale0:c", "vale0:d")] {
+        let t = counters(&v, tx);
+        let r = counters(&v, rx);
+        assert_eq!(
+            (t.tx_packets, t.tx_drops, t.bad_input),
+            (n, 0, 0),
+            "{tx}: {t:?}"
+        );
+        // +1: the other receiver's broadcast.
+        assert_eq!((r.rx_packets, r.rx_drops), (n + 1, 0), "{rx}: {r:?}");
+    }
+}
+
+#[test]
+fn unicast_to_a_port_that_left_is_flooded_and_counted() {
+    let _s = serial();
+    let mut v = Valed::start();
+    let a = v.open("vale0:a");
+    let b = v.open("vale0:b");
+    let c = v.open("vale0:c");
+    send_all(&b, &[test_frame(60, MAC_B, MAC_A, 0)]);
+    recv_frames(&a);
+    recv_frames(&c);
+    send_all(&a, &[test_frame(60, MAC_A, MAC_B, 1)]);
+    assert_eq!(recv_n(&b, 1).len(), 1);
+    assert_nothing(&c);
+
+    drop(b);
+    assert!(
+        wait_until(Duration::from_secs(2), || v.port("vale0:b").is_none()),
+        "vale0:b still listed after its client closed it"
+    );
+    // MAC_B is forgotten with its port: flooded (to c), not lost.
+    let frames: Vec<Vec<u8>> = (0..10)
+        .map(|s| test_frame(60, MAC_A, MAC_B, 10 + s))
+        .collect();
+    send_all(&a, &frames);
+    assert_eq!(recv_n(&c, 10), frames);
+    let ac = counters(&v, "vale0:a");
+    assert_eq!(ac.tx_packets, 11, "{ac:?}");
+
+    // A new port takes b's index: it must not inherit b's address.
+    let d = v.open("vale0:d");
+    send_all(&a, &frames);
+    assert_eq!(recv_n(&c, 10), frames);
+    assert_eq!(recv_n(&d, 10), frames);
+
+    // Alone on the switch, a's frames go nowhere; valed survives and counts them as sent.
+    drop(c);
+    drop(d);
+    assert!(wait_until(Duration::from_secs(2), || v.list()[0]
+        .ports
+        .len()
+        == 1));
+    send_all(&a, &frames);
+    let ac = counters(&v, "vale0:a");
+    assert_eq!(ac.tx_packets, 31, "{ac:?}");
+    assert!(v.alive(), "valed died: {}", v.log());
+    assert_nothing(&a);
+}
+
+/// Queues one frame of `len` bytes whose first slot `bad` may spoil, syncs, waits until
+/// valed took it, and restores the slot's buffer.
+fn send_spoiled(a: &Port, len: usize, seq: u64, bad: impl FnOnce(&mut vale::NetmapSlot)) {
+    let ring = a.tx_ring(0);
+    let f = test_frame(len.max(22), MAC_A, MAC_B, seq);
+    let cur = ring.cur();
+    let slot = ring.slot(cur);
+    let idx = slot.buf_idx;
+    ring.buf(idx)[..f.len().min(2048)].copy_from_slice(&f[..f.len().min(2048)]);
+    slot.len = len as u16;
+    slot.flags = 0;
+    bad(slot);
+    ring.advance(1);
+    a.txsync(0).unwrap();
+    wait_tx_drained(a, 0);
+    let slot = ring.slot(cur);
+    slot.buf_idx = idx;
+    slot.flags = 0;
+}
+
+#[test]
+fn malformed_slots_count_as_bad_input_and_deliver_nothing() {
+    let _s = serial();
+    let v = Valed::start();
+    let a = v.open("vale0:a");
+    let b = v.open("vale0:b");
+    let num_bufs = 2 + 2 * 1024;
+    type Spoil = Box<dyn FnOnce(&mut vale::NetmapSlot)>;
+    let cases: Vec<(&str, usize, Spoil)> = vec![
+        ("runt of 10 bytes", 10, Box::new(|_| {})),
+        ("runt of 13 bytes", 13, Box::new(|_| {})),
+        ("buf_idx 0", 60, Box::new(|s| s.buf_idx = 0)),
+        ("buf_idx 1", 60, Box::new(|s| s.buf_idx = 1)),
+        (
+            "buf_idx past the pool",
+            60,
+            Box::new(move |s| s.buf_idx = num_bufs),
+        ),
+        ("buf_idx u32::MAX", 60, Box::new(|s| s.buf_idx = u32::MAX)),
+        ("len > buf_size", 2049, Box::new(|_| {})),
+        ("len 65535", 65535, Box::new(|_| {})),
+        ("NS_INDIRECT", 60, Box::new(|s| s.flags |= 0x10)),
+    ];
+    let mut seq = 0;
+    for (k, (what, len, spoil)) in cases.into_iter().enumerate() {
+        send_spoiled(&a, len, seq, spoil);
+        let ac = counters(&v, "vale0:a");
+        assert_eq!(ac.bad_input, k as u64 + 1, "{what}: {ac:?}");
+        assert_eq!(ac.tx_packets, k as u64, "{what}: counted as sent: {ac:?}");
+        assert_nothing(&b);
+        seq += 1;
+        // The next good frame goes through.
+        let good = test_frame(60, MAC_A, MAC_B, seq);
+        send_all(&a, std::slice::from_ref(&good));
+        assert_eq!(recv_n(&b, 1), vec![good], "after {what}");
+        seq += 1;
+    }
+    let bad = counters(&v, "vale0:a").bad_input;
+
+    // A 14-byte frame (just the header) is fine.
+    send_spoiled(&a, 14, seq, |_| {});
+    let got = recv_n(&b, 1);
+    assert_eq!(got[0].len(), 14);
+    assert_eq!(counters(&v, "vale0:a").bad_input, bad);
+
+    // A chain with a bad slot in the middle is dropped whole, counted once.
+    let ring = a.tx_ring(0);
+    let f = test_frame(5000, MAC_A, MAC_B, 1000);
+    let start = ring.cur();
+    let mut cur = start;
+    let mut middle = (0, 0);
+    for (k, c) in f.chunks(2048).enumerate() {
+        let slot = ring.slot(cur);
+        ring.buf(slot.buf_idx)[..c.len()].copy_from_slice(c);
+        slot.len = c.len() as u16;
+        slot.flags = if k < 2 { vale::NS_MOREFRAG } else { 0 };
+        if k == 1 {
+            middle = (cur, slot.buf_idx);
+            slot.buf_idx = 0;
+        }
+        cur = ring.next(cur);
+    }
+    ring.set_cur(cur);
+    ring.set_head(cur);
+    a.txsync(0).unwrap();
+    wait_tx_drained(&a, 0);
+    ring.slot(middle.0).buf_idx = middle.1;
+    assert_eq!(counters(&v, "vale0:a").bad_input, bad + 1);
+    assert_nothing(&b);
+
+    // A chain longer than 65536 bytes is refused; one of exactly 65536 goes through.
+    let too_long = test_frame(65537, MAC_A, MAC_B, 1001);
+    send_all(&a, std::slice::from_ref(&too_long));
+    assert_eq!(counters(&v, "vale0:a").bad_input, bad + 2);
+    assert_nothing(&b);
+    let longest = test_frame(65536, MAC_A, MAC_B, 1002);
+    send_all(&a, std::slice::from_ref(&longest));
+    assert!(recv_n(&b, 1)[0] == longest);
+
+    // Bad and good frames in one batch: the good ones arrive, in order.
+    let g1 = test_frame(70, MAC_A, MAC_B, 2000);
+    let g2 = test_frame(71, MAC_A, MAC_B, 2001);
+    assert!(send_frame(&a, &g1));
+    let slot = ring.slot(ring.cur());
+    let saved = slot.buf_idx;
+    slot.buf_idx = 0;
+    slot.len = 60;
+    slot.flags = 0;
+    let bad_at = ring.cur();
+    ring.advance(1);
+    assert!(send_frame(&a, &g2));
+    a.txsync(0).unwrap();
+    wait_tx_drained(&a, 0);
+    ring.slot(bad_at).buf_idx = saved;
+    assert_eq!(recv_n(&b, 2), vec![g1, g2]);
+    let ac = counters(&v, "vale0:a");
+    assert_eq!(ac.bad_input, bad + 3, "{ac:?}");
+    // b lost nothing and did nothing wrong.
+    let bc = counters(&v, "vale0:b");
+    assert_eq!((bc.rx_drops, bc.bad_input), (0, 0), "{bc:?}");
+}
+
+#[test]
+fn bad_buffer_index_on_an_rx_ring_costs_the_receiver_only() {
+    let _s = serial();
+    let v = Valed::start();
+    let a = v.open("vale0:a");
+    let b = v.open("vale0:b");
+    let ring = b.rx_ring(0);
+    // b spoils the slot valed fills next (its ring is empty: cur == tail).
+    let at = ring.cur();
+    let saved = ring.slot(at).buf_idx;
+    ring.slot(at).buf_idx = 0;
+    let f = test_frame(60, MAC_A, MAC_B, 0);
+    send_all(&a, std::slice::from_ref(&f));
+    let bc = counters(&v, "vale0:b");
+    assert_eq!(
+        (bc.rx_packets, bc.rx_drops, bc.bad_input),
+        (0, 1, 1),
+        "{bc:?}"
+    );
+    let ac = counters(&v, "vale0:a");
+    assert_eq!((ac.tx_packets, ac.bad_input), (1, 0), "{ac:?}");
+    assert_nothing(&b);
+    // Repaired, the slot takes frames again.
+    ring.slot(at).buf_idx = saved;
+    send_all(&a, std::slice::from_ref(&f));
+    assert_eq!(recv_n(&b, 1), vec![f]);
+}
+
+#[test]
+fn chain_of_uneven_fragments_arrives_as_one_frame() {
+    let _s = serial();
+    let v = Valed::start();
+    let a = v.open("vale0:a");
+    let b = v.options().buf_size(512).open("vale0:b").unwrap();
+    // Fragments need not be full: 100, 0, 1500, 7 and 2048 bytes.
+    let sizes = [100usize, 0, 1500, 7, 2048];
+    let f = test_frame(sizes.iter().sum(), MAC_A, MAC_B, 3);
+    let ring = a.tx_ring(0);
+    let mut cur = ring.cur();
+    let mut off = 0;
+    for (k, &n) in sizes.iter().enumerate() {
+        let slot = ring.slot(cur);
+        ring.buf(slot.buf_idx)[..n].copy_from_slice(&f[off..off + n]);
+        slot.len = n as u16;
+        slot.flags = if k + 1 < sizes.len() {
+            vale::NS_MOREFRAG
+        } else {
+            0
+        };
+        off += n;
+        cur = ring.next(cur);
+    }
+    ring.set_cur(cur);
+    ring.set_head(cur);
+    a.txsync(0).unwrap();
+    let got = recv_n(&b, 1);
+    assert!(got[0] == f, "reassembled frame differs");
+    let bc = counters(&v, "vale0:b");
+    assert_eq!((bc.rx_packets, bc.rx_bytes), (1, f.len() as u64));
+    assert_eq!(counters(&v, "vale0:a").bad_input, 0);
+}
+
+#[test]
+fn no_learn_flag_keeps_the_source_address_unlearnt() {
+    let _s = serial();
+    let v = Valed::start();
+    let a = v.open("vale0:a");
+    let b = v.open("vale0:b");
+    let c = v.open("vale0:c");
+    // a's first frame carries NS_NO_LEARN: MAC_A stays unknown.
+    let f = test_frame(60, MAC_A, BROADCAST, 0);
+    let ring = a.tx_ring(0);
+    let slot = ring.slot(ring.cur());
+    ring.buf(slot.buf_idx)[..60].copy_from_slice(&f);
+    slot.len = 60;
+    slot.flags = vale::NS_NO_LEARN;
+    ring.advance(1);
+    a.txsync(0).unwrap();
+    wait_tx_drained(&a, 0);
+    recv_n(&b, 1);
+    recv_n(&c, 1);
+    send_all(&b, &[test_frame(60, MAC_B, MAC_A, 1)]);
+    assert_eq!(recv_n(&a, 1).len(), 1);
+    assert_eq!(
+        recv_n(&c, 1).len(),
+        1,
+        "MAC_A was learnt despite NS_NO_LEARN"
+    );
+    // Without the flag it is learnt.
+    send_all(&a, &[test_frame(60, MAC_A, BROADCAST, 2)]);
+    recv_n(&b, 1);
+    recv_n(&c, 1);
+    send_all(&b, &[test_frame(60, MAC_B, MAC_A, 3)]);
+    assert_eq!(recv_n(&a, 1).len(), 1);
+    assert_nothing(&c);
+}
+
+#[test]
+fn two_workers_deliver_to_one_port_concurrently() {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    let _s = serial();
+    let v = Valed::start_with(&["--workers", "2"]);
+    // a's ring goes to worker 0, c's to worker 1; both send to b.
+    let a = v.open("vale0:a");
+    let c = v.open("vale0:c");
+    let b = v.open("vale0:b");
+    send_all(&b, &[test_frame(60, MAC_B, BROADCAST, 0)]);
+    recv_frames(&a);
+    recv_frames(&c);
+    let n = 30_000u64;
+    let window = 256u64;
+    let done = [AtomicU64::new(0), AtomicU64::new(0)];
+    let send = |port: &Port, src: [u8; 6], k: usize| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut sent = 0u64;
+        while sent < n {
+            assert!(Instant::now() < deadline, "{}: sent {sent}", port.name());
+            if sent - done[k].load(Relaxed) < window
+                && send_frame(
+                    port,
+                    &test_frame(60 + (sent % 64) as usize, src, MAC_B, sent),
+                )
+            {
+                sent += 1;
+                if !sent.is_multiple_of(32) {
+                    continue;
+                }
+            } else {
+                std::thread::yield_now();
+            }
+            port.txsync(0).unwrap();
+        }
+        port.txsync(0).unwrap();
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| send(&a, MAC_A, 0));
+        s.spawn(|| send(&c, MAC_C, 1));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut next = [0u64; 2];
+        while next[0] < n || next[1] < n {
+            assert!(Instant::now() < deadline, "b got {next:?} of {n} each");
+            let frames = recv_frames(&b);
+            if frames.is_empty() {
+                b.poll(READABLE, Some(Duration::from_millis(100))).unwrap();
+                continue;
+            }
+            for f in frames {
+                let (k, src) = if f[6..12] == MAC_A {
+                    (0, MAC_A)
+                } else {
+                    (1, MAC_C)
+                };
+                let want = test_frame(60 + (next[k] % 64) as usize, src, MAC_B, next[k]);
+                assert!(
+                    f == want,
+                    "frame {} from source {k} differs or is out of order",
+                    next[k]
+                );
+                next[k] += 1;
+                done[k].store(next[k], Relaxed);
+            }
+        }
+    });
+    let bc = counters(&v, "vale0:b");
+    assert_eq!((bc.rx_packets, bc.rx_drops), (2 * n, 0), "{bc:?}");
+}
+
+#[test]
+fn pktgen_ping_pong_measures_round_trips() {
+    let _s = serial();
+    let v = Valed::start();
+    let pong = Kid::spawn(
+        v.pktgen(&["-i", "vale0:b", "-f", "pong", "-T", "60", "--json"]),
+        "vale-pktgen pong",
+    );
+    assert!(wait_until(T, || v.port("vale0:b").is_some()));
+    let ping = Kid::spawn(
+        v.pktgen(&[
+            "-i", "vale0:a", "-f", "ping", "-n", "500", "-l", "1514", "--json",
+        ]),
+        "vale-pktgen ping",
+    )
+    .finish(Duration::from_secs(30));
+    let r = report(&ping, "vale-pktgen ping");
+    assert_eq!(r["mode"], "ping", "{r}");
+    assert_eq!(num(&r, "packets"), 500, "{r}");
+    assert_eq!(num(&r, "drops"), 0, "{r}");
+    let rtt = &r["rtt"];
+    assert_eq!(rtt["samples"], 500, "{r}");
+    let (min, med, p99, max) = (
+        float(rtt, "min_us"),
+        float(rtt, "median_us"),
+        float(rtt, "p99_us"),
+        float(rtt, "max_us"),
+    );
+    assert!(0.0 < min && min <= med && med <= p99 && p99 <= max, "{r}");
+    let bc = counters(&v, "vale0:b");
+    assert_eq!((bc.rx_packets, bc.tx_packets), (500, 500), "{bc:?}");
+    assert_eq!(bc.rx_bytes, 500 * 1514, "{bc:?}");
+    pong.signal(libc::SIGTERM);
+    let p = report(&pong.finish(T), "vale-pktgen pong");
+    assert_eq!(num(&p, "packets"), 500, "{p}");
+}
+
+/// The `head` valed reads for region ring `k` of `port` (the CSB's client half).
+fn csb_head(port: &Port, k: u32) -> &std::sync::atomic::AtomicU32 {
+    let h = port.region();
+    // SAFETY: the CSB lies inside the port's mapping, at the offset valed wrote and libvale
+    // checked; `head` is the first, 4-byte aligned, field of each ring's 128-byte pair.
+    unsafe {
+        &*((h as *const vale_abi::region::RegionHeader as *const u8)
+            .add(h.csb_ofs as usize + 128 * k as usize)
+            as *const std::sync::atomic::AtomicU32)
+    }
+}
+
+#[test]
+fn bad_rx_head_drops_frames_for_that_port_only() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let _s = serial();
+    let v = Valed::start();
+    let a = v.open("vale0:a");
+    let b = v.open("vale0:b");
+    let c = v.open("vale0:c");
+    // b publishes an rx head past its ring (region ring 1 is its rx ring 0).
+    let head = csb_head(&b, 1);
+    assert_eq!(head.load(SeqCst), 0);
+    head.store(5000, SeqCst);
+    for s in 0..5 {
+        send_all(&a, &[test_frame(60, MAC_A, BROADCAST, s)]);
+    }
+    // c is not affected.
+    assert_eq!(recv_n(&c, 5).len(), 5);
+    let bc = counters(&v, "vale0:b");
+    assert_eq!((bc.rx_packets, bc.rx_drops), (0, 5), "{bc:?}");
+    assert!((1..=5).contains(&bc.bad_input), "{bc:?}");
+    assert_eq!(counters(&v, "vale0:c").bad_input, 0);
+    assert!(recv_frames(&b).is_empty());
+    // recv_frames synced b's ring: the good head is back, and frames arrive again.
+    assert_eq!(head.load(SeqCst), 0);
+    let f = test_frame(60, MAC_A, BROADCAST, 99);
+    send_all(&a, std::slice::from_ref(&f));
+    assert_eq!(recv_n(&b, 1), vec![f]);
+}
+
+#[test]
+fn zero_copy_buffer_swaps_are_accepted() {
+    let _s = serial();
+    let v = Valed::start();
+    let a = v.open("vale0:a");
+    let b = v.open("vale0:b");
+    let c = v.open("vale0:c");
+    // Learn a and c, so b's forwarded frames go to c only and a's to b only.
+    send_all(&c, &[test_frame(60, MAC_C, MAC_A, 0)]);
+    recv_frames(&a);
+    recv_frames(&b);
+    send_all(&a, &[test_frame(60, MAC_A, MAC_C, 0)]);
+    recv_frames(&c);
+    send_all(&b, &[test_frame(60, MAC_B, MAC_A, 0)]);
+    recv_frames(&a);
+    // b bridges frames from a to c without copying: it moves each rx buffer into a tx slot
+    // and the tx slot's buffer into the rx slot, as netmap's zero-copy bridge does.
+    for round in 0..3u64 {
+        let frames: Vec<Vec<u8>> = (0..300)
+            .map(|s| {
+                let mut f = test_frame(60 + s as usize, MAC_A, MAC_B, round * 1000 + s);
+                f[..6].copy_from_slice(&MAC_B);
+                f
+            })
+            .collect();
+        send_all(&a, &frames);
+        b.rxsync(0).unwrap();
+        let (rx, tx) = (b.rx_ring(0), b.tx_ring(0));
+        let mut n = 0;
+        while !rx.is_empty() {
+            let rs = rx.slot(rx.cur());
+            let ts = tx.slot(tx.cur());
+            // Rewrite the destination in place, then swap.
+            rx.buf(rs.buf_idx)[..6].copy_from_slice(&MAC_C);
+            std::mem::swap(&mut rs.buf_idx, &mut ts.buf_idx);
+            ts.len = rs.len;
+            ts.flags = vale::NS_BUF_CHANGED;
+            rs.flags = vale::NS_BUF_CHANGED;
+            rx.advance(1);
+            tx.advance(1);
+            n += 1;
+        }
+        assert_eq!(n, 300);
+        b.rxsync(0).unwrap();
+        b.txsync(0).unwrap();
+        let got = recv_n(&c, 300);
+        for (k, (g, f)) in got.iter().zip(&frames).enumerate() {
+            let mut want = f.clone();
+            want[..6].copy_from_slice(&MAC_C);
+            assert!(*g == want, "round {round}, frame {k}");
+        }
+    }
+    for p in ["vale0:a", "vale0:b", "vale0:c"] {
+        let k = counters(&v, p);
+        assert_eq!(
+            (k.bad_input, k.rx_drops, k.tx_drops),
+            (0, 0, 0),
+            "{p}: {k:?}"
+        );
+    }
+}
+
+#[test]
+fn a_sender_waiting_for_room_is_woken_in_time() {
+    let _s = serial();
+    let v = Valed::start();
+    let a = v.options().slots(64).open("vale0:a").unwrap();
+    let _b = v.open("vale0:b");
+    let n = 20_000u64;
+    let start = Instant::now();
+    let mut longest = Duration::ZERO;
+    let mut waits = 0;
+    let f = test_frame(60, MAC_A, MAC_B, 0);
+    for _ in 0..n {
+        while !send_frame(&a, &f) {
+            let t = Instant::now();
+            // A long timeout: a lost tx interrupt would show as a stall.
+            a.poll(WRITABLE, Some(Duration::from_secs(2))).unwrap();
+            longest = longest.max(t.elapsed());
+            waits += 1;
+        }
+        a.txsync(0).unwrap();
+    }
+    wait_tx_drained(&a, 0);
+    assert!(waits > 0, "the 64-slot ring never filled");
+    assert!(
+        longest < Duration::from_secs(1),
+        "a wait for room took {longest:?}"
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
+    let bc = counters(&v, "vale0:b");
+    assert_eq!(bc.rx_packets + bc.rx_drops, n, "{bc:?}");
+    assert_eq!(counters(&v, "vale0:a").tx_packets, n);
+}
+
+#[test]
+fn a_learnt_address_follows_its_host_to_another_port() {
+    let _s = serial();
+    let v = Valed::start();
+    let a = v.open("vale0:a");
+    let b = v.open("vale0:b");
+    let c = v.open("vale0:c");
+    // MAC_B speaks from b ...
+    send_all(&b, &[test_frame(60, MAC_B, BROADCAST, 0)]);
+    recv_frames(&a);
+    recv_frames(&c);
+    send_all(&a, &[test_frame(60, MAC_A, MAC_B, 1)]);
+    assert_eq!(recv_n(&b, 1).len(), 1);
+    assert_nothing(&c);
+    // ... then from c: frames for it follow.
+    send_all(&c, &[test_frame(60, MAC_B, BROADCAST, 2)]);
+    recv_frames(&a);
+    recv_frames(&b);
+    let f = test_frame(60, MAC_A, MAC_B, 3);
+    send_all(&a, std::slice::from_ref(&f));
+    assert_eq!(recv_n(&c, 1), vec![f]);
+    assert_nothing(&b);
+}

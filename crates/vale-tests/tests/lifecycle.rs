@@ -1,0 +1,399 @@
+//! Ports and valed coming and going: killed clients, open/close churn, valed's own exit, and
+//! one valed per run directory.
+
+use std::io::Read;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use vale_tests::*;
+
+/// The tests of this file count the test process's own descriptors and mappings, which the
+/// other tests would disturb: they run one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A child process killed (and reaped) when dropped.
+struct Reaped(Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs `cmd` to completion, killing it after `limit`.
+fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
+    let mut child = Reaped(
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}")),
+    );
+    let mut so = child.0.stdout.take().expect("piped");
+    let mut se = child.0.stderr.take().expect("piped");
+    let t_out = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = so.read_to_end(&mut v);
+        v
+    });
+    let t_err = std::thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = se.read_to_end(&mut v);
+        v
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.0.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{cmd:?} did not finish within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    Output {
+        status,
+        stdout: t_out.join().expect("stdout reader"),
+        stderr: t_err.join().expect("stderr reader"),
+    }
+}
+
+/// Waits up to `limit` for `cond`, sleeping `step` between looks.
+fn wait_until(limit: Duration, step: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(step);
+    }
+}
+
+fn own_fd_count() -> usize {
+    std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .count()
+}
+
+/// Mappings of port regions in the test process.
+fn own_vale_mappings() -> usize {
+    std::fs::read_to_string("/proc/self/maps")
+        .expect("/proc/self/maps")
+        .lines()
+        .filter(|l| l.contains("memfd:vale:"))
+        .count()
+}
+
+/// valed's descriptor count once it stops changing (control connections of vale-ctl and of
+/// closed ports are torn down by valed's threads shortly after the peer goes).
+fn settled_fd_count(v: &Valed) -> usize {
+    let mut last = v.fd_count();
+    let mut same = 0;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while same < 5 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        let n = v.fd_count();
+        if n == last {
+            same += 1;
+        } else {
+            same = 0;
+            last = n;
+        }
+    }
+    last
+}
+
+#[test]
+fn sigkill_of_a_client_frees_its_port_at_once() {
+    let _g = serial();
+    let mut v = Valed::start();
+    let mut child = Reaped(
+        v.pktgen(&["-i", "vale0:k", "-f", "rx", "-q"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start vale-pktgen"),
+    );
+    let pid = child.0.id();
+    let owned = wait_until(Duration::from_secs(10), Duration::from_millis(10), || {
+        v.port("vale0:k").and_then(|p| p.owner_pid) == Some(pid)
+    });
+    assert!(
+        owned,
+        "vale-pktgen (pid {pid}) never showed up as owner of vale0:k: {:?}\n{}",
+        v.port("vale0:k"),
+        v.log()
+    );
+    // SIGKILL: no chance for the client to say goodbye.
+    child.0.kill().expect("SIGKILL vale-pktgen");
+    let t0 = Instant::now();
+    child.0.wait().expect("reap vale-pktgen");
+    let gone = wait_until(Duration::from_secs(1), Duration::from_millis(5), || {
+        v.port("vale0:k").is_none()
+    });
+    let took = t0.elapsed();
+    assert!(
+        gone,
+        "vale0:k still listed {took:?} after its owner was killed: {:?}",
+        v.port("vale0:k")
+    );
+    assert!(
+        took <= Duration::from_secs(1),
+        "port freed only after {took:?}"
+    );
+    eprintln!("port freed {took:?} after SIGKILL");
+    // The name is free again, and the new port works.
+    let k = v.open("vale0:k");
+    let b = v.open("vale0:b");
+    let f = test_frame(100, MAC_A, MAC_B, 1);
+    assert!(send_frame(&k, &f));
+    k.txsync(0).unwrap();
+    assert_eq!(wait_frames(&b, Duration::from_secs(5)), vec![f]);
+    assert_eq!(
+        v.port("vale0:k").and_then(|p| p.owner_pid),
+        Some(std::process::id())
+    );
+    assert!(v.alive(), "valed died: {}", v.log());
+}
+
+#[test]
+fn open_close_churn_leaks_nothing() {
+    let _g = serial();
+    let mut v = Valed::start();
+    let own_fds_before = own_fd_count();
+    let own_maps_before = own_vale_mappings();
+    let names = ["vale0:c", "vale1:c"];
+    let cycle = |i: usize| {
+        let name = names[i % 2];
+        let mut o = v.options();
+        if i.is_multiple_of(5) {
+            o.rings(4, 4);
+        }
+        if i.is_multiple_of(7) {
+            o.slots(64).buf_size(128);
+        }
+        // Closing is synchronous: the name is free again the moment drop returns.
+        let p = o
+            .open(name)
+            .unwrap_or_else(|e| panic!("cycle {i}: open {name}: {e}"));
+        let want = if i.is_multiple_of(5) { 4 } else { 1 };
+        assert_eq!(p.params().tx_rings, want);
+        p.txsync(0).expect("txsync");
+        p.rxsync(0).expect("rxsync");
+        drop(p);
+    };
+    let t0 = Instant::now();
+    for i in 0..50 {
+        cycle(i);
+    }
+    assert!(
+        wait_until(Duration::from_secs(2), Duration::from_millis(5), || v
+            .list()
+            .is_empty()),
+        "ports left after warm-up: {:?}",
+        v.list().iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
+    let fds_warm = settled_fd_count(&v);
+    let rss_warm = v.rss_kib();
+    for i in 50..1000 {
+        cycle(i);
+    }
+    let churn = t0.elapsed();
+    assert!(
+        wait_until(Duration::from_secs(2), Duration::from_millis(5), || v
+            .list()
+            .is_empty()),
+        "ports left after 1000 cycles: {:?}",
+        v.list().iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
+    let fds_end = settled_fd_count(&v);
+    let rss_end = v.rss_kib();
+    eprintln!(
+        "1000 cycles in {churn:?}: valed fds {fds_warm} -> {fds_end}, \
+         rss {rss_warm} KiB -> {rss_end} KiB; own fds {own_fds_before} -> {}",
+        own_fd_count()
+    );
+    assert!(v.alive(), "valed died: {}", v.log());
+    assert_eq!(fds_end, fds_warm, "valed leaks descriptors");
+    assert!(
+        rss_end < rss_warm + 2048,
+        "valed's RSS grew from {rss_warm} KiB to {rss_end} KiB over 950 cycles"
+    );
+    assert_eq!(
+        own_fd_count(),
+        own_fds_before,
+        "libvale leaks descriptors in the client"
+    );
+    assert_eq!(
+        own_vale_mappings(),
+        own_maps_before,
+        "libvale leaks region mappings in the client"
+    );
+}
+
+#[test]
+fn sigterm_exits_cleanly_and_clients_survive() {
+    let _g = serial();
+    let mut v = Valed::start();
+    let a = v.open("vale0:a");
+    let b = v.open("vale0:b");
+    let f = test_frame(60, MAC_A, MAC_B, 0);
+    assert!(send_frame(&a, &f));
+    a.txsync(0).unwrap();
+    assert_eq!(wait_frames(&b, Duration::from_secs(5)), vec![f]);
+    let sock = v.run_dir().join(vale_abi::control::SOCKET_NAME);
+    assert!(sock.exists());
+
+    // SAFETY: plain kill(2) on our own child.
+    let r = unsafe { libc::kill(v.pid() as libc::pid_t, libc::SIGTERM) };
+    assert_eq!(r, 0, "kill: {}", std::io::Error::last_os_error());
+    let t0 = Instant::now();
+    let exited = wait_until(Duration::from_secs(2), Duration::from_millis(5), || {
+        !v.alive()
+    });
+    let took = t0.elapsed();
+    assert!(exited, "valed still running 2 s after SIGTERM: {}", v.log());
+    eprintln!("valed exited {took:?} after SIGTERM");
+    assert!(
+        !sock.exists(),
+        "valed left its socket {} behind",
+        sock.display()
+    );
+    assert!(
+        v.log().contains("valed exiting"),
+        "valed's log does not say it exited: {}",
+        v.log()
+    );
+
+    // The clients still hold their mappings: ring operations work on the memory, waiting
+    // returns at its timeout, the control connection reports an error, nothing crashes.
+    let client = std::thread::spawn(move || {
+        let f = test_frame(60, MAC_A, MAC_B, 1);
+        let sent = send_frame(&a, &f);
+        a.txsync(0).expect("txsync after valed exit");
+        b.rxsync(0).expect("rxsync after valed exit");
+        let t = Instant::now();
+        let got = b
+            .poll(
+                vale::Events {
+                    readable: true,
+                    writable: false,
+                },
+                Some(Duration::from_millis(200)),
+            )
+            .expect("poll after valed exit");
+        let waited = t.elapsed();
+        let counters = a.counters();
+        drop(a);
+        drop(b);
+        (sent, got, waited, counters.is_err())
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !client.is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "a client operation hung after valed exited"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let (sent, got, waited, counters_failed) = client.join().expect("client thread panicked");
+    assert!(sent, "the tx ring had room");
+    assert_eq!(got, vale::Events::default(), "nothing can arrive any more");
+    assert!(
+        waited >= Duration::from_millis(150),
+        "poll returned early ({waited:?})"
+    );
+    assert!(
+        counters_failed,
+        "a control request to a dead valed did not fail"
+    );
+    // Opening without a valed fails (no autostart here) instead of hanging.
+    let opened = std::thread::spawn({
+        let o = v.options();
+        move || o.open("vale0:z").map(|_| ()).map_err(|e| e.to_string())
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !opened.is_finished() {
+        assert!(Instant::now() < deadline, "open hung with no valed running");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(opened.join().unwrap().is_err());
+}
+
+fn start_second_valed(dir: &Path) -> Output {
+    run_bounded(
+        Command::new(bin("valed")).arg("--run-dir").arg(dir),
+        Duration::from_secs(10),
+    )
+}
+
+#[test]
+fn second_valed_on_the_same_run_dir_refuses_to_start() {
+    let _g = serial();
+    let mut v = Valed::start();
+    let a = v.open("vale0:a");
+    let out = start_second_valed(v.run_dir());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "second valed: {}\nstderr: {stderr}",
+        out.status
+    );
+    assert!(
+        stderr.contains("another valed is running"),
+        "second valed's message: {stderr}"
+    );
+    // The first one is untouched: alive, socket in place, old and new ports work.
+    assert!(v.alive(), "first valed died: {}", v.log());
+    assert!(v.run_dir().join(vale_abi::control::SOCKET_NAME).exists());
+    let b = v.open("vale0:b");
+    for seq in 0..10 {
+        let f = test_frame(60 + seq as usize, MAC_A, MAC_B, seq);
+        assert!(send_frame(&a, &f));
+        a.txsync(0).unwrap();
+        assert_eq!(wait_frames(&b, Duration::from_secs(5)), vec![f]);
+    }
+    assert_eq!(
+        v.port("vale0:a").unwrap().owner_pid,
+        Some(std::process::id())
+    );
+    assert_eq!(v.list().len(), 1);
+}
+
+/// Closing a port and opening the same name again at once, from the same process, as a
+/// program that reconfigures its port would.
+#[test]
+fn immediate_reopen_of_a_closed_port_succeeds() {
+    let _g = serial();
+    let v = Valed::start();
+    let mut failures = Vec::new();
+    for i in 0..1000 {
+        match v.options().open("vale0:c") {
+            Ok(p) => drop(p),
+            Err(e) => {
+                failures.push((i, e.to_string()));
+                // Let valed catch up before the next cycle.
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of 1000 immediate reopens failed, first: {:?}",
+        failures.len(),
+        failures.first()
+    );
+}
