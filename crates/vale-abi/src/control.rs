@@ -103,7 +103,8 @@ pub struct PortCounters {
     pub rx_bytes: u64,
     /// Frames for this port dropped because its receive ring was full or nobody held it.
     pub rx_drops: u64,
-    /// Frames from this port that had nowhere to go (lookup said drop, or only back to itself).
+    /// Frames from this port that had nowhere to go: the lookup said drop, or pointed back at
+    /// this port or at a port that left, or the frame was flooded with no other port there.
     pub tx_drops: u64,
     /// Values the client wrote that valed refused: ring indices, buffer indices, lengths,
     /// flags. Each refused frame is dropped.

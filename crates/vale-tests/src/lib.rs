@@ -5,13 +5,87 @@
 //! `cargo build --release --workspace` before `cargo test --release --workspace` (the README's
 //! test command does both).
 
+use std::borrow::BorrowMut;
+use std::io::Read;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use vale_abi::control::{PortInfo, SwitchInfo, SOCKET_NAME};
+use vale_abi::control::{PortCounters, PortInfo, SwitchInfo, SOCKET_NAME};
+
+/// Bound of every wait that should take milliseconds.
+pub const T: Duration = Duration::from_secs(10);
+
+/// What [`vale::Port::poll`] waits for when a client expects frames.
+pub const READABLE: vale::Events = vale::Events {
+    readable: true,
+    writable: false,
+};
+
+/// What [`vale::Port::poll`] waits for when a client waits for room on its tx rings.
+pub const WRITABLE: vale::Events = vale::Events {
+    readable: false,
+    writable: true,
+};
+
+/// Serialises the tests of one test executable that take it (each executable has a lock of
+/// its own): tests that take timings or rates, count wake-ups or descriptors, or load every
+/// CPU. A failed test does not block the others.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Waits up to `limit` for `cond`, looking every 2 ms. Whether it came true in time.
+pub fn wait_until(limit: Duration, cond: impl FnMut() -> bool) -> bool {
+    wait_until_every(limit, Duration::from_millis(2), cond)
+}
+
+/// As [`wait_until`], sleeping `step` between looks.
+pub fn wait_until_every(limit: Duration, step: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(step);
+    }
+}
+
+/// Joins `h`; the test fails if it has not finished by `deadline`.
+pub fn join_by<R>(what: &str, h: JoinHandle<R>, deadline: Instant) -> R {
+    join_or_explain(what, h, deadline, String::new)
+}
+
+/// As [`join_by`], and on failure prints `explain()` (the state of the rings, say) first.
+pub fn join_or_explain<R>(
+    what: &str,
+    h: JoinHandle<R>,
+    deadline: Instant,
+    explain: impl Fn() -> String,
+) -> R {
+    while !h.is_finished() {
+        if Instant::now() >= deadline {
+            eprintln!("{}", explain());
+            panic!("{what} did not finish in time (hang?)");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    match h.join() {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("{what} failed; state:\n{}", explain());
+            std::panic::resume_unwind(e)
+        }
+    }
+}
 
 /// Path of a workspace binary built in the same profile as the running test.
 pub fn bin(name: &str) -> PathBuf {
@@ -25,6 +99,120 @@ pub fn bin(name: &str) -> PathBuf {
         p.display()
     );
     p
+}
+
+/// `NAME --run-dir DIR ARGS...` for the workspace binary `name`, not yet started.
+pub fn tool(name: &str, dir: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(bin(name));
+    c.arg("--run-dir").arg(dir).args(args);
+    c
+}
+
+/// A child process, killed (and reaped) if the test ends before it does.
+pub struct Kid {
+    child: Child,
+    what: String,
+}
+
+impl Kid {
+    /// Starts `cmd` with no input and its output piped; `what` names it in failures.
+    pub fn spawn(mut cmd: impl BorrowMut<Command>, what: &str) -> Kid {
+        let child = cmd
+            .borrow_mut()
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {what}: {e}"));
+        Kid {
+            child,
+            what: what.to_string(),
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `sig` to the child.
+    pub fn signal(&self, sig: libc::c_int) {
+        // SAFETY: plain kill(2) on our own, not yet reaped, child.
+        unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
+    }
+
+    /// Waits up to `timeout` for the child to exit and collects its output (read while it
+    /// runs, so a chatty child never blocks on a full pipe). Fails the test, killing the
+    /// child, if it is still running by then.
+    pub fn finish(mut self, timeout: Duration) -> Output {
+        fn drain(mut r: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
+            std::thread::spawn(move || {
+                let mut v = Vec::new();
+                r.read_to_end(&mut v).expect("read the child's output");
+                v
+            })
+        }
+        fn collect(h: Option<JoinHandle<Vec<u8>>>) -> Vec<u8> {
+            h.map(|h| h.join().expect("output reader"))
+                .unwrap_or_default()
+        }
+        let stdout = self.child.stdout.take().map(drain);
+        let stderr = self.child.stderr.take().map(drain);
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            match self.child.try_wait().expect("try_wait") {
+                Some(s) => break s,
+                None if Instant::now() >= deadline => {
+                    panic!("{} still running after {timeout:?}", self.what)
+                }
+                None => std::thread::sleep(Duration::from_millis(5)),
+            }
+        };
+        Output {
+            status,
+            stdout: collect(stdout),
+            stderr: collect(stderr),
+        }
+    }
+}
+
+impl Drop for Kid {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `cmd` to completion, killing it (and failing the test) after `limit`.
+pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
+    let what = format!("{cmd:?}");
+    Kid::spawn(cmd, &what).finish(limit)
+}
+
+/// Requires `out`, of the program `what`, to show exit status `code` and `message` on
+/// stderr.
+pub fn assert_exit(out: &Output, what: &str, code: i32, message: &str) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{what}: {err}");
+    assert!(
+        err.contains(message),
+        "{what}: stderr {err:?} lacks {message:?}"
+    );
+}
+
+/// The final JSON report of a vale-pktgen that must have succeeded.
+pub fn report(out: &Output, what: &str) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{what} failed ({:?}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{what}: final report is not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
 }
 
 /// A fresh, empty directory under the system temp dir, removed on drop.
@@ -50,6 +238,12 @@ impl Drop for TempDir {
     }
 }
 
+/// Runs a valed for `dir` that is expected to exit at once (refusing to start), bounded by
+/// [`T`].
+pub fn valed_refusing(dir: &Path, args: &[&str]) -> Output {
+    run_bounded(&mut tool("valed", dir, args), T)
+}
+
 /// A valed of the test's own, killed when dropped.
 pub struct Valed {
     pub dir: TempDir,
@@ -65,10 +259,7 @@ impl Valed {
     pub fn start_with(args: &[&str]) -> Valed {
         let dir = TempDir::new("valed");
         let log = std::fs::File::create(dir.0.join("valed.log")).expect("log file");
-        let child = Command::new(bin("valed"))
-            .arg("--run-dir")
-            .arg(&dir.0)
-            .args(args)
+        let child = tool("valed", &dir.0, args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -122,33 +313,75 @@ impl Valed {
             .unwrap_or_else(|e| panic!("open {name}: {e}"))
     }
 
+    /// Opens vale0:a and vale0:b, in that order.
+    pub fn open_ab(&self) -> (vale::Port, vale::Port) {
+        (self.open("vale0:a"), self.open("vale0:b"))
+    }
+
+    /// Opens vale0:a, vale0:b and vale0:c, in that order.
+    pub fn open_abc(&self) -> (vale::Port, vale::Port, vale::Port) {
+        (
+            self.open("vale0:a"),
+            self.open("vale0:b"),
+            self.open("vale0:c"),
+        )
+    }
+
     /// `vale-ctl --run-dir DIR ARGS...`
     pub fn ctl(&self, args: &[&str]) -> Output {
-        Command::new(bin("vale-ctl"))
-            .arg("--run-dir")
-            .arg(&self.dir.0)
-            .args(args)
+        tool("vale-ctl", &self.dir.0, args)
             .output()
             .expect("run vale-ctl")
     }
 
+    /// Runs vale-ctl, requires success, and returns what it printed.
+    pub fn ctl_ok(&self, args: &[&str]) -> String {
+        let out = self.ctl(args);
+        assert!(
+            out.status.success(),
+            "vale-ctl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Runs vale-ctl and expects exit status `code` with `message` on stderr and nothing on
+    /// stdout.
+    pub fn ctl_fails(&self, args: &[&str], code: i32, message: &str) {
+        let out = self.ctl(args);
+        let what = format!("vale-ctl {args:?}");
+        assert_exit(&out, &what, code, message);
+        assert!(
+            out.stdout.is_empty(),
+            "{what} printed {:?}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+
     /// `vale-pktgen --run-dir DIR ARGS...`, not yet started.
     pub fn pktgen(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(bin("vale-pktgen"));
-        c.arg("--run-dir").arg(&self.dir.0).args(args);
+        let mut c = tool("vale-pktgen", &self.dir.0, args);
         c.env("VALE_NO_AUTOSTART", "1");
         c
     }
 
+    /// Starts `cmd`, a client of this valed, and waits up to [`T`] until it owns `port`.
+    pub fn spawn_client(&self, cmd: Command, what: &str, port: &str) -> Kid {
+        let kid = Kid::spawn(cmd, what);
+        let pid = kid.pid();
+        assert!(
+            wait_until(T, || self.port(port).and_then(|p| p.owner_pid) == Some(pid)),
+            "{what} (pid {pid}) never showed up as owner of {port}: {:?}\n{}",
+            self.port(port),
+            self.log()
+        );
+        kid
+    }
+
     /// Every switch, through `vale-ctl list --json`.
     pub fn list(&self) -> Vec<SwitchInfo> {
-        let out = self.ctl(&["list", "--json"]);
-        assert!(
-            out.status.success(),
-            "vale-ctl list failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_slice::<Vec<SwitchInfo>>(&out.stdout).expect("list --json parses")
+        serde_json::from_str::<Vec<SwitchInfo>>(&self.ctl_ok(&["list", "--json"]))
+            .expect("list --json parses")
     }
 
     /// One port's entry, if it exists.
@@ -157,6 +390,13 @@ impl Valed {
             .into_iter()
             .flat_map(|s| s.ports)
             .find(|p| p.name == name)
+    }
+
+    /// The counters of a port that must be listed.
+    pub fn counters(&self, name: &str) -> PortCounters {
+        self.port(name)
+            .unwrap_or_else(|| panic!("port {name} is not listed"))
+            .counters
     }
 
     /// Open descriptors of valed.
@@ -218,36 +458,110 @@ pub fn test_frame(len: usize, src: [u8; 6], dst: [u8; 6], seq: u64) -> Vec<u8> {
     f
 }
 
-/// Queues `frame` on tx ring 0 (chained over slots if needed). False if the ring lacks room.
-pub fn send_frame(port: &vale::Port, frame: &[u8]) -> bool {
-    let ring = port.tx_ring(0);
-    let bsize = ring.buf_size() as usize;
-    let need = frame.len().div_ceil(bsize) as u32;
-    if ring.space() < need {
-        return false;
-    }
+/// Writes `chunks`, one a slot, into the slots of `ring` (a tx ring) from its `cur` on, each
+/// but the last marked NS_MOREFRAG (the last too unless `last_ends`), without publishing
+/// them. Returns the slot after the last written.
+pub fn write_chain<'a>(
+    ring: &vale::Ring,
+    chunks: impl ExactSizeIterator<Item = &'a [u8]>,
+    last_ends: bool,
+) -> u32 {
+    let n = chunks.len();
     let mut cur = ring.cur();
-    let mut chunks = frame.chunks(bsize).peekable();
-    while let Some(c) = chunks.next() {
+    for (i, c) in chunks.enumerate() {
         let slot = ring.slot(cur);
         ring.buf(slot.buf_idx)[..c.len()].copy_from_slice(c);
         slot.len = c.len() as u16;
-        slot.flags = if chunks.peek().is_some() {
-            vale::NS_MOREFRAG
-        } else {
+        slot.flags = if i + 1 == n && last_ends {
             0
+        } else {
+            vale::NS_MOREFRAG
         };
         cur = ring.next(cur);
     }
+    cur
+}
+
+/// [`write_chain`], then publishes the slots (moves `head` and `cur` past them).
+pub fn queue_chain<'a>(
+    ring: &vale::Ring,
+    chunks: impl ExactSizeIterator<Item = &'a [u8]>,
+    last_ends: bool,
+) {
+    let cur = write_chain(ring, chunks, last_ends);
     ring.set_cur(cur);
     ring.set_head(cur);
+}
+
+/// Queues `frame` on tx ring `r` (chained over slots if needed). False if the ring lacks
+/// room.
+pub fn send_frame_on(port: &vale::Port, r: u32, frame: &[u8]) -> bool {
+    let ring = port.tx_ring(r);
+    let chunks = frame.chunks(ring.buf_size() as usize);
+    if ring.space() < chunks.len() as u32 {
+        return false;
+    }
+    queue_chain(&ring, chunks, true);
     true
 }
 
-/// Takes every complete frame waiting on rx ring 0, reassembling chains.
-pub fn recv_frames(port: &vale::Port) -> Vec<Vec<u8>> {
-    port.rxsync(0).expect("rxsync");
-    let ring = port.rx_ring(0);
+/// Queues `frame` on tx ring 0 (chained over slots if needed). False if the ring lacks room.
+pub fn send_frame(port: &vale::Port, frame: &[u8]) -> bool {
+    send_frame_on(port, 0, frame)
+}
+
+/// Queues `frame` on tx ring 0, waiting (until `deadline`) for room.
+fn send_before(port: &vale::Port, frame: &[u8], deadline: Instant) {
+    while !send_frame(port, frame) {
+        assert!(Instant::now() < deadline, "tx ring stayed full");
+        port.poll(WRITABLE, Some(Duration::from_millis(50)))
+            .expect("poll");
+    }
+}
+
+/// Queues `frame` on tx ring 0, waiting (up to [`T`]) for room.
+pub fn send_waiting(port: &vale::Port, frame: &[u8]) {
+    send_before(port, frame, Instant::now() + T);
+}
+
+/// Waits (until `deadline`) until valed has taken every slot queued on tx ring `r`.
+fn tx_drained_before(port: &vale::Port, r: u32, deadline: Instant) {
+    let ring = port.tx_ring(r);
+    loop {
+        port.txsync(r).expect("txsync");
+        if ring.space() == ring.num_slots() - 1 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "valed did not take the slots of tx ring {r} of {}",
+            port.name()
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+/// Waits (up to [`T`]) until valed has taken every slot queued on tx ring `r` (so every
+/// frame in it has been delivered or dropped).
+pub fn wait_tx_drained(port: &vale::Port, r: u32) {
+    tx_drained_before(port, r, Instant::now() + T);
+}
+
+/// Sends each frame from tx ring 0 (flow-controlled on the sender's ring) and waits until
+/// valed took them all, within [`T`] in all.
+pub fn send_all(port: &vale::Port, frames: &[Vec<u8>]) {
+    let deadline = Instant::now() + T;
+    for f in frames {
+        send_before(port, f, deadline);
+    }
+    port.txsync(0).expect("txsync");
+    tx_drained_before(port, 0, deadline);
+}
+
+/// Takes every complete frame waiting on rx ring `r`, reassembling chains.
+pub fn recv_ring(port: &vale::Port, r: u32) -> Vec<Vec<u8>> {
+    port.rxsync(r).expect("rxsync");
+    let ring = port.rx_ring(r);
     let mut out = Vec::new();
     let mut cur = ring.cur();
     let mut release = cur;
@@ -263,8 +577,13 @@ pub fn recv_frames(port: &vale::Port) -> Vec<Vec<u8>> {
     }
     ring.set_cur(release);
     ring.set_head(release);
-    port.rxsync(0).expect("rxsync");
+    port.rxsync(r).expect("rxsync");
     out
+}
+
+/// Takes every complete frame waiting on rx ring 0, reassembling chains.
+pub fn recv_frames(port: &vale::Port) -> Vec<Vec<u8>> {
+    recv_ring(port, 0)
 }
 
 /// Waits up to `timeout` for frames on rx ring 0.
@@ -276,13 +595,49 @@ pub fn wait_frames(port: &vale::Port, timeout: Duration) -> Vec<Vec<u8>> {
             return got;
         }
         port.poll(
-            vale::Events {
-                readable: true,
-                writable: false,
-            },
+            READABLE,
             Some(deadline.saturating_duration_since(Instant::now())),
         )
         .expect("poll");
+    }
+}
+
+/// Exactly `n` frames from rx ring 0 within [`T`].
+pub fn recv_n(port: &vale::Port, n: usize) -> Vec<Vec<u8>> {
+    let deadline = Instant::now() + T;
+    let mut out = Vec::new();
+    while out.len() < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        assert!(
+            !left.is_zero(),
+            "{}: got {} of {n} frames",
+            port.name(),
+            out.len()
+        );
+        out.extend(wait_frames(port, left));
+    }
+    assert_eq!(out.len(), n, "{}: more frames than expected", port.name());
+    out
+}
+
+/// Sends `frame` from `tx` (whose ring must have room) and expects it, alone, at `rx`
+/// within 5 s; `what` names the frame in a failure.
+pub fn send_and_expect(tx: &vale::Port, rx: &vale::Port, frame: &[u8], what: &str) {
+    assert!(send_frame(tx, frame), "{what}: no room on the tx ring");
+    tx.txsync(0).unwrap();
+    assert_eq!(
+        wait_frames(rx, Duration::from_secs(5)),
+        vec![frame.to_vec()],
+        "{what}"
+    );
+}
+
+/// Frames `0..n` of `60 + seq % 200` bytes from MAC_A to MAC_B, one at a time: each must
+/// reach `rx`, alone, within 5 s.
+pub fn one_at_a_time(tx: &vale::Port, rx: &vale::Port, n: u64) {
+    for seq in 0..n {
+        let f = test_frame(60 + (seq % 200) as usize, MAC_A, MAC_B, seq);
+        send_and_expect(tx, rx, &f, &format!("frame {seq}"));
     }
 }
 

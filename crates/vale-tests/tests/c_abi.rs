@@ -1,10 +1,9 @@
 //! The C interface as a C (or C++) program sees it: vale.h compiles cleanly, and
 //! tests/c/vale_abi_check.c, linked against libvale.so or libvale.a, talks to a real valed.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use vale_tests::*;
 
@@ -18,8 +17,24 @@ fn target_dir() -> PathBuf {
     bin("valed").parent().expect("target dir").to_path_buf()
 }
 
-fn include_dir() -> PathBuf {
-    root().join("crates/libvale/include")
+/// `name`, built into the target directory (which must hold it).
+fn built(name: &str) -> PathBuf {
+    let p = target_dir().join(name);
+    assert!(
+        p.is_file(),
+        "{} missing: build the workspace first",
+        p.display()
+    );
+    p
+}
+
+/// `compiler ARGS -I <the directory of vale.h>`, not yet run.
+fn compiler(name: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(name);
+    c.args(args)
+        .arg("-I")
+        .arg(root().join("crates/libvale/include"));
+    c
 }
 
 /// Runs a compiler, failing the test with its output if it fails (or is missing).
@@ -35,44 +50,20 @@ fn compile(cmd: &mut Command) {
     );
 }
 
-/// Runs `cmd` to completion, killing it after `limit`.
-fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
-    // Read both pipes in threads so a chatty child never blocks on a full pipe.
-    let mut so = child.stdout.take().expect("piped");
-    let mut se = child.stderr.take().expect("piped");
-    let t_out = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = so.read_to_end(&mut v);
-        v
-    });
-    let t_err = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = se.read_to_end(&mut v);
-        v
-    });
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait") {
-            break s;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{cmd:?} did not finish within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    Output {
-        status,
-        stdout: t_out.join().expect("stdout reader"),
-        stderr: t_err.join().expect("stderr reader"),
-    }
+/// `cc` building tests/c/vale_abi_check.c into `exe` with every warning an error; the caller
+/// adds the library to link.
+fn build_checker(exe: &Path) -> Command {
+    let mut c = compiler("cc", &["-std=c11", "-Wall", "-Wextra", "-Werror"]);
+    c.arg(root().join("tests/c/vale_abi_check.c"))
+        .arg("-o")
+        .arg(exe);
+    c
+}
+
+/// Whether the executable `exe` names libvale.so (is linked against it dynamically).
+fn names_libvale_so(exe: &Path) -> bool {
+    let bytes = std::fs::read(exe).expect("read executable");
+    bytes.windows(10).any(|w| w == b"libvale.so")
 }
 
 /// Runs the compiled checker against a fresh valed and requires it to pass.
@@ -104,64 +95,41 @@ fn run_checker(exe: &Path, v: &Valed) {
 fn c_program_against_shared_library() {
     let tmp = TempDir::new("cabi-so");
     let exe = tmp.0.join("vale_abi_check");
+    built("libvale.so");
     let lib = target_dir();
-    assert!(
-        lib.join("libvale.so").is_file(),
-        "{} missing: build the workspace first",
-        lib.join("libvale.so").display()
-    );
     compile(
-        Command::new("cc")
-            .args(["-std=c11", "-Wall", "-Wextra", "-Werror"])
-            .arg("-I")
-            .arg(include_dir())
-            .arg(root().join("tests/c/vale_abi_check.c"))
-            .arg("-o")
-            .arg(&exe)
+        build_checker(&exe)
             .arg(format!("-L{}", lib.display()))
             .arg("-lvale")
             .arg(format!("-Wl,-rpath,{}", lib.display())),
     );
-    let bytes = std::fs::read(&exe).expect("read executable");
     assert!(
-        bytes.windows(10).any(|w| w == b"libvale.so"),
+        names_libvale_so(&exe),
         "the executable does not name libvale.so: not dynamically linked?"
     );
     let v = Valed::start();
     run_checker(&exe, &v);
     // Its ports are gone with it.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    while v.port("valec:a").is_some() || v.port("valec:b").is_some() {
-        assert!(Instant::now() < deadline, "the checker's ports outlived it");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    assert!(
+        wait_until_every(Duration::from_secs(2), Duration::from_millis(10), || {
+            v.port("valec:a").is_none() && v.port("valec:b").is_none()
+        }),
+        "the checker's ports outlived it"
+    );
 }
 
 #[test]
 fn c_program_against_static_library() {
     let tmp = TempDir::new("cabi-a");
     let exe = tmp.0.join("vale_abi_check_static");
-    let lib = target_dir();
-    let archive = lib.join("libvale.a");
-    assert!(
-        archive.is_file(),
-        "{} missing: build the workspace first",
-        archive.display()
-    );
+    let archive = built("libvale.a");
     compile(
-        Command::new("cc")
-            .args(["-std=c11", "-Wall", "-Wextra", "-Werror"])
-            .arg("-I")
-            .arg(include_dir())
-            .arg(root().join("tests/c/vale_abi_check.c"))
-            .arg("-o")
-            .arg(&exe)
+        build_checker(&exe)
             .arg(&archive)
             .args(["-lpthread", "-ldl", "-lm"]),
     );
-    let bytes = std::fs::read(&exe).expect("read executable");
     assert!(
-        !bytes.windows(10).any(|w| w == b"libvale.so"),
+        !names_libvale_so(&exe),
         "the statically linked executable still needs libvale.so"
     );
     let v = Valed::start();
@@ -205,8 +173,9 @@ fn header_compiles_as_cxx_with_static_asserts() {
     let src = tmp.0.join("vale_cxx.cpp");
     std::fs::write(&src, CXX_PROGRAM).expect("write C++ source");
     compile(
-        Command::new("c++")
-            .args([
+        compiler(
+            "c++",
+            &[
                 "-std=c++11",
                 "-fsyntax-only",
                 "-Wall",
@@ -215,10 +184,9 @@ fn header_compiles_as_cxx_with_static_asserts() {
                 "-pedantic",
                 "-x",
                 "c++",
-            ])
-            .arg("-I")
-            .arg(include_dir())
-            .arg(&src),
+            ],
+        )
+        .arg(&src),
     );
     // A failing static assertion must actually fail the build (the checks are live).
     let bad = tmp.0.join("vale_cxx_bad.cpp");
@@ -227,10 +195,7 @@ fn header_compiles_as_cxx_with_static_asserts() {
         "#include <vale.h>\nstatic_assert(sizeof(struct netmap_slot) == 17, \"must fail\");\n",
     )
     .expect("write C++ source");
-    let out = Command::new("c++")
-        .args(["-std=c++11", "-fsyntax-only", "-x", "c++"])
-        .arg("-I")
-        .arg(include_dir())
+    let out = compiler("c++", &["-std=c++11", "-fsyntax-only", "-x", "c++"])
         .arg(&bad)
         .output()
         .expect("run c++");
@@ -242,17 +207,17 @@ fn header_compiles_as_cxx_with_static_asserts() {
     let c_src = tmp.0.join("vale_c.c");
     std::fs::write(&c_src, "#include <vale.h>\nint main(void) { return 0; }\n").expect("write");
     compile(
-        Command::new("cc")
-            .args([
+        compiler(
+            "cc",
+            &[
                 "-std=c11",
                 "-fsyntax-only",
                 "-Wall",
                 "-Wextra",
                 "-Werror",
                 "-pedantic",
-            ])
-            .arg("-I")
-            .arg(include_dir())
-            .arg(&c_src),
+            ],
+        )
+        .arg(&c_src),
     );
 }

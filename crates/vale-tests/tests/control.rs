@@ -4,176 +4,33 @@
 //! The tests of this file run one at a time (see [`serial`]): some count wake-ups, and the
 //! machine may have few CPUs.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Mutex, MutexGuard};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use vale::{Events, Port, PortCounters, PortParams};
+use vale::{Port, PortCounters, PortParams};
 use vale_abi::control::{self, Reply, Request, SwitchInfo};
 use vale_tests::*;
-
-/// Bound of every wait that should take milliseconds.
-const T: Duration = Duration::from_secs(10);
-const READABLE: Events = Events {
-    readable: true,
-    writable: false,
-};
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// Serialises the tests of this file; a failed test does not block the others.
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-fn counters(v: &Valed, name: &str) -> PortCounters {
-    v.port(name)
-        .unwrap_or_else(|| panic!("{name} is not listed"))
-        .counters
-}
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
-fn ctl_ok(v: &Valed, args: &[&str]) -> String {
-    let out = v.ctl(args);
-    assert!(
-        out.status.success(),
-        "vale-ctl {args:?} failed: {}",
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-}
-
-/// Runs vale-ctl and expects exit status `code` with `message` on stderr and nothing on
-/// stdout.
-fn ctl_fails(v: &Valed, args: &[&str], code: i32, message: &str) {
-    let out = v.ctl(args);
-    let err = text(&out.stderr);
-    assert_eq!(out.status.code(), Some(code), "vale-ctl {args:?}: {err}");
-    assert!(
-        err.contains(message),
-        "vale-ctl {args:?}: stderr {err:?} lacks {message:?}"
-    );
-    assert!(
-        out.stdout.is_empty(),
-        "vale-ctl {args:?} printed {:?}",
-        text(&out.stdout)
-    );
-}
-
 /// `vale-ctl --run-dir DIR ARGS`, for a directory no harness valed serves.
 fn ctl_in(dir: &Path, args: &[&str]) -> Output {
-    Command::new(bin("vale-ctl"))
-        .arg("--run-dir")
-        .arg(dir)
-        .args(args)
+    tool("vale-ctl", dir, args)
         .env_remove("VALE_RUN_DIR")
         .output()
         .expect("run vale-ctl")
 }
 
-/// Sends each frame from ring 0 and waits until valed took them all.
-fn send_all(port: &Port, frames: &[Vec<u8>]) {
-    let deadline = Instant::now() + T;
-    for f in frames {
-        while !send_frame(port, f) {
-            assert!(Instant::now() < deadline, "tx ring stayed full");
-            port.txsync(0).unwrap();
-            std::thread::sleep(Duration::from_micros(200));
-        }
-    }
-    let ring = port.tx_ring(0);
-    loop {
-        port.txsync(0).unwrap();
-        if ring.space() == ring.num_slots() - 1 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "valed did not take the frames");
-        std::thread::sleep(Duration::from_micros(200));
-    }
-}
-
-fn recv_n(port: &Port, n: usize) -> Vec<Vec<u8>> {
-    let deadline = Instant::now() + T;
-    let mut out = Vec::new();
-    while out.len() < n {
-        let left = deadline.saturating_duration_since(Instant::now());
-        assert!(!left.is_zero(), "{}: got {} of {n}", port.name(), out.len());
-        out.extend(wait_frames(port, left));
-    }
-    assert_eq!(out.len(), n);
-    out
-}
-
-/// A child process, killed (and reaped) if the test ends before it does.
-struct Kid {
-    child: Child,
-    what: String,
-}
-
-impl Kid {
-    fn spawn(mut cmd: Command, what: &str) -> Kid {
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {what}: {e}"));
-        Kid {
-            child,
-            what: what.to_string(),
-        }
-    }
-
-    fn finish(mut self, timeout: Duration) -> Output {
-        let deadline = Instant::now() + timeout;
-        let status = loop {
-            match self.child.try_wait().expect("try_wait") {
-                Some(s) => break s,
-                None if Instant::now() >= deadline => {
-                    panic!("{} still running after {timeout:?}", self.what)
-                }
-                None => std::thread::sleep(Duration::from_millis(5)),
-            }
-        };
-        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-        if let Some(mut o) = self.child.stdout.take() {
-            o.read_to_end(&mut stdout).expect("read stdout");
-        }
-        if let Some(mut e) = self.child.stderr.take() {
-            e.read_to_end(&mut stderr).expect("read stderr");
-        }
-        Output {
-            status,
-            stdout,
-            stderr,
-        }
-    }
-}
-
-impl Drop for Kid {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Whether `name`, a persistent port, is left without an owner within 2 s.
+fn unowned_soon(v: &Valed, name: &str) -> bool {
+    wait_until(Duration::from_secs(2), || {
+        v.port(name).is_some_and(|p| p.owner_pid.is_none())
+    })
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -227,8 +84,8 @@ fn switch_and_port_come_with_the_first_open_and_go_with_the_last_close() {
         "switches left after their last port closed: {:?}",
         v.list()
     );
-    assert_eq!(ctl_ok(&v, &["list"]), "");
-    assert_eq!(ctl_ok(&v, &["list", "--json"]).trim(), "[]");
+    assert_eq!(v.ctl_ok(&["list"]), "");
+    assert_eq!(v.ctl_ok(&["list", "--json"]).trim(), "[]");
 }
 
 #[test]
@@ -251,15 +108,8 @@ fn a_port_in_use_cannot_be_opened_twice() {
         "vale-pktgen",
     )
     .finish(T);
-    assert_eq!(out.status.code(), Some(1));
-    let err = text(&out.stderr);
-    assert!(
-        err.contains(&format!(
-            "port 'vale0:a' is in use by pid {}",
-            std::process::id()
-        )),
-        "{err}"
-    );
+    let in_use = format!("port 'vale0:a' is in use by pid {}", std::process::id());
+    assert_exit(&out, "vale-pktgen", 1, &in_use);
     // The failed opens left the port to its owner, whose traffic still flows.
     let p = v.port("vale0:a").unwrap();
     assert_eq!(p.owner_pid, Some(std::process::id()));
@@ -304,15 +154,15 @@ fn bad_names_are_refused_by_libvale_and_vale_ctl() {
         assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput, "{name:?}: {e}");
         assert!(e.to_string().contains("bad name"), "{name:?}: {e}");
         // vale-ctl refuses them as usage errors, without asking valed.
-        ctl_fails(&v, &["create", name], 2, "bad name");
+        v.ctl_fails(&["create", name], 2, "bad name");
         if name != "vale0" {
             // (vale0 is a good switch name: set and destroy take switches too.)
-            ctl_fails(&v, &["set", name, "moderation", "5"], 2, "bad name");
+            v.ctl_fails(&["set", name, "moderation", "5"], 2, "bad name");
         }
     }
     for name in ["foo:a", "vale0:a b", "vale0:", "foo", "vale", "vale0:a:b"] {
-        ctl_fails(&v, &["destroy", name], 2, "bad name");
-        ctl_fails(&v, &["list", name], 2, "bad name");
+        v.ctl_fails(&["destroy", name], 2, "bad name");
+        v.ctl_fails(&["list", name], 2, "bad name");
     }
     assert!(v.list().is_empty(), "a bad name created something");
 
@@ -324,7 +174,7 @@ fn bad_names_are_refused_by_libvale_and_vale_ctl() {
     assert_eq!(&name[..63], longest.as_bytes());
     assert_eq!(name[63], 0);
     assert_eq!(v.list()[0].ports[0].name, longest);
-    ctl_ok(&v, &["set", &longest, "moderation", "5"]);
+    v.ctl_ok(&["set", &longest, "moderation", "5"]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -334,12 +184,12 @@ fn bad_names_are_refused_by_libvale_and_vale_ctl() {
 fn persistent_port_keeps_its_counters_across_owners() {
     let _s = serial();
     let v = Valed::start();
-    assert_eq!(ctl_ok(&v, &["create", "vale0:p"]), "");
+    assert_eq!(v.ctl_ok(&["create", "vale0:p"]), "");
     let p = v.port("vale0:p").expect("created port is listed");
     assert!(p.persistent);
     assert_eq!(p.owner_pid, None);
     assert_eq!((p.tx_rings, p.rx_rings, p.slots, p.buf_size), (0, 0, 0, 0));
-    let human = ctl_ok(&v, &["list"]);
+    let human = v.ctl_ok(&["list"]);
     let row = human.lines().find(|l| l.contains("vale0:p")).unwrap();
     assert!(row.contains(" yes "), "{row}");
 
@@ -349,9 +199,9 @@ fn persistent_port_keeps_its_counters_across_owners() {
         .map(|s| test_frame(60, MAC_A, BROADCAST, s))
         .collect();
     send_all(&a, &bcast);
-    let pc = counters(&v, "vale0:p");
+    let pc = v.counters("vale0:p");
     assert_eq!((pc.rx_drops, pc.rx_packets), (5, 0), "{pc:?}");
-    assert_eq!(counters(&v, "vale0:a").tx_packets, 5);
+    assert_eq!(v.counters("vale0:a").tx_packets, 5);
 
     // A client takes it, receives, sends, leaves.
     let c = v.open("vale0:p");
@@ -366,9 +216,7 @@ fn persistent_port_keeps_its_counters_across_owners() {
     assert_eq!(recv_n(&a, 1), vec![reply]);
     drop(c);
     assert!(
-        wait_until(Duration::from_secs(2), || v
-            .port("vale0:p")
-            .is_some_and(|p| p.owner_pid.is_none())),
+        unowned_soon(&v, "vale0:p"),
         "vale0:p still owned after its client closed it"
     );
     let p = v.port("vale0:p").unwrap();
@@ -387,43 +235,38 @@ fn persistent_port_keeps_its_counters_across_owners() {
     // Frames for it count as drops again, including unicast to the address it had.
     send_all(&a, &bcast[..2]);
     send_all(&a, &[test_frame(60, MAC_A, MAC_C, 10)]);
-    assert_eq!(counters(&v, "vale0:p").rx_drops, 8);
+    assert_eq!(v.counters("vale0:p").rx_drops, 8);
 
     // A second client opens it with another geometry, and sees the kept counters.
     let c2 = v.options().slots(64).buf_size(512).open("vale0:p").unwrap();
     assert_eq!(c2.counters().unwrap().rx_drops, 8);
     assert_eq!(v.port("vale0:p").unwrap().slots, 64);
     drop(c2);
-    assert!(wait_until(Duration::from_secs(2), || v
-        .port("vale0:p")
-        .is_some_and(|p| p.owner_pid.is_none())));
+    assert!(unowned_soon(&v, "vale0:p"));
 
     // Destroy it; errors name what is missing.
-    assert_eq!(ctl_ok(&v, &["destroy", "vale0:p"]), "");
+    assert_eq!(v.ctl_ok(&["destroy", "vale0:p"]), "");
     assert!(v.port("vale0:p").is_none());
     assert_eq!(v.list()[0].ports.len(), 1, "vale0 keeps a");
-    ctl_fails(&v, &["destroy", "vale0:p"], 1, "no such port 'vale0:p'");
-    ctl_fails(
-        &v,
+    v.ctl_fails(&["destroy", "vale0:p"], 1, "no such port 'vale0:p'");
+    v.ctl_fails(
         &["destroy", "vale0:nosuch"],
         1,
         "no such port 'vale0:nosuch'",
     );
-    ctl_fails(&v, &["destroy", "vale9"], 1, "no such switch 'vale9'");
-    ctl_fails(&v, &["rm", "vale9:x"], 1, "no such switch 'vale9'");
+    v.ctl_fails(&["destroy", "vale9"], 1, "no such switch 'vale9'");
+    v.ctl_fails(&["rm", "vale9:x"], 1, "no such switch 'vale9'");
 
     // Creating a port that a client holds makes it persistent: it outlives the client.
-    ctl_ok(&v, &["create", "vale0:a"]);
+    v.ctl_ok(&["create", "vale0:a"]);
     assert!(v.port("vale0:a").unwrap().persistent);
     drop(a);
-    assert!(wait_until(Duration::from_secs(2), || v
-        .port("vale0:a")
-        .is_some_and(|p| p.owner_pid.is_none())));
+    assert!(unowned_soon(&v, "vale0:a"));
     assert_eq!(v.port("vale0:a").unwrap().counters.tx_packets, 11);
     // Creating it again is harmless.
-    ctl_ok(&v, &["create", "vale0:a"]);
+    v.ctl_ok(&["create", "vale0:a"]);
     assert_eq!(v.list()[0].ports.len(), 1);
-    ctl_ok(&v, &["destroy", "vale0:a"]);
+    v.ctl_ok(&["destroy", "vale0:a"]);
     assert!(v.list().is_empty(), "the switch went with its last port");
 }
 
@@ -431,8 +274,8 @@ fn persistent_port_keeps_its_counters_across_owners() {
 fn destroying_a_switch_takes_every_port_with_it() {
     let _s = serial();
     let v = Valed::start();
-    ctl_ok(&v, &["create", "vale5:p"]);
-    ctl_ok(&v, &["create", "vale5:q"]);
+    v.ctl_ok(&["create", "vale5:p"]);
+    v.ctl_ok(&["create", "vale5:q"]);
     let r = v.open("vale5:r");
     let other = v.open("vale6:x");
     assert_eq!(
@@ -444,10 +287,10 @@ fn destroying_a_switch_takes_every_port_with_it() {
             .len(),
         3
     );
-    assert_eq!(ctl_ok(&v, &["destroy", "vale5"]), "");
+    assert_eq!(v.ctl_ok(&["destroy", "vale5"]), "");
     let names: Vec<String> = v.list().into_iter().map(|s| s.name).collect();
     assert_eq!(names, ["vale6"]);
-    ctl_fails(&v, &["destroy", "vale5"], 1, "no such switch 'vale5'");
+    v.ctl_fails(&["destroy", "vale5"], 1, "no such switch 'vale5'");
 
     // r keeps its mapping but valed no longer forwards from it.
     let s = v.open("vale5:s");
@@ -486,53 +329,43 @@ fn moderation_knob_is_set_listed_and_checked() {
     let _s = serial();
     let v = Valed::start();
     let _a = v.open("vale0:a");
-    assert_eq!(ctl_ok(&v, &["set", "vale0:a", "moderation", "50"]), "");
+    assert_eq!(v.ctl_ok(&["set", "vale0:a", "moderation", "50"]), "");
     assert_eq!(v.port("vale0:a").unwrap().moderation_us, 50);
-    let human = ctl_ok(&v, &["list", "vale0:a"]);
+    let human = v.ctl_ok(&["list", "vale0:a"]);
     assert!(human.contains("MOD(us)"), "{human}");
     assert_eq!(
-        ctl_ok(&v, &["--json", "set", "vale0:a", "moderation", "0"]),
+        v.ctl_ok(&["--json", "set", "vale0:a", "moderation", "0"]),
         "{\"ok\":true}\n"
     );
     assert_eq!(v.port("vale0:a").unwrap().moderation_us, 0);
-    ctl_ok(&v, &["set", "vale0:a", "moderation", "1000000"]);
+    v.ctl_ok(&["set", "vale0:a", "moderation", "1000000"]);
     assert_eq!(v.port("vale0:a").unwrap().moderation_us, 1_000_000);
 
     let range = "moderation must be a number from 0 to 1000000";
-    ctl_fails(
-        &v,
-        &["set", "vale0:a", "moderation", "abc"],
-        1,
-        &format!("{range}, not 'abc'"),
-    );
-    ctl_fails(&v, &["set", "vale0:a", "moderation", "1000001"], 1, range);
-    ctl_fails(&v, &["set", "vale0:a", "moderation", "-5"], 1, range);
-    ctl_fails(&v, &["set", "vale0:a", "moderation", ""], 1, range);
-    ctl_fails(
-        &v,
-        &["set", "vale0:a", "speed", "5"],
-        1,
-        "no port knob 'speed' (known: moderation)",
-    );
-    ctl_fails(
-        &v,
-        &["set", "vale0", "moderation", "5"],
-        1,
-        "no switch knob 'moderation' (known: batch, lookup)",
-    );
-    ctl_fails(
-        &v,
-        &["set", "vale0:zz", "moderation", "5"],
-        1,
-        "no such port 'vale0:zz'",
-    );
-    ctl_fails(
-        &v,
-        &["set", "vale9:a", "moderation", "5"],
-        1,
-        "no such switch 'vale9'",
-    );
-    ctl_fails(&v, &["set", "vale0:a", "moderation"], 2, "");
+    let not_abc = format!("{range}, not 'abc'");
+    for (target, knob, value, message) in [
+        ("vale0:a", "moderation", "abc", not_abc.as_str()),
+        ("vale0:a", "moderation", "1000001", range),
+        ("vale0:a", "moderation", "-5", range),
+        ("vale0:a", "moderation", "", range),
+        (
+            "vale0:a",
+            "speed",
+            "5",
+            "no port knob 'speed' (known: moderation)",
+        ),
+        (
+            "vale0",
+            "moderation",
+            "5",
+            "no switch knob 'moderation' (known: batch, lookup)",
+        ),
+        ("vale0:zz", "moderation", "5", "no such port 'vale0:zz'"),
+        ("vale9:a", "moderation", "5", "no such switch 'vale9'"),
+    ] {
+        v.ctl_fails(&["set", target, knob, value], 1, message);
+    }
+    v.ctl_fails(&["set", "vale0:a", "moderation"], 2, "");
     assert_eq!(
         v.port("vale0:a").unwrap().moderation_us,
         1_000_000,
@@ -540,14 +373,12 @@ fn moderation_knob_is_set_listed_and_checked() {
     );
 
     // A persistent port keeps its knob across owners.
-    ctl_ok(&v, &["create", "vale0:p"]);
-    ctl_ok(&v, &["set", "vale0:p", "moderation", "70"]);
+    v.ctl_ok(&["create", "vale0:p"]);
+    v.ctl_ok(&["set", "vale0:p", "moderation", "70"]);
     let p = v.open("vale0:p");
     assert_eq!(v.port("vale0:p").unwrap().moderation_us, 70);
     drop(p);
-    assert!(wait_until(Duration::from_secs(2), || v
-        .port("vale0:p")
-        .is_some_and(|p| p.owner_pid.is_none())));
+    assert!(unowned_soon(&v, "vale0:p"));
     assert_eq!(v.port("vale0:p").unwrap().moderation_us, 70);
 }
 
@@ -567,23 +398,18 @@ fn vale_ctl_without_valed_exits_3() {
         &["set", "vale0", "batch", "4"],
     ] {
         let out = ctl_in(&dir.0, args);
-        let err = text(&out.stderr);
-        assert_eq!(out.status.code(), Some(3), "{args:?}: {err}");
-        assert!(err.contains("no valed running for"), "{args:?}: {err}");
-        assert!(
-            err.contains(&dir.0.display().to_string()),
-            "{args:?}: {err}"
-        );
+        let what = format!("vale-ctl {args:?}");
+        assert_exit(&out, &what, 3, "no valed running for");
+        assert_exit(&out, &what, 3, &dir.0.display().to_string());
         assert!(out.stdout.is_empty());
     }
     // A socket left behind by a dead valed: nobody listens on it.
     drop(UnixListener::bind(dir.0.join("valed.sock")).unwrap());
     assert!(dir.0.join("valed.sock").exists());
-    let out = ctl_in(&dir.0, &["list"]);
-    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert_exit(&ctl_in(&dir.0, &["list"]), "vale-ctl list", 3, "");
     // A directory that does not exist.
     let out = ctl_in(&dir.0.join("nowhere"), &["list"]);
-    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert_exit(&out, "vale-ctl list", 3, "");
     // Usage errors are 2 whether or not valed runs.
     let out = ctl_in(&dir.0, &["frobnicate"]);
     assert_eq!(out.status.code(), Some(2));
@@ -595,9 +421,9 @@ fn vale_ctl_list_in_text_and_json() {
     let v = Valed::start();
     let _a = v.open("vale0:a");
     let _b = v.options().rings(2, 3).slots(256).open("vale0:b").unwrap();
-    ctl_ok(&v, &["create", "vale1:p"]);
+    v.ctl_ok(&["create", "vale1:p"]);
 
-    let human = ctl_ok(&v, &["list"]);
+    let human = v.ctl_ok(&["list"]);
     let lines: Vec<&str> = human.lines().collect();
     assert_eq!(
         lines[0], "vale0  lookup learning  batch 512  ports 2",
@@ -622,23 +448,23 @@ fn vale_ctl_list_in_text_and_json() {
     );
     let p_row = lines.iter().find(|l| l.contains("vale1:p")).expect(&human);
     assert!(p_row.contains(" yes "), "{p_row}");
-    assert_eq!(ctl_ok(&v, &["ls"]), human, "the alias differs");
+    assert_eq!(v.ctl_ok(&["ls"]), human, "the alias differs");
 
     // One switch, one port.
-    let one = ctl_ok(&v, &["list", "vale0:a"]);
+    let one = v.ctl_ok(&["list", "vale0:a"]);
     assert!(one.contains("vale0:a") && !one.contains("vale0:b") && !one.contains("vale1"));
     assert!(
         one.starts_with("vale0  lookup learning  batch 512  ports 2\n"),
         "{one}"
     );
-    let sw = ctl_ok(&v, &["list", "vale1"]);
+    let sw = v.ctl_ok(&["list", "vale1"]);
     assert!(sw.contains("vale1:p") && !sw.contains("vale0"), "{sw}");
-    ctl_fails(&v, &["list", "vale7"], 1, "no such switch 'vale7'");
-    ctl_fails(&v, &["list", "vale0:zz"], 1, "no such port 'vale0:zz'");
+    v.ctl_fails(&["list", "vale7"], 1, "no such switch 'vale7'");
+    v.ctl_fails(&["list", "vale0:zz"], 1, "no such port 'vale0:zz'");
 
     // --json on every read command is JSON, before or after the command name.
     let parse = |args: &[&str]| -> Vec<SwitchInfo> {
-        let out = ctl_ok(&v, args);
+        let out = v.ctl_ok(args);
         serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
     };
     let all = parse(&["list", "--json"]);
@@ -655,7 +481,7 @@ fn vale_ctl_list_in_text_and_json() {
     );
     // The raw JSON has the documented field names.
     let raw: serde_json::Value =
-        serde_json::from_str(&ctl_ok(&v, &["list", "vale0:a", "--json"])).unwrap();
+        serde_json::from_str(&v.ctl_ok(&["list", "vale0:a", "--json"])).unwrap();
     let port = &raw[0]["ports"][0];
     for field in [
         "name",
@@ -693,7 +519,7 @@ fn vale_ctl_list_in_text_and_json() {
         &["--json", "set", "vale2", "lookup", "hub"],
         &["--json", "destroy", "vale2"],
     ] {
-        let out = ctl_ok(&v, args);
+        let out = v.ctl_ok(args);
         let j: serde_json::Value = serde_json::from_str(&out).expect(&out);
         assert_eq!(j, serde_json::json!({"ok": true}), "{args:?}");
     }
@@ -861,8 +687,7 @@ fn abi_mismatch_and_garbage_are_refused_and_valed_keeps_serving() {
 
     assert!(v.alive(), "valed died: {}", v.log());
     assert!(v.list().is_empty());
-    let a = v.open("vale0:a");
-    let b = v.open("vale0:b");
+    let (a, b) = v.open_ab();
     let f = test_frame(60, MAC_A, MAC_B, 0);
     send_all(&a, std::slice::from_ref(&f));
     assert_eq!(recv_n(&b, 1), vec![f]);
@@ -920,15 +745,21 @@ impl Drop for Autostarted {
     }
 }
 
+/// `vale-pktgen --run-dir DIR ARGS`, free to start a valed, not yet started.
 fn pktgen_in(dir: &Path, args: &[&str]) -> Command {
-    let mut c = Command::new(bin("vale-pktgen"));
-    c.arg("--run-dir")
-        .arg(dir)
-        .args(args)
-        .env_remove("VALE_NO_AUTOSTART")
+    let mut c = tool("vale-pktgen", dir, args);
+    c.env_remove("VALE_NO_AUTOSTART")
         .env_remove("VALE_RUN_DIR")
         .env("VALE_VALED", bin("valed"));
     c
+}
+
+/// Runs [`pktgen_in`] to completion (within [`T`]) and returns its JSON report.
+fn pktgen_report_in(dir: &Path, args: &[&str]) -> serde_json::Value {
+    report(
+        &Kid::spawn(pktgen_in(dir, args), "vale-pktgen").finish(T),
+        "vale-pktgen",
+    )
 }
 
 #[test]
@@ -938,13 +769,7 @@ fn a_client_starts_valed_when_none_runs() {
     // A run directory that does not exist yet.
     let dir = tmp.0.join("run");
     let guard = Autostarted(dir.clone());
-    let out = Kid::spawn(
-        pktgen_in(&dir, &["-i", "vale0:a", "-f", "tx", "-n", "10", "--json"]),
-        "vale-pktgen",
-    )
-    .finish(T);
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r = pktgen_report_in(&dir, &["-i", "vale0:a", "-f", "tx", "-n", "10", "--json"]);
     assert_eq!(r["packets"], 10);
     assert!(dir.join("valed.sock").exists());
     assert!(dir.join("valed.log").exists());
@@ -966,12 +791,7 @@ fn a_client_starts_valed_when_none_runs() {
         o.status.success() && text(&o.stdout).trim() == "[]"
     }));
     // A second client uses the running valed, starting no other.
-    let out = Kid::spawn(
-        pktgen_in(&dir, &["-i", "vale0:b", "-f", "tx", "-n", "5", "--json"]),
-        "vale-pktgen",
-    )
-    .finish(T);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    pktgen_report_in(&dir, &["-i", "vale0:b", "-f", "tx", "-n", "5", "--json"]);
     assert_eq!(valeds_for(&dir), pids);
     // SIGTERM: valed removes its socket and exits.
     assert!(guard.stop(libc::SIGTERM), "valed did not exit on SIGTERM");
@@ -1016,10 +836,8 @@ fn without_autostart_a_client_fails_naming_the_socket() {
     let mut c = pktgen_in(&tmp.0, &["-i", "vale0:a", "-f", "tx", "-n", "10"]);
     c.env("VALE_NO_AUTOSTART", "1");
     let out = Kid::spawn(c, "vale-pktgen").finish(T);
-    assert_eq!(out.status.code(), Some(1));
-    let err = text(&out.stderr);
     let sock = tmp.0.join("valed.sock").display().to_string();
-    assert!(err.contains(&sock), "{err}");
+    assert_exit(&out, "vale-pktgen", 1, &sock);
     assert!(valeds_for(&tmp.0).is_empty(), "a valed started anyway");
     assert!(!tmp.0.join("valed.sock").exists());
 
@@ -1036,9 +854,7 @@ fn without_autostart_a_client_fails_naming_the_socket() {
     let mut c = pktgen_in(&tmp.0, &["-i", "vale0:a", "-f", "tx", "-n", "10"]);
     c.env("VALE_VALED", "/nonexistent/valed");
     let out = Kid::spawn(c, "vale-pktgen").finish(T);
-    assert_eq!(out.status.code(), Some(1));
-    let err = text(&out.stderr);
-    assert!(err.contains("/nonexistent/valed"), "{err}");
+    assert_exit(&out, "vale-pktgen", 1, "/nonexistent/valed");
     drop(guard);
 }
 
@@ -1083,8 +899,7 @@ fn paced(a: &Port, b: &Port, n: u64, gap: Duration) -> (u64, u32, Duration) {
 fn interrupt_moderation_merges_wake_ups() {
     let _s = serial();
     let v = Valed::start();
-    let a = v.open("vale0:a");
-    let b = v.open("vale0:b");
+    let (a, b) = v.open_ab();
     // Let the bridge learn b (its frame goes to a).
     send_all(&b, &[test_frame(60, MAC_B, MAC_A, 0)]);
     recv_n(&a, 1);
@@ -1097,7 +912,7 @@ fn interrupt_moderation_merges_wake_ups() {
     );
     assert!(took < Duration::from_millis(1500), "took {took:?}");
 
-    ctl_ok(&v, &["set", "vale0:b", "moderation", "20000"]);
+    v.ctl_ok(&["set", "vale0:b", "moderation", "20000"]);
     // Start the interval afresh: nothing arrived for more than 20 ms.
     std::thread::sleep(Duration::from_millis(30));
     let (irqs, polls, took) = paced(&a, &b, 200, gap);
@@ -1110,17 +925,17 @@ fn interrupt_moderation_merges_wake_ups() {
         took < Duration::from_millis(1500),
         "took {took:?}: an interrupt was late or lost"
     );
-    let bc = counters(&v, "vale0:b");
+    let bc = v.counters("vale0:b");
     assert_eq!((bc.rx_packets, bc.rx_drops), (400, 0), "{bc:?}");
 
     // Back to 0: wake-ups are immediate again.
-    ctl_ok(&v, &["set", "vale0:b", "moderation", "0"]);
+    v.ctl_ok(&["set", "vale0:b", "moderation", "0"]);
     let (irqs, _, _) = paced(&a, &b, 200, gap);
     assert!(irqs > 100, "moderation 0 again: {irqs} interrupts");
 
     // With 300 ms, an interrupt soon after another is deferred to the end of the interval,
     // not dropped.
-    ctl_ok(&v, &["set", "vale0:b", "moderation", "300000"]);
+    v.ctl_ok(&["set", "vale0:b", "moderation", "300000"]);
     std::thread::sleep(Duration::from_millis(310));
     let wake = |seq: u64| -> Duration {
         let f = test_frame(60, MAC_A, MAC_B, seq);
@@ -1154,16 +969,12 @@ fn a_killed_client_loses_its_port() {
     let _s = serial();
     let v = Valed::start();
     let _a = v.open("vale0:a");
-    let kid = Kid::spawn(
+    let kid = v.spawn_client(
         v.pktgen(&["-i", "vale0:b", "-f", "rx", "-T", "60"]),
         "vale-pktgen rx",
+        "vale0:b",
     );
-    let pid = kid.child.id();
-    assert!(wait_until(T, || v
-        .port("vale0:b")
-        .is_some_and(|p| p.owner_pid == Some(pid))));
-    // SAFETY: plain kill(2) of our own child.
-    unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    kid.signal(libc::SIGKILL);
     let out = kid.finish(T);
     assert!(!out.status.success());
     assert!(
@@ -1206,12 +1017,12 @@ fn a_switch_holds_at_most_2048_ports() {
     assert_eq!(e.to_string(), "switch 'vale0' is full (2048 ports)");
     assert_eq!(v.list()[0].ports.len(), 2048);
     // A freed index is reused.
-    ctl_ok(&v, &["destroy", "vale0:p7"]);
+    v.ctl_ok(&["destroy", "vale0:p7"]);
     let _x = v.open("vale0:extra");
     assert_eq!(v.list()[0].ports.len(), 2048);
     // Other switches are not concerned.
     let _y = v.open("vale1:y");
-    ctl_ok(&v, &["destroy", "vale0"]);
+    v.ctl_ok(&["destroy", "vale0"]);
     assert_eq!(v.list().len(), 1);
 }
 
@@ -1227,41 +1038,23 @@ fn valed_socket_mode_and_one_valed_per_run_directory() {
     assert_eq!(mode & 0o777, 0o600);
     let _a = v.open("vale0:a");
     // A second valed for the same directory refuses to run, and leaves the first alone.
-    let mut c = Command::new(bin("valed"));
-    c.arg("--run-dir").arg(v.run_dir());
-    let out = Kid::spawn(c, "second valed").finish(T);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("another valed is running"),
-        "{}",
-        text(&out.stderr)
-    );
+    let out = valed_refusing(v.run_dir(), &[]);
+    assert_exit(&out, "second valed", 1, "another valed is running");
     assert_eq!(
         v.port("vale0:a").unwrap().owner_pid,
         Some(std::process::id())
     );
     // Bad options are refused.
     let tmp = TempDir::new("badmode");
-    let mut c = Command::new(bin("valed"));
-    c.arg("--run-dir")
-        .arg(&tmp.0)
-        .args(["--socket-mode", "999"]);
-    let out = Kid::spawn(c, "valed --socket-mode 999").finish(T);
-    assert_eq!(out.status.code(), Some(1));
-    assert!(
-        text(&out.stderr).contains("bad --socket-mode"),
-        "{}",
-        text(&out.stderr)
-    );
+    let out = valed_refusing(&tmp.0, &["--socket-mode", "999"]);
+    assert_exit(&out, "valed --socket-mode 999", 1, "bad --socket-mode");
     for bad in [
         &["--workers", "0"][..],
         &["--batch", "0"],
         &["--batch", "4096"],
     ] {
-        let mut c = Command::new(bin("valed"));
-        c.arg("--run-dir").arg(&tmp.0).args(bad);
-        let out = Kid::spawn(c, "valed").finish(T);
-        assert_eq!(out.status.code(), Some(2), "valed {bad:?}");
+        let out = valed_refusing(&tmp.0, bad);
+        assert_exit(&out, &format!("valed {bad:?}"), 2, "");
     }
     assert!(!tmp.0.join("valed.sock").exists());
 }
@@ -1274,12 +1067,7 @@ fn autostart_replaces_a_stale_socket() {
     // What a valed killed with SIGKILL leaves behind: a socket nobody listens on.
     drop(UnixListener::bind(tmp.0.join("valed.sock")).unwrap());
     assert_eq!(ctl_in(&tmp.0, &["list"]).status.code(), Some(3));
-    let out = Kid::spawn(
-        pktgen_in(&tmp.0, &["-i", "vale0:a", "-f", "tx", "-n", "3", "--json"]),
-        "vale-pktgen",
-    )
-    .finish(T);
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    pktgen_report_in(&tmp.0, &["-i", "vale0:a", "-f", "tx", "-n", "3", "--json"]);
     assert_eq!(valeds_for(&tmp.0).len(), 1);
     let o = ctl_in(&tmp.0, &["list", "--json"]);
     assert!(o.status.success(), "{}", text(&o.stderr));

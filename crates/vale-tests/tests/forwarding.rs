@@ -4,150 +4,12 @@
 //! The tests of this file run one at a time (see [`serial`]): several take timings or rates,
 //! and the machine may have few CPUs.
 
-use std::io::Read;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use vale::{Events, Port, PortCounters, PortParams};
+use vale::{Port, PortParams};
 use vale_tests::*;
 
 const MAC_D: [u8; 6] = [2, 0, 0, 0, 0, 0xd];
-/// Bound of every wait that should take milliseconds.
-const T: Duration = Duration::from_secs(10);
-const READABLE: Events = Events {
-    readable: true,
-    writable: false,
-};
-const WRITABLE: Events = Events {
-    readable: false,
-    writable: true,
-};
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// Serialises the tests of this file; a failed test does not block the others.
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-fn counters(v: &Valed, name: &str) -> PortCounters {
-    v.port(name)
-        .unwrap_or_else(|| panic!("{name} is not listed"))
-        .counters
-}
-
-fn ctl_ok(v: &Valed, args: &[&str]) {
-    let out = v.ctl(args);
-    assert!(
-        out.status.success(),
-        "vale-ctl {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Runs vale-ctl and expects exit status 1 with `message` on stderr.
-fn ctl_refused(v: &Valed, args: &[&str], message: &str) {
-    let out = v.ctl(args);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "vale-ctl {args:?}: {err}");
-    assert!(
-        err.contains(message),
-        "vale-ctl {args:?}: stderr {err:?} lacks {message:?}"
-    );
-}
-
-/// Queues `frame` on tx ring 0, waiting (bounded) for room.
-fn send_waiting(port: &Port, frame: &[u8]) {
-    let deadline = Instant::now() + T;
-    while !send_frame(port, frame) {
-        assert!(Instant::now() < deadline, "tx ring stayed full");
-        port.poll(WRITABLE, Some(Duration::from_millis(50)))
-            .expect("poll");
-    }
-}
-
-/// Waits until valed has taken every slot queued on tx ring `r` (so every frame in it has
-/// been delivered or dropped).
-fn wait_tx_drained(port: &Port, r: u32) {
-    let ring = port.tx_ring(r);
-    let deadline = Instant::now() + T;
-    loop {
-        port.txsync(r).expect("txsync");
-        if ring.space() == ring.num_slots() - 1 {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "valed did not take the slots of tx ring {r} of {}",
-            port.name()
-        );
-        std::thread::sleep(Duration::from_micros(200));
-    }
-}
-
-/// Sends each frame (flow-controlled on the sender's ring) and waits until valed took them.
-fn send_all(port: &Port, frames: &[Vec<u8>]) {
-    for f in frames {
-        send_waiting(port, f);
-    }
-    port.txsync(0).expect("txsync");
-    wait_tx_drained(port, 0);
-}
-
-/// Exactly `n` frames from rx ring 0 within `T`.
-fn recv_n(port: &Port, n: usize) -> Vec<Vec<u8>> {
-    let deadline = Instant::now() + T;
-    let mut out = Vec::new();
-    while out.len() < n {
-        let left = deadline.saturating_duration_since(Instant::now());
-        assert!(
-            !left.is_zero(),
-            "{}: got {} of {n} frames",
-            port.name(),
-            out.len()
-        );
-        out.extend(wait_frames(port, left));
-    }
-    assert_eq!(out.len(), n, "{}: more frames than expected", port.name());
-    out
-}
-
-/// Takes every complete frame waiting on rx ring `r`, reassembling chains.
-fn recv_ring(port: &Port, r: u32) -> Vec<Vec<u8>> {
-    port.rxsync(r).expect("rxsync");
-    let ring = port.rx_ring(r);
-    let mut out = Vec::new();
-    let mut cur = ring.cur();
-    let mut release = cur;
-    let mut frame = Vec::new();
-    while cur != ring.tail() {
-        let slot = ring.slot(cur);
-        frame.extend_from_slice(&ring.buf(slot.buf_idx)[..slot.len as usize]);
-        cur = ring.next(cur);
-        if slot.flags & vale::NS_MOREFRAG == 0 {
-            out.push(std::mem::take(&mut frame));
-            release = cur;
-        }
-    }
-    ring.set_cur(release);
-    ring.set_head(release);
-    port.rxsync(r).expect("rxsync");
-    out
-}
 
 fn assert_nothing(port: &Port) {
     let got = recv_frames(port);
@@ -157,6 +19,27 @@ fn assert_nothing(port: &Port) {
         port.name(),
         got.len()
     );
+}
+
+/// Sends `frame` from `from`, so the bridge learns its source there, and takes whatever
+/// `others` received of it off their rings.
+fn learn(from: &Port, frame: Vec<u8>, others: &[&Port]) {
+    send_all(from, &[frame]);
+    for p in others {
+        recv_frames(p);
+    }
+}
+
+/// None of `ports` dropped a frame or was blamed for bad input.
+fn assert_clean(v: &Valed, ports: &[&str]) {
+    for p in ports {
+        let k = v.counters(p);
+        assert_eq!(
+            (k.rx_drops, k.tx_drops, k.bad_input),
+            (0, 0, 0),
+            "{p}: {k:?}"
+        );
+    }
 }
 
 /// Sends `n` checked frames from `tx` to `rx` with at most `window` in flight (so a full
@@ -200,80 +83,6 @@ fn stream(tx: &Port, rx: &Port, src: [u8; 6], dst: [u8; 6], n: u64, window: u64)
     }
 }
 
-/// A child process, killed (and reaped) if the test ends before it does.
-struct Kid {
-    child: Child,
-    what: String,
-}
-
-impl Kid {
-    fn spawn(mut cmd: Command, what: &str) -> Kid {
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {what}: {e}"));
-        Kid {
-            child,
-            what: what.to_string(),
-        }
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        // SAFETY: plain kill(2) on our own, not yet reaped, child.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
-    }
-
-    /// Waits up to `timeout` for the child to exit and collects its output.
-    fn finish(mut self, timeout: Duration) -> Output {
-        let deadline = Instant::now() + timeout;
-        let status = loop {
-            match self.child.try_wait().expect("try_wait") {
-                Some(s) => break s,
-                None if Instant::now() >= deadline => {
-                    panic!("{} still running after {timeout:?}", self.what)
-                }
-                None => std::thread::sleep(Duration::from_millis(5)),
-            }
-        };
-        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
-        if let Some(mut o) = self.child.stdout.take() {
-            o.read_to_end(&mut stdout).expect("read stdout");
-        }
-        if let Some(mut e) = self.child.stderr.take() {
-            e.read_to_end(&mut stderr).expect("read stderr");
-        }
-        Output {
-            status,
-            stdout,
-            stderr,
-        }
-    }
-}
-
-impl Drop for Kid {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn report(out: &Output, what: &str) -> serde_json::Value {
-    assert!(
-        out.status.success(),
-        "{what} failed ({:?}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{what}: final report is not JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
-}
-
 fn num(r: &serde_json::Value, field: &str) -> u64 {
     r[field]
         .as_u64()
@@ -293,16 +102,10 @@ fn pktgen_pair(len: u64, dst: &str, tx_extra: &[&str], rx_extra: &[&str]) {
     let v = Valed::start();
     let count = 200_000u64;
     // a is persistent, so its counters stay listed after the sender exits.
-    ctl_ok(&v, &["create", "vale0:a"]);
+    v.ctl_ok(&["create", "vale0:a"]);
     let mut rx = v.pktgen(&["-i", "vale0:b", "-f", "rx", "-T", "120", "--json"]);
     rx.args(rx_extra);
-    let rx = Kid::spawn(rx, "vale-pktgen rx");
-    assert!(
-        wait_until(T, || v
-            .port("vale0:b")
-            .is_some_and(|p| p.owner_pid.is_some())),
-        "the receiver did not open vale0:b"
-    );
+    let rx = v.spawn_client(rx, "vale-pktgen rx", "vale0:b");
     let (l, n) = (len.to_string(), count.to_string());
     let mut tx = v.pktgen(&[
         "-i", "vale0:a", "-f", "tx", "-l", &l, "-n", &n, "-D", dst, "--json",
@@ -330,11 +133,11 @@ fn pktgen_pair(len: u64, dst: &str, tx_extra: &[&str], rx_extra: &[&str]) {
     // Every frame reaches b's ring or is counted as dropped there.
     assert!(
         wait_until(T, || {
-            let c = counters(&v, "vale0:b");
+            let c = v.counters("vale0:b");
             c.rx_packets + c.rx_drops >= count
         }),
         "b accounts for fewer than {count} frames: {:?}",
-        counters(&v, "vale0:b")
+        v.counters("vale0:b")
     );
     // Let the receiver read what was delivered; take valed's view while it still holds b,
     // then stop it.
@@ -444,13 +247,12 @@ fn jumbo_between(a: &Port, b: &Port, src: [u8; 6], dst: [u8; 6], sizes: &[usize]
 fn jumbo_frames_arrive_byte_identical() {
     let _s = serial();
     let v = Valed::start();
-    let a = v.open("vale0:a");
-    let b = v.open("vale0:b");
+    let (a, b) = v.open_ab();
     let sizes = [60, 1514, 1515, 2047, 2048, 2049, 4096, 9000, 65536];
     jumbo_between(&a, &b, MAC_A, MAC_B, &sizes);
     let total: u64 = sizes.iter().map(|&s| s as u64).sum();
-    let ac = counters(&v, "vale0:a");
-    let bc = counters(&v, "vale0:b");
+    let ac = v.counters("vale0:a");
+    let bc = v.counters("vale0:b");
     assert_eq!((ac.tx_packets, ac.tx_bytes), (sizes.len() as u64, total));
     assert_eq!((bc.rx_packets, bc.rx_bytes), (sizes.len() as u64, total));
     assert_eq!((ac.bad_input, bc.rx_drops), (0, 0));
@@ -481,39 +283,19 @@ fn jumbo_frames_between_different_buffer_sizes() {
     // 128 into 512, and a 65536-byte frame of exactly 512 slots of 128 bytes.
     jumbo_between(&c, &b, MAC_C, MAC_B, &sizes);
     jumbo_between(&b, &c, MAC_B, MAC_C, &sizes);
-    for p in ["vale0:a", "vale0:b", "vale0:c"] {
-        let k = counters(&v, p);
-        assert_eq!(
-            (k.rx_drops, k.bad_input, k.tx_drops),
-            (0, 0, 0),
-            "{p}: {k:?}"
-        );
-    }
+    assert_clean(&v, &["vale0:a", "vale0:b", "vale0:c"]);
 }
 
 #[test]
 fn chain_cut_by_head_waits_for_its_last_slot() {
     let _s = serial();
     let v = Valed::start();
-    let a = v.open("vale0:a");
-    let b = v.open("vale0:b");
+    let (a, b) = v.open_ab();
     let f = test_frame(5000, MAC_A, MAC_B, 7);
     let ring = a.tx_ring(0);
     let bsize = ring.buf_size() as usize;
-    let chunks: Vec<&[u8]> = f.chunks(bsize).collect();
-    assert_eq!(chunks.len(), 3);
-    let mut cur = ring.cur();
-    for (k, c) in chunks.iter().enumerate() {
-        let slot = ring.slot(cur);
-        ring.buf(slot.buf_idx)[..c.len()].copy_from_slice(c);
-        slot.len = c.len() as u16;
-        slot.flags = if k + 1 < chunks.len() {
-            vale::NS_MOREFRAG
-        } else {
-            0
-        };
-        cur = ring.next(cur);
-    }
+    assert_eq!(f.chunks(bsize).len(), 3);
+    let cur = write_chain(&ring, f.chunks(bsize), true);
     // Publish the first two slots only.
     ring.set_cur(ring.next(ring.next(ring.cur())));
     ring.set_head(ring.cur());
@@ -526,14 +308,42 @@ fn chain_cut_by_head_waits_for_its_last_slot() {
         "valed took part of a chain"
     );
     assert!(wait_frames(&b, Duration::from_millis(50)).is_empty());
-    assert_eq!(counters(&v, "vale0:a").bad_input, 0);
+    assert_eq!(v.counters("vale0:a").bad_input, 0);
     // Then the last one.
     ring.set_cur(cur);
     ring.set_head(cur);
     a.txsync(0).unwrap();
     let got = recv_n(&b, 1);
     assert!(got[0] == f, "the completed chain differs");
-    assert_eq!(counters(&v, "vale0:a").tx_packets, 1);
+    assert_eq!(v.counters("vale0:a").tx_packets, 1);
+}
+
+/// Queues `frames[r]` on tx ring `r` of `port`, for every r, syncs each ring, and waits until
+/// valed took them all.
+fn send_on_rings(port: &Port, frames: &[Vec<Vec<u8>>]) {
+    for (r, ring_frames) in (0u32..).zip(frames) {
+        for f in ring_frames {
+            assert!(send_frame_on(port, r, f), "no room on tx ring {r}");
+        }
+        port.txsync(r).unwrap();
+    }
+    for r in 0..frames.len() as u32 {
+        wait_tx_drained(port, r);
+    }
+}
+
+/// Expects exactly `frames[r]`, in order, on rx ring `r` of `port`, for every r.
+fn expect_on_rings(port: &Port, frames: &[Vec<Vec<u8>>]) {
+    for (r, want) in (0u32..).zip(frames) {
+        let got = recv_ring(port, r);
+        assert!(
+            got == *want,
+            "{} rx ring {r}: {} frames, want {}, or not the frames sent",
+            port.name(),
+            got.len(),
+            want.len()
+        );
+    }
 }
 
 #[test]
@@ -577,131 +387,59 @@ fn port_geometry_is_reported_and_every_tx_ring_forwards() {
         assert_eq!(p.owner_pid, Some(std::process::id()));
     }
 
-    // One frame on each of a's tx rings, by hand. MAC_B is unknown: b and c both get them.
-    for r in 0..4u32 {
-        let ring = a.tx_ring(r);
-        let f = test_frame(100 + r as usize, MAC_A, MAC_B, r as u64);
-        let slot = ring.slot(ring.cur());
-        ring.buf(slot.buf_idx)[..f.len()].copy_from_slice(&f);
-        slot.len = f.len() as u16;
-        slot.flags = 0;
-        ring.advance(1);
-        a.txsync(r).unwrap();
-    }
-    for r in 0..4u32 {
-        wait_tx_drained(&a, r);
-    }
+    // One frame on each of a's tx rings. MAC_B is unknown: b and c both get them.
+    let one: Vec<Vec<Vec<u8>>> = (0..4u64)
+        .map(|r| vec![test_frame(100 + r as usize, MAC_A, MAC_B, r)])
+        .collect();
+    send_on_rings(&a, &one);
     // Frames from source ring r land on rx ring r modulo the destination's rx rings.
-    for r in 0..4u32 {
-        let got = recv_ring(&b, r);
-        assert_eq!(got.len(), 1, "b rx ring {r}");
-        assert!(got[0] == test_frame(100 + r as usize, MAC_A, MAC_B, r as u64));
-    }
+    expect_on_rings(&b, &one);
     // c has two rx rings: source rings 0 and 2 share its ring 0, 1 and 3 its ring 1 (in no
     // particular order between source rings).
     for r in 0..2u32 {
         let mut got = recv_ring(&c, r);
         got.sort();
-        let mut want: Vec<Vec<u8>> = [r, r + 2]
-            .iter()
-            .map(|&s| test_frame(100 + s as usize, MAC_A, MAC_B, s as u64))
-            .collect();
+        let mut want = [one[r as usize].clone(), one[r as usize + 2].clone()].concat();
         want.sort();
         assert!(got == want, "c rx ring {r}: {} frames", got.len());
     }
-    let ac = counters(&v, "vale0:a");
+    let ac = v.counters("vale0:a");
     assert_eq!(ac.tx_packets, 4);
-    assert_eq!(counters(&v, "vale0:b").rx_packets, 4);
-    assert_eq!(counters(&v, "vale0:c").rx_packets, 4);
+    assert_eq!(v.counters("vale0:b").rx_packets, 4);
+    assert_eq!(v.counters("vale0:c").rx_packets, 4);
 
     // Several rings at once, many frames each: all arrive, in order per ring.
-    let per_ring = 200u64;
-    for r in 0..4u32 {
-        let ring = a.tx_ring(r);
-        for k in 0..per_ring {
-            let f = test_frame(64, MAC_A, MAC_B, r as u64 * 1000 + k);
-            let slot = ring.slot(ring.cur());
-            ring.buf(slot.buf_idx)[..64].copy_from_slice(&f);
-            slot.len = 64;
-            slot.flags = 0;
-            ring.advance(1);
-        }
-        a.txsync(r).unwrap();
-    }
-    for r in 0..4u32 {
-        wait_tx_drained(&a, r);
-    }
-    for r in 0..4u32 {
-        let got = recv_ring(&b, r);
-        assert_eq!(got.len() as u64, per_ring, "b rx ring {r}");
-        for (k, f) in got.iter().enumerate() {
-            assert!(*f == test_frame(64, MAC_A, MAC_B, r as u64 * 1000 + k as u64));
-        }
-    }
-    assert_eq!(counters(&v, "vale0:b").rx_drops, 0);
+    let many: Vec<Vec<Vec<u8>>> = (0..4u64)
+        .map(|r| {
+            (0..200)
+                .map(|k| test_frame(64, MAC_A, MAC_B, r * 1000 + k))
+                .collect()
+        })
+        .collect();
+    send_on_rings(&a, &many);
+    expect_on_rings(&b, &many);
+    assert_eq!(v.counters("vale0:b").rx_drops, 0);
 }
 
 #[test]
 fn bad_geometry_is_refused_naming_the_field() {
     let _s = serial();
     let v = Valed::start();
-    let cases: [(&str, PortParams); 8] = [
-        (
-            "slots",
-            PortParams {
-                slots: 1000,
-                ..Default::default()
-            },
-        ),
-        (
-            "slots",
-            PortParams {
-                slots: 32,
-                ..Default::default()
-            },
-        ),
-        (
-            "slots",
-            PortParams {
-                slots: 8192,
-                ..Default::default()
-            },
-        ),
-        (
-            "tx rings",
-            PortParams {
-                tx_rings: 17,
-                ..Default::default()
-            },
-        ),
-        (
-            "rx rings",
-            PortParams {
-                rx_rings: 17,
-                ..Default::default()
-            },
-        ),
-        (
-            "tx rings",
-            PortParams {
-                tx_rings: 0,
-                ..Default::default()
-            },
-        ),
-        (
-            "buffer size",
-            PortParams {
-                buf_size: 100,
-                ..Default::default()
-            },
-        ),
-        (
-            "buffer size",
-            PortParams {
-                buf_size: 2000,
-                ..Default::default()
-            },
-        ),
+    // The default geometry but for one field.
+    let with = |set: fn(&mut PortParams)| {
+        let mut p = PortParams::default();
+        set(&mut p);
+        p
+    };
+    let cases = [
+        ("slots", with(|p| p.slots = 1000)),
+        ("slots", with(|p| p.slots = 32)),
+        ("slots", with(|p| p.slots = 8192)),
+        ("tx rings", with(|p| p.tx_rings = 17)),
+        ("rx rings", with(|p| p.rx_rings = 17)),
+        ("tx rings", with(|p| p.tx_rings = 0)),
+        ("buffer size", with(|p| p.buf_size = 100)),
+        ("buffer size", with(|p| p.buf_size = 2000)),
     ];
     for (field, params) in cases {
         let mut o = v.options();
@@ -742,16 +480,14 @@ fn bad_geometry_is_refused_naming_the_field() {
 fn learning_bridge_floods_unknown_then_forwards_to_the_learnt_port() {
     let _s = serial();
     let v = Valed::start();
-    let a = v.open("vale0:a");
-    let b = v.open("vale0:b");
-    let c = v.open("vale0:c");
+    let (a, b, c) = v.open_abc();
 
     // Nothing is learnt: a's frame for MAC_B is flooded to b and c.
     let f = test_frame(60, MAC_A, MAC_B, 0);
     send_all(&a, std::slice::from_ref(&f));
     assert_eq!(recv_n(&b, 1), vec![f.clone()]);
     assert_eq!(recv_n(&c, 1), vec![f]);
-    assert_eq!(counters(&v, "vale0:a").tx_drops, 0);
+    assert_eq!(v.counters("vale0:a").tx_drops, 0);
 
     // MAC_A was learnt on a: b's reply goes to a only.
     let r = test_frame(60, MAC_B, MAC_A, 1);
@@ -759,7 +495,7 @@ fn learning_bridge_floods_unknown_then_forwards_to_the_learnt_port() {
     assert_eq!(recv_n(&a, 1), vec![r]);
     assert_nothing(&c);
     assert_nothing(&b);
-    let c_before = counters(&v, "vale0:c");
+    let c_before = v.counters("vale0:c");
     assert_eq!(c_before.rx_packets, 1);
 
     // MAC_B was learnt on b: 100 frames go to b only.
@@ -770,8 +506,8 @@ fn learning_bridge_floods_unknown_then_forwards_to_the_learnt_port() {
     assert_eq!(recv_n(&b, 100), frames);
     assert_nothing(&c);
     assert_nothing(&a);
-    assert_eq!(counters(&v, "vale0:c"), c_before, "c's counters moved");
-    assert_eq!(counters(&v, "vale0:b").rx_packets, 101);
+    assert_eq!(v.counters("vale0:c"), c_before, "c's counters moved");
+    assert_eq!(v.counters("vale0:b").rx_packets, 101);
 
     // Broadcast still reaches everybody but the sender.
     let bc = test_frame(60, MAC_A, BROADCAST, 1000);
@@ -791,7 +527,7 @@ fn learning_bridge_floods_unknown_then_forwards_to_the_learnt_port() {
     assert_nothing(&a);
     assert_nothing(&b);
     assert_nothing(&c);
-    let ac = counters(&v, "vale0:a");
+    let ac = v.counters("vale0:a");
     assert_eq!((ac.tx_packets, ac.tx_drops), (104, 1), "{ac:?}");
 }
 
@@ -799,21 +535,16 @@ fn learning_bridge_floods_unknown_then_forwards_to_the_learnt_port() {
 fn hub_lookup_floods_learnt_unicast() {
     let _s = serial();
     let v = Valed::start();
-    let a = v.open("vale0:a");
-    let b = v.open("vale0:b");
-    let c = v.open("vale0:c");
+    let (a, b, c) = v.open_abc();
     assert_eq!(v.list()[0].lookup, "learning");
     // Teach the bridge where MAC_A and MAC_B are.
-    send_all(&a, &[test_frame(60, MAC_A, MAC_B, 0)]);
-    send_all(&b, &[test_frame(60, MAC_B, MAC_A, 1)]);
-    for p in [&a, &b, &c] {
-        recv_frames(p);
-    }
+    learn(&a, test_frame(60, MAC_A, MAC_B, 0), &[&b, &c]);
+    learn(&b, test_frame(60, MAC_B, MAC_A, 1), &[&a, &c]);
     send_all(&a, &[test_frame(60, MAC_A, MAC_B, 2)]);
     assert_eq!(recv_n(&b, 1).len(), 1);
     assert_nothing(&c);
 
-    ctl_ok(&v, &["set", "vale0", "lookup", "hub"]);
+    v.ctl_ok(&["set", "vale0", "lookup", "hub"]);
     assert_eq!(v.list()[0].lookup, "hub");
     let frames: Vec<Vec<u8>> = (0..10)
         .map(|s| test_frame(80, MAC_A, MAC_B, 10 + s))
@@ -835,15 +566,15 @@ fn unknown_lookup_module_is_refused() {
     let _s = serial();
     let v = Valed::start();
     let _a = v.open("vale0:a");
-    ctl_refused(
-        &v,
+    v.ctl_fails(
         &["set", "vale0", "lookup", "nosuch"],
+        1,
         "no lookup module 'nosuch' (known: learning, hub)",
     );
     assert_eq!(v.list()[0].lookup, "learning", "the module changed anyway");
-    ctl_refused(
-        &v,
+    v.ctl_fails(
         &["set", "vale9", "lookup", "hub"],
+        1,
         "no such switch 'vale9'",
     );
 }
@@ -866,11 +597,11 @@ fn full_rx_ring_drops_and_counts_without_blocking_the_sender() {
         took < Duration::from_secs(1),
         "valed took {took:?} for 1000 frames toward a full ring"
     );
-    let bc = counters(&v, "vale0:b");
+    let bc = v.counters("vale0:b");
     assert_eq!(bc.rx_packets, 63, "a 64-slot ring holds 63 frames: {bc:?}");
     assert_eq!(bc.rx_drops, 1000 - 63, "{bc:?}");
     assert_eq!(bc.rx_bytes, 63 * 60, "{bc:?}");
-    let ac = counters(&v, "vale0:a");
+    let ac = v.counters("vale0:a");
     assert_eq!((ac.tx_packets, ac.tx_drops), (1000, 0), "{ac:?}");
 
     // The 63 first frames wait intact on the ring.
@@ -883,7 +614,7 @@ fn full_rx_ring_drops_and_counts_without_blocking_the_sender() {
         .collect();
     send_all(&a, &more);
     assert_eq!(recv_n(&b, 10), more);
-    let bc = counters(&v, "vale0:b");
+    let bc = v.counters("vale0:b");
     assert_eq!((bc.rx_packets, bc.rx_drops), (73, 937), "{bc:?}");
 }
 
@@ -891,10 +622,9 @@ fn full_rx_ring_drops_and_counts_without_blocking_the_sender() {
 fn batch_knob_of_one_still_forwards_in_order() {
     let _s = serial();
     let v = Valed::start();
-    let a = v.open("vale0:a");
-    let b = v.open("vale0:b");
+    let (a, b) = v.open_ab();
     assert_eq!(v.list()[0].batch, 512);
-    ctl_ok(&v, &["set", "vale0", "batch", "1"]);
+    v.ctl_ok(&["set", "vale0", "batch", "1"]);
     assert_eq!(v.list()[0].batch, 1);
     // 100 frames queued at once, taken one per pass.
     let frames: Vec<Vec<u8>> = (0..100)
@@ -907,28 +637,16 @@ fn batch_knob_of_one_still_forwards_in_order() {
     assert_eq!(recv_n(&b, 100), frames);
     stream(&a, &b, MAC_A, MAC_B, 5000, 200);
 
-    ctl_refused(
-        &v,
-        &["set", "vale0", "batch", "0"],
-        "batch must be 1 to 2048, not 0",
-    );
-    ctl_refused(
-        &v,
-        &["set", "vale0", "batch", "5000"],
-        "batch must be 1 to 2048, not 5000",
-    );
-    ctl_refused(
-        &v,
-        &["set", "vale0", "batch", "-1"],
-        "batch must be a number",
-    );
-    ctl_refused(
-        &v,
-        &["set", "vale0", "batch", "many"],
-        "batch must be a number",
-    );
+    for (value, message) in [
+        ("0", "batch must be 1 to 2048, not 0"),
+        ("5000", "batch must be 1 to 2048, not 5000"),
+        ("-1", "batch must be a number"),
+        ("many", "batch must be a number"),
+    ] {
+        v.ctl_fails(&["set", "vale0", "batch", value], 1, message);
+    }
     assert_eq!(v.list()[0].batch, 1, "a refused value changed the batch");
-    ctl_ok(&v, &["set", "vale0", "batch", "2048"]);
+    v.ctl_ok(&["set", "vale0", "batch", "2048"]);
     assert_eq!(v.list()[0].batch, 2048);
     stream(&a, &b, MAC_A, MAC_B, 5000, 500);
 }
@@ -937,8 +655,7 @@ fn batch_knob_of_one_still_forwards_in_order() {
 fn valed_batch_option_sets_the_batch_of_new_switches() {
     let _s = serial();
     let v = Valed::start_with(&["--batch", "7"]);
-    let a = v.open("vale0:a");
-    let b = v.open("vale0:b");
+    let (a, b) = v.open_ab();
     assert_eq!(v.list()[0].batch, 7);
     stream(&a, &b, MAC_A, MAC_B, 2000, 100);
 }
@@ -963,11 +680,8 @@ fn two_workers_forward_two_streams_concurrently() {
         "valed --workers 2 runs {workers} worker threads"
     );
     // Let the bridge learn b and d, then drain everything.
-    send_all(&b, &[test_frame(60, MAC_B, BROADCAST, 0)]);
-    send_all(&d, &[test_frame(60, MAC_D, BROADCAST, 0)]);
-    for p in [&a, &b, &c, &d] {
-        recv_frames(p);
-    }
+    learn(&b, test_frame(60, MAC_B, BROADCAST, 0), &[&a, &c, &d]);
+    learn(&d, test_frame(60, MAC_D, BROADCAST, 0), &[&a, &b, &c]);
     let n = 50_000;
     std::thread::scope(|s| {
         s.spawn(|| stream(&a, &b, MAC_A, MAC_B, n, 256));
@@ -976,8 +690,8 @@ fn two_workers_forward_two_streams_concurrently() {
     assert_nothing(&b);
     assert_nothing(&d);
     for (tx, rx) in [("vale0:a", "vale0:b"), ("vale0:c", "vale0:d")] {
-        let t = counters(&v, tx);
-        let r = counters(&v, rx);
+        let t = v.counters(tx);
+        let r = v.counters(rx);
         assert_eq!(
             (t.tx_packets, t.tx_drops, t.bad_input),
             (n, 0, 0),
@@ -992,12 +706,8 @@ fn two_workers_forward_two_streams_concurrently() {
 fn unicast_to_a_port_that_left_is_flooded_and_counted() {
     let _s = serial();
     let mut v = Valed::start();
-    let a = v.open("vale0:a");
-    let b = v.open("vale0:b");
-    let c = v.open("vale0:c");
-    send_all(&b, &[test_frame(60, MAC_B, MAC_A, 0)]);
-    recv_frames(&a);
-    recv_frames(&c);
+    let (a, b, c) = v.open_abc();
+    learn(&b, test_frame(60, MAC_B, MAC_A, 0), &[&a, &c]);
     send_all(&a, &[test_frame(60, MAC_A, MAC_B, 1)]);
     assert_eq!(recv_n(&b, 1).len(), 1);
     assert_nothing(&c);
@@ -1013,7 +723,7 @@ fn unicast_to_a_port_that_left_is_flooded_and_counted() {
         .collect();
     send_all(&a, &frames);
     assert_eq!(recv_n(&c, 10), frames);
-    let ac = counters(&v, "vale0:a");
+    let ac = v.counters("vale0:a");
     assert_eq!(ac.tx_packets, 11, "{ac:?}");
 
     // A new port takes b's index: it must not inherit b's address.
@@ -1030,7 +740,7 @@ fn unicast_to_a_port_that_left_is_flooded_and_counted() {
         .len()
         == 1));
     send_all(&a, &frames);
-    let ac = counters(&v, "vale0:a");
+    let ac = v.counters("vale0:a");
     assert_eq!(ac.tx_packets, 31, "{ac:?}");
     assert!(v.alive(), "valed died: {}", v.log());
     assert_nothing(&a);
@@ -1060,8 +770,7 @@ fn send_spoiled(a: &Port, len: usize, seq: u64, bad: impl FnOnce(&mut vale::Netm
 fn malformed_slots_count_as_bad_input_and_deliver_nothing() {
     let _s = serial();
     let v = Valed::start();
-    let a = v.open("vale0:a");
-    let b = v.open("vale0:b");
+    let (a, b) = v.open_ab();
     let num_bufs = 2 + 2 * 1024;
     type Spoil = Box<dyn FnOnce(&mut vale::NetmapSlot)>;
     let cases: Vec<(&str, usize, Spoil)> = vec![
@@ -1082,7 +791,7 @@ fn malformed_slots_count_as_bad_input_and_deliver_nothing() {
     let mut seq = 0;
     for (k, (what, len, spoil)) in cases.into_iter().enumerate() {
         send_spoiled(&a, len, seq, spoil);
-        let ac = counters(&v, "vale0:a");
+        let ac = v.counters("vale0:a");
         assert_eq!(ac.bad_input, k as u64 + 1, "{what}: {ac:?}");
         assert_eq!(ac.tx_packets, k as u64, "{what}: counted as sent: {ac:?}");
         assert_nothing(&b);
@@ -1093,43 +802,33 @@ fn malformed_slots_count_as_bad_input_and_deliver_nothing() {
         assert_eq!(recv_n(&b, 1), vec![good], "after {what}");
         seq += 1;
     }
-    let bad = counters(&v, "vale0:a").bad_input;
+    let bad = v.counters("vale0:a").bad_input;
 
     // A 14-byte frame (just the header) is fine.
     send_spoiled(&a, 14, seq, |_| {});
     let got = recv_n(&b, 1);
     assert_eq!(got[0].len(), 14);
-    assert_eq!(counters(&v, "vale0:a").bad_input, bad);
+    assert_eq!(v.counters("vale0:a").bad_input, bad);
 
     // A chain with a bad slot in the middle is dropped whole, counted once.
     let ring = a.tx_ring(0);
     let f = test_frame(5000, MAC_A, MAC_B, 1000);
-    let start = ring.cur();
-    let mut cur = start;
-    let mut middle = (0, 0);
-    for (k, c) in f.chunks(2048).enumerate() {
-        let slot = ring.slot(cur);
-        ring.buf(slot.buf_idx)[..c.len()].copy_from_slice(c);
-        slot.len = c.len() as u16;
-        slot.flags = if k < 2 { vale::NS_MOREFRAG } else { 0 };
-        if k == 1 {
-            middle = (cur, slot.buf_idx);
-            slot.buf_idx = 0;
-        }
-        cur = ring.next(cur);
-    }
+    let middle = ring.next(ring.cur());
+    let cur = write_chain(&ring, f.chunks(2048), true);
+    let saved = ring.slot(middle).buf_idx;
+    ring.slot(middle).buf_idx = 0;
     ring.set_cur(cur);
     ring.set_head(cur);
     a.txsync(0).unwrap();
     wait_tx_drained(&a, 0);
-    ring.slot(middle.0).buf_idx = middle.1;
-    assert_eq!(counters(&v, "vale0:a").bad_input, bad + 1);
+    ring.slot(middle).buf_idx = saved;
+    assert_eq!(v.counters("vale0:a").bad_input, bad + 1);
     assert_nothing(&b);
 
     // A chain longer than 65536 bytes is refused; one of exactly 65536 goes through.
     let too_long = test_frame(65537, MAC_A, MAC_B, 1001);
     send_all(&a, std::slice::from_ref(&too_long));
-    assert_eq!(counters(&v, "vale0:a").bad_input, bad + 2);
+    assert_eq!(v.counters("vale0:a").bad_input, bad + 2);
     assert_nothing(&b);
     let longest = test_frame(65536, MAC_A, MAC_B, 1002);
     send_all(&a, std::slice::from_ref(&longest));
@@ -1151,10 +850,10 @@ fn malformed_slots_count_as_bad_input_and_deliver_nothing() {
     wait_tx_drained(&a, 0);
     ring.slot(bad_at).buf_idx = saved;
     assert_eq!(recv_n(&b, 2), vec![g1, g2]);
-    let ac = counters(&v, "vale0:a");
+    let ac = v.counters("vale0:a");
     assert_eq!(ac.bad_input, bad + 3, "{ac:?}");
     // b lost nothing and did nothing wrong.
-    let bc = counters(&v, "vale0:b");
+    let bc = v.counters("vale0:b");
     assert_eq!((bc.rx_drops, bc.bad_input), (0, 0), "{bc:?}");
 }
 
@@ -1162,8 +861,7 @@ fn malformed_slots_count_as_bad_input_and_deliver_nothing() {
 fn bad_buffer_index_on_an_rx_ring_costs_the_receiver_only() {
     let _s = serial();
     let v = Valed::start();
-    let a = v.open("vale0:a");
-    let b = v.open("vale0:b");
+    let (a, b) = v.open_ab();
     let ring = b.rx_ring(0);
     // b spoils the slot valed fills next (its ring is empty: cur == tail).
     let at = ring.cur();
@@ -1171,13 +869,13 @@ fn bad_buffer_index_on_an_rx_ring_costs_the_receiver_only() {
     ring.slot(at).buf_idx = 0;
     let f = test_frame(60, MAC_A, MAC_B, 0);
     send_all(&a, std::slice::from_ref(&f));
-    let bc = counters(&v, "vale0:b");
+    let bc = v.counters("vale0:b");
     assert_eq!(
         (bc.rx_packets, bc.rx_drops, bc.bad_input),
         (0, 1, 1),
         "{bc:?}"
     );
-    let ac = counters(&v, "vale0:a");
+    let ac = v.counters("vale0:a");
     assert_eq!((ac.tx_packets, ac.bad_input), (1, 0), "{ac:?}");
     assert_nothing(&b);
     // Repaired, the slot takes frames again.
@@ -1195,38 +893,29 @@ fn chain_of_uneven_fragments_arrives_as_one_frame() {
     // Fragments need not be full: 100, 0, 1500, 7 and 2048 bytes.
     let sizes = [100usize, 0, 1500, 7, 2048];
     let f = test_frame(sizes.iter().sum(), MAC_A, MAC_B, 3);
-    let ring = a.tx_ring(0);
-    let mut cur = ring.cur();
-    let mut off = 0;
-    for (k, &n) in sizes.iter().enumerate() {
-        let slot = ring.slot(cur);
-        ring.buf(slot.buf_idx)[..n].copy_from_slice(&f[off..off + n]);
-        slot.len = n as u16;
-        slot.flags = if k + 1 < sizes.len() {
-            vale::NS_MOREFRAG
-        } else {
-            0
-        };
-        off += n;
-        cur = ring.next(cur);
-    }
-    ring.set_cur(cur);
-    ring.set_head(cur);
+    let mut rest = &f[..];
+    let chunks: Vec<&[u8]> = sizes
+        .iter()
+        .map(|&n| {
+            let (chunk, tail) = rest.split_at(n);
+            rest = tail;
+            chunk
+        })
+        .collect();
+    queue_chain(&a.tx_ring(0), chunks.into_iter(), true);
     a.txsync(0).unwrap();
     let got = recv_n(&b, 1);
     assert!(got[0] == f, "reassembled frame differs");
-    let bc = counters(&v, "vale0:b");
+    let bc = v.counters("vale0:b");
     assert_eq!((bc.rx_packets, bc.rx_bytes), (1, f.len() as u64));
-    assert_eq!(counters(&v, "vale0:a").bad_input, 0);
+    assert_eq!(v.counters("vale0:a").bad_input, 0);
 }
 
 #[test]
 fn no_learn_flag_keeps_the_source_address_unlearnt() {
     let _s = serial();
     let v = Valed::start();
-    let a = v.open("vale0:a");
-    let b = v.open("vale0:b");
-    let c = v.open("vale0:c");
+    let (a, b, c) = v.open_abc();
     // a's first frame carries NS_NO_LEARN: MAC_A stays unknown.
     let f = test_frame(60, MAC_A, BROADCAST, 0);
     let ring = a.tx_ring(0);
@@ -1264,9 +953,7 @@ fn two_workers_deliver_to_one_port_concurrently() {
     let a = v.open("vale0:a");
     let c = v.open("vale0:c");
     let b = v.open("vale0:b");
-    send_all(&b, &[test_frame(60, MAC_B, BROADCAST, 0)]);
-    recv_frames(&a);
-    recv_frames(&c);
+    learn(&b, test_frame(60, MAC_B, BROADCAST, 0), &[&a, &c]);
     let n = 30_000u64;
     let window = 256u64;
     let done = [AtomicU64::new(0), AtomicU64::new(0)];
@@ -1321,7 +1008,7 @@ fn two_workers_deliver_to_one_port_concurrently() {
             }
         }
     });
-    let bc = counters(&v, "vale0:b");
+    let bc = v.counters("vale0:b");
     assert_eq!((bc.rx_packets, bc.rx_drops), (2 * n, 0), "{bc:?}");
 }
 
@@ -1329,11 +1016,11 @@ fn two_workers_deliver_to_one_port_concurrently() {
 fn pktgen_ping_pong_measures_round_trips() {
     let _s = serial();
     let v = Valed::start();
-    let pong = Kid::spawn(
+    let pong = v.spawn_client(
         v.pktgen(&["-i", "vale0:b", "-f", "pong", "-T", "60", "--json"]),
         "vale-pktgen pong",
+        "vale0:b",
     );
-    assert!(wait_until(T, || v.port("vale0:b").is_some()));
     let ping = Kid::spawn(
         v.pktgen(&[
             "-i", "vale0:a", "-f", "ping", "-n", "500", "-l", "1514", "--json",
@@ -1354,7 +1041,7 @@ fn pktgen_ping_pong_measures_round_trips() {
         float(rtt, "max_us"),
     );
     assert!(0.0 < min && min <= med && med <= p99 && p99 <= max, "{r}");
-    let bc = counters(&v, "vale0:b");
+    let bc = v.counters("vale0:b");
     assert_eq!((bc.rx_packets, bc.tx_packets), (500, 500), "{bc:?}");
     assert_eq!(bc.rx_bytes, 500 * 1514, "{bc:?}");
     pong.signal(libc::SIGTERM);
@@ -1379,9 +1066,7 @@ fn bad_rx_head_drops_frames_for_that_port_only() {
     use std::sync::atomic::Ordering::SeqCst;
     let _s = serial();
     let v = Valed::start();
-    let a = v.open("vale0:a");
-    let b = v.open("vale0:b");
-    let c = v.open("vale0:c");
+    let (a, b, c) = v.open_abc();
     // b publishes an rx head past its ring (region ring 1 is its rx ring 0).
     let head = csb_head(&b, 1);
     assert_eq!(head.load(SeqCst), 0);
@@ -1391,10 +1076,10 @@ fn bad_rx_head_drops_frames_for_that_port_only() {
     }
     // c is not affected.
     assert_eq!(recv_n(&c, 5).len(), 5);
-    let bc = counters(&v, "vale0:b");
+    let bc = v.counters("vale0:b");
     assert_eq!((bc.rx_packets, bc.rx_drops), (0, 5), "{bc:?}");
     assert!((1..=5).contains(&bc.bad_input), "{bc:?}");
-    assert_eq!(counters(&v, "vale0:c").bad_input, 0);
+    assert_eq!(v.counters("vale0:c").bad_input, 0);
     assert!(recv_frames(&b).is_empty());
     // recv_frames synced b's ring: the good head is back, and frames arrive again.
     assert_eq!(head.load(SeqCst), 0);
@@ -1407,17 +1092,11 @@ fn bad_rx_head_drops_frames_for_that_port_only() {
 fn zero_copy_buffer_swaps_are_accepted() {
     let _s = serial();
     let v = Valed::start();
-    let a = v.open("vale0:a");
-    let b = v.open("vale0:b");
-    let c = v.open("vale0:c");
+    let (a, b, c) = v.open_abc();
     // Learn a and c, so b's forwarded frames go to c only and a's to b only.
-    send_all(&c, &[test_frame(60, MAC_C, MAC_A, 0)]);
-    recv_frames(&a);
-    recv_frames(&b);
-    send_all(&a, &[test_frame(60, MAC_A, MAC_C, 0)]);
-    recv_frames(&c);
-    send_all(&b, &[test_frame(60, MAC_B, MAC_A, 0)]);
-    recv_frames(&a);
+    learn(&c, test_frame(60, MAC_C, MAC_A, 0), &[&a, &b]);
+    learn(&a, test_frame(60, MAC_A, MAC_C, 0), &[&c]);
+    learn(&b, test_frame(60, MAC_B, MAC_A, 0), &[&a]);
     // b bridges frames from a to c without copying: it moves each rx buffer into a tx slot
     // and the tx slot's buffer into the rx slot, as netmap's zero-copy bridge does.
     for round in 0..3u64 {
@@ -1455,14 +1134,7 @@ fn zero_copy_buffer_swaps_are_accepted() {
             assert!(*g == want, "round {round}, frame {k}");
         }
     }
-    for p in ["vale0:a", "vale0:b", "vale0:c"] {
-        let k = counters(&v, p);
-        assert_eq!(
-            (k.bad_input, k.rx_drops, k.tx_drops),
-            (0, 0, 0),
-            "{p}: {k:?}"
-        );
-    }
+    assert_clean(&v, &["vale0:a", "vale0:b", "vale0:c"]);
 }
 
 #[test]
@@ -1497,29 +1169,23 @@ fn a_sender_waiting_for_room_is_woken_in_time() {
         "took {:?}",
         start.elapsed()
     );
-    let bc = counters(&v, "vale0:b");
+    let bc = v.counters("vale0:b");
     assert_eq!(bc.rx_packets + bc.rx_drops, n, "{bc:?}");
-    assert_eq!(counters(&v, "vale0:a").tx_packets, n);
+    assert_eq!(v.counters("vale0:a").tx_packets, n);
 }
 
 #[test]
 fn a_learnt_address_follows_its_host_to_another_port() {
     let _s = serial();
     let v = Valed::start();
-    let a = v.open("vale0:a");
-    let b = v.open("vale0:b");
-    let c = v.open("vale0:c");
+    let (a, b, c) = v.open_abc();
     // MAC_B speaks from b ...
-    send_all(&b, &[test_frame(60, MAC_B, BROADCAST, 0)]);
-    recv_frames(&a);
-    recv_frames(&c);
+    learn(&b, test_frame(60, MAC_B, BROADCAST, 0), &[&a, &c]);
     send_all(&a, &[test_frame(60, MAC_A, MAC_B, 1)]);
     assert_eq!(recv_n(&b, 1).len(), 1);
     assert_nothing(&c);
     // ... then from c: frames for it follow.
-    send_all(&c, &[test_frame(60, MAC_B, BROADCAST, 2)]);
-    recv_frames(&a);
-    recv_frames(&b);
+    learn(&c, test_frame(60, MAC_B, BROADCAST, 2), &[&a, &b]);
     let f = test_frame(60, MAC_A, MAC_B, 3);
     send_all(&a, std::slice::from_ref(&f));
     assert_eq!(recv_n(&c, 1), vec![f]);

@@ -1,84 +1,12 @@
 //! Ports and valed coming and going: killed clients, open/close churn, valed's own exit, and
 //! one valed per run directory.
 
-use std::io::Read;
-use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use vale_tests::*;
 
-/// The tests of this file count the test process's own descriptors and mappings, which the
-/// other tests would disturb: they run one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// A child process killed (and reaped) when dropped.
-struct Reaped(Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Runs `cmd` to completion, killing it after `limit`.
-fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
-    let mut child = Reaped(
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}")),
-    );
-    let mut so = child.0.stdout.take().expect("piped");
-    let mut se = child.0.stderr.take().expect("piped");
-    let t_out = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = so.read_to_end(&mut v);
-        v
-    });
-    let t_err = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = se.read_to_end(&mut v);
-        v
-    });
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(s) = child.0.try_wait().expect("wait") {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{cmd:?} did not finish within {limit:?}"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    Output {
-        status,
-        stdout: t_out.join().expect("stdout reader"),
-        stderr: t_err.join().expect("stderr reader"),
-    }
-}
-
-/// Waits up to `limit` for `cond`, sleeping `step` between looks.
-fn wait_until(limit: Duration, step: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(step);
-    }
-}
+// The tests of this file count the test process's own descriptors and mappings, which the
+// other tests would disturb: they run one at a time (see [`serial`]).
 
 fn own_fd_count() -> usize {
     std::fs::read_dir("/proc/self/fd")
@@ -114,33 +42,31 @@ fn settled_fd_count(v: &Valed) -> usize {
     last
 }
 
+/// Requires every switch of `v` to be gone within 2 s (`when` says when, in a failure).
+fn assert_no_ports_left(v: &Valed, when: &str) {
+    assert!(
+        wait_until_every(Duration::from_secs(2), Duration::from_millis(5), || v
+            .list()
+            .is_empty()),
+        "ports left {when}: {:?}",
+        v.list().iter().map(|s| &s.name).collect::<Vec<_>>()
+    );
+}
+
 #[test]
 fn sigkill_of_a_client_frees_its_port_at_once() {
     let _g = serial();
     let mut v = Valed::start();
-    let mut child = Reaped(
-        v.pktgen(&["-i", "vale0:k", "-f", "rx", "-q"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start vale-pktgen"),
-    );
-    let pid = child.0.id();
-    let owned = wait_until(Duration::from_secs(10), Duration::from_millis(10), || {
-        v.port("vale0:k").and_then(|p| p.owner_pid) == Some(pid)
-    });
-    assert!(
-        owned,
-        "vale-pktgen (pid {pid}) never showed up as owner of vale0:k: {:?}\n{}",
-        v.port("vale0:k"),
-        v.log()
+    let kid = v.spawn_client(
+        v.pktgen(&["-i", "vale0:k", "-f", "rx", "-q"]),
+        "vale-pktgen",
+        "vale0:k",
     );
     // SIGKILL: no chance for the client to say goodbye.
-    child.0.kill().expect("SIGKILL vale-pktgen");
+    kid.signal(libc::SIGKILL);
     let t0 = Instant::now();
-    child.0.wait().expect("reap vale-pktgen");
-    let gone = wait_until(Duration::from_secs(1), Duration::from_millis(5), || {
+    kid.finish(T);
+    let gone = wait_until_every(Duration::from_secs(1), Duration::from_millis(5), || {
         v.port("vale0:k").is_none()
     });
     let took = t0.elapsed();
@@ -157,10 +83,12 @@ fn sigkill_of_a_client_frees_its_port_at_once() {
     // The name is free again, and the new port works.
     let k = v.open("vale0:k");
     let b = v.open("vale0:b");
-    let f = test_frame(100, MAC_A, MAC_B, 1);
-    assert!(send_frame(&k, &f));
-    k.txsync(0).unwrap();
-    assert_eq!(wait_frames(&b, Duration::from_secs(5)), vec![f]);
+    send_and_expect(
+        &k,
+        &b,
+        &test_frame(100, MAC_A, MAC_B, 1),
+        "the new vale0:k's frame",
+    );
     assert_eq!(
         v.port("vale0:k").and_then(|p| p.owner_pid),
         Some(std::process::id())
@@ -198,26 +126,14 @@ fn open_close_churn_leaks_nothing() {
     for i in 0..50 {
         cycle(i);
     }
-    assert!(
-        wait_until(Duration::from_secs(2), Duration::from_millis(5), || v
-            .list()
-            .is_empty()),
-        "ports left after warm-up: {:?}",
-        v.list().iter().map(|s| &s.name).collect::<Vec<_>>()
-    );
+    assert_no_ports_left(&v, "after warm-up");
     let fds_warm = settled_fd_count(&v);
     let rss_warm = v.rss_kib();
     for i in 50..1000 {
         cycle(i);
     }
     let churn = t0.elapsed();
-    assert!(
-        wait_until(Duration::from_secs(2), Duration::from_millis(5), || v
-            .list()
-            .is_empty()),
-        "ports left after 1000 cycles: {:?}",
-        v.list().iter().map(|s| &s.name).collect::<Vec<_>>()
-    );
+    assert_no_ports_left(&v, "after 1000 cycles");
     let fds_end = settled_fd_count(&v);
     let rss_end = v.rss_kib();
     eprintln!(
@@ -247,12 +163,8 @@ fn open_close_churn_leaks_nothing() {
 fn sigterm_exits_cleanly_and_clients_survive() {
     let _g = serial();
     let mut v = Valed::start();
-    let a = v.open("vale0:a");
-    let b = v.open("vale0:b");
-    let f = test_frame(60, MAC_A, MAC_B, 0);
-    assert!(send_frame(&a, &f));
-    a.txsync(0).unwrap();
-    assert_eq!(wait_frames(&b, Duration::from_secs(5)), vec![f]);
+    let (a, b) = v.open_ab();
+    send_and_expect(&a, &b, &test_frame(60, MAC_A, MAC_B, 0), "a->b");
     let sock = v.run_dir().join(vale_abi::control::SOCKET_NAME);
     assert!(sock.exists());
 
@@ -260,7 +172,7 @@ fn sigterm_exits_cleanly_and_clients_survive() {
     let r = unsafe { libc::kill(v.pid() as libc::pid_t, libc::SIGTERM) };
     assert_eq!(r, 0, "kill: {}", std::io::Error::last_os_error());
     let t0 = Instant::now();
-    let exited = wait_until(Duration::from_secs(2), Duration::from_millis(5), || {
+    let exited = wait_until_every(Duration::from_secs(2), Duration::from_millis(5), || {
         !v.alive()
     });
     let took = t0.elapsed();
@@ -286,13 +198,7 @@ fn sigterm_exits_cleanly_and_clients_survive() {
         b.rxsync(0).expect("rxsync after valed exit");
         let t = Instant::now();
         let got = b
-            .poll(
-                vale::Events {
-                    readable: true,
-                    writable: false,
-                },
-                Some(Duration::from_millis(200)),
-            )
+            .poll(READABLE, Some(Duration::from_millis(200)))
             .expect("poll after valed exit");
         let waited = t.elapsed();
         let counters = a.counters();
@@ -300,15 +206,11 @@ fn sigterm_exits_cleanly_and_clients_survive() {
         drop(b);
         (sent, got, waited, counters.is_err())
     });
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !client.is_finished() {
-        assert!(
-            Instant::now() < deadline,
-            "a client operation hung after valed exited"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let (sent, got, waited, counters_failed) = client.join().expect("client thread panicked");
+    let (sent, got, waited, counters_failed) = join_by(
+        "a client operation after valed exited",
+        client,
+        Instant::now() + Duration::from_secs(5),
+    );
     assert!(sent, "the tx ring had room");
     assert_eq!(got, vale::Events::default(), "nothing can arrive any more");
     assert!(
@@ -325,18 +227,7 @@ fn sigterm_exits_cleanly_and_clients_survive() {
         move || o.open("vale0:z").map(|_| ()).map_err(|e| e.to_string())
     });
     let deadline = Instant::now() + Duration::from_secs(5);
-    while !opened.is_finished() {
-        assert!(Instant::now() < deadline, "open hung with no valed running");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    assert!(opened.join().unwrap().is_err());
-}
-
-fn start_second_valed(dir: &Path) -> Output {
-    run_bounded(
-        Command::new(bin("valed")).arg("--run-dir").arg(dir),
-        Duration::from_secs(10),
-    )
+    assert!(join_by("an open with no valed running", opened, deadline).is_err());
 }
 
 #[test]
@@ -344,28 +235,13 @@ fn second_valed_on_the_same_run_dir_refuses_to_start() {
     let _g = serial();
     let mut v = Valed::start();
     let a = v.open("vale0:a");
-    let out = start_second_valed(v.run_dir());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "second valed: {}\nstderr: {stderr}",
-        out.status
-    );
-    assert!(
-        stderr.contains("another valed is running"),
-        "second valed's message: {stderr}"
-    );
+    let out = valed_refusing(v.run_dir(), &[]);
+    assert_exit(&out, "second valed", 1, "another valed is running");
     // The first one is untouched: alive, socket in place, old and new ports work.
     assert!(v.alive(), "first valed died: {}", v.log());
     assert!(v.run_dir().join(vale_abi::control::SOCKET_NAME).exists());
     let b = v.open("vale0:b");
-    for seq in 0..10 {
-        let f = test_frame(60 + seq as usize, MAC_A, MAC_B, seq);
-        assert!(send_frame(&a, &f));
-        a.txsync(0).unwrap();
-        assert_eq!(wait_frames(&b, Duration::from_secs(5)), vec![f]);
-    }
+    one_at_a_time(&a, &b, 10);
     assert_eq!(
         v.port("vale0:a").unwrap().owner_pid,
         Some(std::process::id())

@@ -5,8 +5,7 @@
 use std::collections::HashSet;
 use std::os::fd::RawFd;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::*};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vale_abi::csb::{CsbAtok, CsbKtoa, CSB_RING_SIZE};
@@ -14,21 +13,11 @@ use vale_abi::netmap::{NetmapRing, NetmapSlot, RING_SLOTS_OFS};
 use vale_abi::region::FIRST_SLOT_BUF;
 use vale_tests::*;
 
-/// The tests that load both cores run one at a time, so each keeps its time budget.
-static HEAVY: Mutex<()> = Mutex::new(());
+// The tests that load both cores run one at a time (see [`serial`]), so each keeps its time
+// budget.
 
-fn heavy() -> std::sync::MutexGuard<'static, ()> {
-    HEAVY.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-const READABLE: vale::Events = vale::Events {
-    readable: true,
-    writable: false,
-};
-const WRITABLE: vale::Events = vale::Events {
-    readable: false,
-    writable: true,
-};
+/// How often the waits of this file look.
+const LOOK: Duration = Duration::from_millis(5);
 
 // ---- small helpers --------------------------------------------------------------------------
 
@@ -67,34 +56,6 @@ impl Rng {
     }
 }
 
-/// Joins `h`; the test fails if it has not finished by `deadline`.
-fn join_by<T>(what: &str, h: JoinHandle<T>, deadline: Instant) -> T {
-    join_or_explain(what, h, deadline, String::new)
-}
-
-/// As [`join_by`], and on failure prints `explain()` (the state of the rings, say) first.
-fn join_or_explain<T>(
-    what: &str,
-    h: JoinHandle<T>,
-    deadline: Instant,
-    explain: impl Fn() -> String,
-) -> T {
-    while !h.is_finished() {
-        if Instant::now() >= deadline {
-            eprintln!("{}", explain());
-            panic!("{what} did not finish in time (hang?)");
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    match h.join() {
-        Ok(v) => v,
-        Err(e) => {
-            eprintln!("{what} failed; state:\n{}", explain());
-            std::panic::resume_unwind(e)
-        }
-    }
-}
-
 /// The CSB and ring indices of every ring of a port, for failure messages.
 fn ring_state(name: &str, raw: &Raw) -> String {
     let mut s = String::new();
@@ -129,25 +90,6 @@ fn ring_state(name: &str, raw: &Raw) -> String {
     s
 }
 
-fn wait_until(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
-fn counters(v: &Valed, name: &str) -> vale_abi::control::PortCounters {
-    v.port(name)
-        .unwrap_or_else(|| panic!("port {name} is not listed"))
-        .counters
-}
-
 /// valed's CPU ticks over `d`.
 fn cpu_over(v: &Valed, d: Duration) -> u64 {
     let t0 = v.cpu_ticks();
@@ -157,7 +99,7 @@ fn cpu_over(v: &Valed, d: Duration) -> u64 {
 
 /// Sends one frame, waiting (poll writable, bounded) while the tx ring lacks room. Returns
 /// how many times it had to sleep because the ring was full.
-fn send_waiting(port: &vale::Port, frame: &[u8], what: &str) -> u64 {
+fn send_counting_sleeps(port: &vale::Port, frame: &[u8], what: &str) -> u64 {
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut sleeps = 0;
     loop {
@@ -366,7 +308,7 @@ fn open_with_kick(v: &Valed, opts: &vale::OpenOptions, name: &str) -> (vale::Por
     assert_eq!(p.params().tx_rings, 1);
     let mut found = HashSet::new();
     // valed's worker registers the ring shortly after the open reply.
-    let ok = wait_until(Duration::from_secs(2), || {
+    let ok = wait_until_every(Duration::from_secs(2), LOOK, || {
         found = our_kick_fds(v).difference(&before).copied().collect();
         found.len() == 1
     });
@@ -513,7 +455,7 @@ fn scribble(x: &vale::Port, raw: Raw, kick_fd: RawFd, stop: &AtomicBool) -> Scri
 
 #[test]
 fn hostile_client_does_not_disturb_the_others() {
-    let _g = heavy();
+    let _g = serial();
     let mut v = Valed::start();
     let a = Arc::new(v.open("vale0:a"));
     // A deep rx ring, so b keeps up with a's stream without a drop.
@@ -521,13 +463,9 @@ fn hostile_client_does_not_disturb_the_others() {
     // The switch learns a and b before x arrives, so a's stream goes to b alone: x never
     // holds a copy of a's frames that it could send again (with a's address in them).
     let hello_a = test_frame(60, MAC_A, BROADCAST, u64::MAX);
-    assert!(send_frame(&a, &hello_a));
-    a.txsync(0).unwrap();
-    assert_eq!(wait_frames(&b, Duration::from_secs(5)), vec![hello_a]);
+    send_and_expect(&a, &b, &hello_a, "a's hello");
     let hello_b = test_frame(60, MAC_B, MAC_A, u64::MAX);
-    assert!(send_frame(&b, &hello_b));
-    b.txsync(0).unwrap();
-    assert_eq!(wait_frames(&a, Duration::from_secs(5)), vec![hello_b]);
+    send_and_expect(&b, &a, &hello_b, "b's hello");
     let (x, x_kick) = open_with_kick(&v, &v.options(), "vale0:x");
     let x = Arc::new(x);
     let raw = Raw::of(&x);
@@ -617,14 +555,14 @@ fn hostile_client_does_not_disturb_the_others() {
                     .min(due - seq);
                 for _ in 0..burst {
                     let f = test_frame(stream_len(seq), MAC_A, MAC_B, seq);
-                    send_waiting(&a, &f, "a");
+                    send_counting_sleeps(&a, &f, "a");
                     if seq.is_multiple_of(64) {
                         // Now and then a frame for x, so valed also writes into x's (hostile)
                         // rx ring. It keeps x's buffers addressed to x, and its source is not
                         // a's address: what x may send back of it is not a's stream. (Until
                         // the bridge has learnt x, it floods to b too, which b ignores.)
                         let noise = test_frame(60 + (seq % 900) as usize, MAC_D, MAC_X, seq);
-                        send_waiting(&a, &noise, "a");
+                        send_counting_sleeps(&a, &noise, "a");
                     }
                     seq += 1;
                     if seq == STREAM {
@@ -652,9 +590,9 @@ fn hostile_client_does_not_disturb_the_others() {
 
     assert!(v.alive(), "valed died: {}", v.log());
     let (ca, cb, cx) = (
-        counters(&v, "vale0:a"),
-        counters(&v, "vale0:b"),
-        counters(&v, "vale0:x"),
+        v.counters("vale0:a"),
+        v.counters("vale0:b"),
+        v.counters("vale0:x"),
     );
     eprintln!("a: {ca:?}\nb: {cb:?}\nx: {cx:?}");
     assert!(cx.bad_input > 0, "x's garbage was never counted: {cx:?}");
@@ -667,18 +605,15 @@ fn hostile_client_does_not_disturb_the_others() {
     // x goes; its name is free again and a fresh x works.
     drop(Arc::try_unwrap(x).ok().expect("x has no other user"));
     assert!(
-        wait_until(Duration::from_secs(2), || v.port("vale0:x").is_none()),
+        wait_until_every(Duration::from_secs(2), LOOK, || v.port("vale0:x").is_none()),
         "vale0:x still listed after its client closed it"
     );
     let x = v.open("vale0:x");
     // Whatever of the old x's garbage b has not read yet.
     while !recv_frames(&b).is_empty() {}
     let f = test_frame(200, MAC_C, MAC_B, 42);
-    assert!(send_frame(&x, &f));
-    x.txsync(0).unwrap();
-    let got = wait_frames(&b, Duration::from_secs(5));
-    assert_eq!(got, vec![f], "b did not get the fresh x's frame");
-    let cx = counters(&v, "vale0:x");
+    send_and_expect(&x, &b, &f, "b did not get the fresh x's frame");
+    let cx = v.counters("vale0:x");
     assert_eq!(cx.bad_input, 0, "the fresh x inherited counters: {cx:?}");
     assert_eq!(cx.tx_packets, 1);
     assert!(v.alive());
@@ -697,7 +632,9 @@ fn bad_head_is_counted_once_and_costs_no_cpu() {
     fence(SeqCst);
     kick(x_kick);
     assert!(
-        wait_until(Duration::from_secs(2), || counters(&v, "vale0:x").bad_input
+        wait_until_every(Duration::from_secs(2), LOOK, || v
+            .counters("vale0:x")
+            .bad_input
             >= 1),
         "valed never counted head {bad} on a {n}-slot ring as bad input"
     );
@@ -710,7 +647,7 @@ fn bad_head_is_counted_once_and_costs_no_cpu() {
         std::thread::sleep(Duration::from_millis(200));
     }
     let ticks = v.cpu_ticks() - t0;
-    let c = counters(&v, "vale0:x");
+    let c = v.counters("vale0:x");
     eprintln!(
         "bad head: bad_input {}, valed cpu {ticks} ticks in 1 s ({} per s)",
         c.bad_input,
@@ -730,41 +667,24 @@ fn bad_head_is_counted_once_and_costs_no_cpu() {
 
     // The client comes back to its senses: a good head, and frames flow again.
     let b = v.open("vale0:b");
-    let f = test_frame(64, MAC_C, MAC_B, 7);
-    assert!(send_frame(&x, &f));
-    x.txsync(0).unwrap();
-    assert_eq!(wait_frames(&b, Duration::from_secs(5)), vec![f]);
-    let c = counters(&v, "vale0:x");
+    send_and_expect(&x, &b, &test_frame(64, MAC_C, MAC_B, 7), "x's good frame");
+    let c = v.counters("vale0:x");
     assert_eq!((c.bad_input, c.tx_packets), (1, 1));
     assert!(v.alive(), "valed died: {}", v.log());
 }
 
 // ---- 3. half a chain, forever ----------------------------------------------------------------
 
-/// Queues the fragments of `frame` on x's tx ring, `chunk` bytes a slot, without publishing.
+/// Queues `chunks` on x's tx ring 0 as (part of) a chain, one a slot, and publishes them; the
+/// last ends the chain if `last_ends`.
 fn queue_fragments(x: &vale::Port, chunks: &[&[u8]], last_ends: bool) {
-    let ring = x.tx_ring(0);
-    let mut cur = ring.cur();
-    for (i, c) in chunks.iter().enumerate() {
-        let slot = ring.slot(cur);
-        ring.buf(slot.buf_idx)[..c.len()].copy_from_slice(c);
-        slot.len = c.len() as u16;
-        slot.flags = if i + 1 == chunks.len() && last_ends {
-            0
-        } else {
-            vale::NS_MOREFRAG
-        };
-        cur = ring.next(cur);
-    }
-    ring.set_cur(cur);
-    ring.set_head(cur);
+    queue_chain(&x.tx_ring(0), chunks.iter().copied(), last_ends);
 }
 
 #[test]
 fn unfinished_chain_waits_without_spinning() {
     let mut v = Valed::start();
-    let a = v.open("vale0:a");
-    let b = v.open("vale0:b");
+    let (a, b) = v.open_ab();
     let x = v.open("vale0:x");
     let whole = test_frame(180, MAC_C, MAC_B, 77);
     let chunks: Vec<&[u8]> = whole.chunks(60).collect();
@@ -774,16 +694,7 @@ fn unfinished_chain_waits_without_spinning() {
     let raw = Raw::of(&x);
 
     // Others keep working.
-    for seq in 0..500u64 {
-        let f = test_frame(60 + (seq as usize % 200), MAC_A, MAC_B, seq);
-        assert!(send_frame(&a, &f));
-        a.txsync(0).unwrap();
-        assert_eq!(
-            wait_frames(&b, Duration::from_secs(5)),
-            vec![f],
-            "a->b frame {seq}"
-        );
-    }
+    one_at_a_time(&a, &b, 500);
     std::thread::sleep(Duration::from_millis(100));
     let ticks = cpu_over(&v, Duration::from_secs(1));
     eprintln!("unfinished chain: valed cpu {ticks} ticks in 1 s");
@@ -797,14 +708,14 @@ fn unfinished_chain_waits_without_spinning() {
         0,
         "half a chain was consumed"
     );
-    let cx = counters(&v, "vale0:x");
+    let cx = v.counters("vale0:x");
     assert_eq!((cx.bad_input, cx.tx_packets), (0, 0), "{cx:?}");
 
     // The rest arrives: the frame goes through whole.
     queue_fragments(&x, &chunks[2..], true);
     x.txsync(0).unwrap();
     assert_eq!(wait_frames(&b, Duration::from_secs(5)), vec![whole]);
-    let cx = counters(&v, "vale0:x");
+    let cx = v.counters("vale0:x");
     assert_eq!((cx.bad_input, cx.tx_packets), (0, 1), "{cx:?}");
     assert!(v.alive(), "valed died: {}", v.log());
 }
@@ -827,10 +738,12 @@ fn bad_slot_in_unfinished_chain_drops_the_whole_chain() {
     ring.slot(first).buf_idx = 0;
     x.txsync(0).unwrap();
     assert!(
-        wait_until(Duration::from_secs(2), || counters(&v, "vale0:x").bad_input
+        wait_until_every(Duration::from_secs(2), LOOK, || v
+            .counters("vale0:x")
+            .bad_input
             == 1),
         "the bad slot was not counted: {:?}",
-        counters(&v, "vale0:x")
+        v.counters("vale0:x")
     );
     // The rest of the same chain.
     queue_fragments(&x, &chunks[1..], true);
@@ -838,7 +751,7 @@ fn bad_slot_in_unfinished_chain_drops_the_whole_chain() {
     let got = wait_frames(&b, Duration::from_millis(500));
     // Put the buffer back where it belongs before anything else uses the ring.
     ring.slot(first).buf_idx = good_idx;
-    let cx = counters(&v, "vale0:x");
+    let cx = v.counters("vale0:x");
     assert!(
         got.is_empty(),
         "b received {} frame(s) made of the tail of a chain that was dropped as bad \
@@ -855,8 +768,7 @@ fn bad_slot_in_unfinished_chain_drops_the_whole_chain() {
 #[test]
 fn ring_full_of_morefrag_is_bad_input_and_consumed() {
     let mut v = Valed::start();
-    let a = v.open("vale0:a");
-    let b = v.open("vale0:b");
+    let (a, b) = v.open_ab();
     // 64 slots: a 63-slot chain (within the 512-slot limit) that cannot go on; 1024 slots: a
     // 1023-slot chain (over the limit too).
     for (name, slots) in [("vale0:x", 64u32), ("vale0:y", 1024)] {
@@ -876,7 +788,7 @@ fn ring_full_of_morefrag_is_bad_input_and_consumed() {
         let ev = x.poll(WRITABLE, Some(Duration::from_secs(5))).unwrap();
         assert!(ev.writable, "{name}: valed never gave the slots back");
         assert_eq!(ring.space(), slots - 1, "{name}: not all slots came back");
-        let c = counters(&v, name);
+        let c = v.counters(name);
         assert_eq!(c.bad_input, 1, "{name}: {c:?}");
         assert_eq!(c.tx_packets, 0, "{name}: {c:?}");
         // The chain is not over until a slot without NS_MOREFRAG ends it: that slot is the
@@ -887,29 +799,23 @@ fn ring_full_of_morefrag_is_bad_input_and_consumed() {
             wait_frames(&b, Duration::from_millis(300)).is_empty(),
             "{name}: the end of a dropped chain was forwarded"
         );
-        let c = counters(&v, name);
+        let c = v.counters(name);
         assert_eq!((c.bad_input, c.tx_packets), (1, 0), "{name}: {c:?}");
         // x itself still works...
         let f = test_frame(100, MAC_C, MAC_B, 2);
-        assert!(send_frame(&x, &f));
-        x.txsync(0).unwrap();
-        assert_eq!(
-            wait_frames(&b, Duration::from_secs(5)),
-            vec![f],
-            "{name}'s good frame after the bad chain"
+        send_and_expect(
+            &x,
+            &b,
+            &f,
+            &format!("{name}'s good frame after the bad chain"),
         );
         // ...and so do the others.
-        for seq in 0..100u64 {
-            let f = test_frame(60 + seq as usize, MAC_A, MAC_B, seq);
-            assert!(send_frame(&a, &f));
-            a.txsync(0).unwrap();
-            assert_eq!(wait_frames(&b, Duration::from_secs(5)), vec![f]);
-        }
-        assert_eq!(counters(&v, name).bad_input, 1);
+        one_at_a_time(&a, &b, 100);
+        assert_eq!(v.counters(name).bad_input, 1);
     }
     assert!(v.alive(), "valed died: {}", v.log());
-    assert_eq!(counters(&v, "vale0:a").bad_input, 0);
-    assert_eq!(counters(&v, "vale0:b").bad_input, 0);
+    assert_eq!(v.counters("vale0:a").bad_input, 0);
+    assert_eq!(v.counters("vale0:b").bad_input, 0);
 }
 
 // ---- 5. idle is free -------------------------------------------------------------------------
@@ -962,7 +868,7 @@ fn idle_ports_cost_no_cpu_before_and_after_traffic() {
                     std::thread::sleep(Duration::from_micros(20));
                 }
                 for _ in 0..64 {
-                    send_waiting(&p, &f, "p0");
+                    send_counting_sleeps(&p, &f, "p0");
                     sent += 1;
                 }
                 p.txsync(0).unwrap();
@@ -987,7 +893,7 @@ fn idle_ports_cost_no_cpu_before_and_after_traffic() {
         busy <= 2,
         "valed used {busy} ticks in the 2 s after the traffic stopped: it does not go idle"
     );
-    let c = counters(&v, "vale0:p1");
+    let c = v.counters("vale0:p1");
     assert_eq!(c.rx_packets, n, "{c:?}");
 }
 
@@ -1051,7 +957,7 @@ fn ping_pong(args: &[&str], total: u64) -> (Duration, u64, u64, u64) {
                 let start = seq - out.len() as u64;
                 for (i, &len) in back.iter().enumerate() {
                     let f = test_frame(len, MAC_B, MAC_A, start + i as u64);
-                    send_waiting(&b, &f, "b");
+                    send_counting_sleeps(&b, &f, "b");
                 }
                 b.txsync(0).expect("txsync b");
                 moved.fetch_add(2 * out.len() as u64, Release);
@@ -1068,7 +974,7 @@ fn ping_pong(args: &[&str], total: u64) -> (Duration, u64, u64, u64) {
                 let (out, back) = plan(&mut rng);
                 for (i, &len) in out.iter().enumerate() {
                     let f = test_frame(len, MAC_A, MAC_B, seq + i as u64);
-                    sleeps += send_waiting(&a, &f, "a");
+                    sleeps += send_counting_sleeps(&a, &f, "a");
                 }
                 a.txsync(0).expect("txsync a");
                 let got = recv_exactly(&a, back.len(), "a");
@@ -1113,7 +1019,7 @@ fn ping_pong(args: &[&str], total: u64) -> (Duration, u64, u64, u64) {
 
 #[test]
 fn no_lost_wakeup_in_a_million_frames() {
-    let _g = heavy();
+    let _g = serial();
     let total = 1_000_000;
     let (took, rounds, sleeps, irqs) = ping_pong(&[], total);
     eprintln!(
@@ -1125,7 +1031,7 @@ fn no_lost_wakeup_in_a_million_frames() {
 
 #[test]
 fn no_lost_wakeup_with_two_workers() {
-    let _g = heavy();
+    let _g = serial();
     let total = 200_000;
     let (took, rounds, sleeps, irqs) = ping_pong(&["--workers", "2"], total);
     eprintln!(
