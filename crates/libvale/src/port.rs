@@ -176,6 +176,19 @@ pub struct Events {
     pub writable: bool,
 }
 
+impl Events {
+    /// Wait for frames to read.
+    pub const READABLE: Events = Events {
+        readable: true,
+        writable: false,
+    };
+    /// Wait for room to send.
+    pub const WRITABLE: Events = Events {
+        readable: false,
+        writable: true,
+    };
+}
+
 impl Port {
     /// Opens `name` with default options.
     pub fn open(name: &str) -> io::Result<Port> {

@@ -277,13 +277,7 @@ fn tx(
             }
         }
         if want == 0 {
-            port.poll(
-                Events {
-                    writable: true,
-                    readable: false,
-                },
-                Some(limits.wait(now)),
-            )?;
+            port.poll(Events::WRITABLE, Some(limits.wait(now)))?;
             r = (r + 1) % rings;
             continue;
         }
@@ -303,13 +297,7 @@ fn tx(
     for r in 0..rings {
         let ring = port.tx_ring(r);
         while ring.space() < ring.num_slots() - 1 && Instant::now() < deadline {
-            port.poll(
-                Events {
-                    writable: true,
-                    readable: false,
-                },
-                Some(Duration::from_millis(10)),
-            )?;
+            port.poll(Events::WRITABLE, Some(Duration::from_millis(10)))?;
         }
     }
     Ok(())
@@ -365,13 +353,7 @@ fn rx(port: &Port, limits: &Limits, meter: &mut Meter) -> anyhow::Result<()> {
         if got {
             meter.seen(now);
         } else {
-            port.poll(
-                Events {
-                    readable: true,
-                    writable: false,
-                },
-                Some(limits.wait(now)),
-            )?;
+            port.poll(Events::READABLE, Some(limits.wait(now)))?;
         }
     }
 }
@@ -409,13 +391,7 @@ fn pong(port: &Port, limits: &Limits, meter: &mut Meter) -> anyhow::Result<()> {
             port.txsync(0)?;
         }
         if !got {
-            port.poll(
-                Events {
-                    readable: true,
-                    writable: false,
-                },
-                Some(limits.wait(now)),
-            )?;
+            port.poll(Events::READABLE, Some(limits.wait(now)))?;
         }
     }
 }
@@ -451,13 +427,7 @@ fn ping(
         let t0 = epoch.elapsed().as_nanos() as u64;
         f[frame::TS_OFS..frame::TS_OFS + 8].copy_from_slice(&t0.to_le_bytes());
         while txr.space() == 0 {
-            port.poll(
-                Events {
-                    writable: true,
-                    readable: false,
-                },
-                Some(Duration::from_millis(100)),
-            )?;
+            port.poll(Events::WRITABLE, Some(Duration::from_millis(100)))?;
         }
         let cur = put_frame(&txr, txr.cur(), &f, false);
         txr.set_cur(cur);
@@ -487,13 +457,7 @@ fn ping(
                 true
             })?;
             if !answered {
-                port.poll(
-                    Events {
-                        readable: true,
-                        writable: false,
-                    },
-                    Some(Duration::from_millis(100)),
-                )?;
+                port.poll(Events::READABLE, Some(Duration::from_millis(100)))?;
             }
         }
         if !answered {

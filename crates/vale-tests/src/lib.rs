@@ -21,16 +21,10 @@ use vale_abi::control::{PortCounters, PortInfo, SwitchInfo, SOCKET_NAME};
 pub const T: Duration = Duration::from_secs(10);
 
 /// What [`vale::Port::poll`] waits for when a client expects frames.
-pub const READABLE: vale::Events = vale::Events {
-    readable: true,
-    writable: false,
-};
+pub const READABLE: vale::Events = vale::Events::READABLE;
 
 /// What [`vale::Port::poll`] waits for when a client waits for room on its tx rings.
-pub const WRITABLE: vale::Events = vale::Events {
-    readable: false,
-    writable: true,
-};
+pub const WRITABLE: vale::Events = vale::Events::WRITABLE;
 
 /// Serialises the tests of one test executable that take it (each executable has a lock of
 /// its own): tests that take timings or rates, count wake-ups or descriptors, or load every
