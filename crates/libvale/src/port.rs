@@ -254,6 +254,8 @@ impl Port {
             ptr: NonNull::new(ring as *mut NetmapRing).expect("mapped"),
             bufs: NonNull::new(bufs).expect("mapped"),
             num_bufs: self.layout.num_bufs,
+            num_slots: self.layout.params.slots,
+            buf_size: self.layout.params.buf_size,
         }
     }
 
@@ -453,6 +455,10 @@ pub struct Ring {
     ptr: NonNull<NetmapRing>,
     bufs: NonNull<u8>,
     num_bufs: u32,
+    // Geometry from the layout both sides computed, not from the ring header, which the
+    // client may overwrite: the bounds checks below must hold whatever the header says.
+    num_slots: u32,
+    buf_size: u32,
 }
 
 impl Ring {
@@ -462,16 +468,16 @@ impl Ring {
     }
     #[inline(always)]
     pub fn num_slots(&self) -> u32 {
-        // SAFETY (all accessors): the ring header lies in the port's mapping; the client is
-        // its only writer.
-        unsafe { (*self.hdr()).num_slots }
+        self.num_slots
     }
     #[inline(always)]
     pub fn buf_size(&self) -> u32 {
-        unsafe { (*self.hdr()).nr_buf_size }
+        self.buf_size
     }
     #[inline(always)]
     pub fn head(&self) -> u32 {
+        // SAFETY (all accessors): the ring header lies in the port's mapping; the client is
+        // its only writer.
         unsafe { (*self.hdr()).head }
     }
     #[inline(always)]

@@ -37,9 +37,18 @@ impl Default for EngineConfig {
 
 pub struct Engine {
     cfg: EngineConfig,
-    switches: Mutex<BTreeMap<String, Arc<Switch>>>,
+    switches: Mutex<Switches>,
     workers: Vec<Arc<Worker>>,
     next_worker: AtomicUsize,
+}
+
+type Switches = BTreeMap<String, Arc<Switch>>;
+
+/// A switch goes with its last port.
+fn forget_if_empty(sws: &mut Switches, sw: &Switch) {
+    if sw.port_count() == 0 {
+        sws.remove(&sw.name);
+    }
 }
 
 /// A port handed to a client, and the descriptors to send it.
@@ -75,8 +84,15 @@ impl Engine {
         }))
     }
 
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Arc<Switch>>> {
+    fn lock(&self) -> MutexGuard<'_, Switches> {
         self.switches.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Switch `name`, created if absent.
+    fn switch_entry(&self, sws: &mut Switches, name: &str) -> Arc<Switch> {
+        sws.entry(name.to_string())
+            .or_insert_with(|| Arc::new(Switch::new(name, self.cfg.batch)))
+            .clone()
     }
 
     /// Attaches a client (pid `owner`) to `name`, creating the switch and port if needed.
@@ -84,14 +100,9 @@ impl Engine {
         let (sw_name, _) = parse_port(name)?;
         let layout = Layout::new(params)?;
         let mut sws = self.lock();
-        let sw = sws
-            .entry(sw_name.to_string())
-            .or_insert_with(|| Arc::new(Switch::new(sw_name, self.cfg.batch)))
-            .clone();
+        let sw = self.switch_entry(&mut sws, sw_name);
         let result = self.attach(&sw, name, layout, owner);
-        if sw.port_count() == 0 {
-            sws.remove(sw_name);
-        }
+        forget_if_empty(&mut sws, &sw);
         result
     }
 
@@ -148,9 +159,7 @@ impl Engine {
                     })
                 });
                 sw.replace(port, keep);
-                if sw.port_count() == 0 {
-                    sws.remove(sw_name);
-                }
+                forget_if_empty(&mut sws, &sw);
             }
         }
         self.release(port);
@@ -181,18 +190,12 @@ impl Engine {
     pub fn create(&self, name: &str) -> Result<(), String> {
         let (sw_name, _) = parse_port(name)?;
         let mut sws = self.lock();
-        let sw = sws
-            .entry(sw_name.to_string())
-            .or_insert_with(|| Arc::new(Switch::new(sw_name, self.cfg.batch)))
-            .clone();
+        let sw = self.switch_entry(&mut sws, sw_name);
         if let Some(p) = sw.find(name) {
             p.shared.persistent.store(true, Relaxed);
             return Ok(());
         }
         let Some(index) = sw.free_index() else {
-            if sw.port_count() == 0 {
-                sws.remove(sw_name);
-            }
             return Err(format!("switch '{sw_name}' is full ({MAX_PORTS} ports)"));
         };
         sw.install(Arc::new(Port {
@@ -220,9 +223,7 @@ impl Engine {
                 p.shared.persistent.store(false, Relaxed);
                 sw.replace(&p, None);
                 gone.push(p);
-                if sw.port_count() == 0 {
-                    sws.remove(sw_name);
-                }
+                forget_if_empty(&mut sws, &sw);
             } else {
                 parse_switch(name)?;
                 let sw = sws
