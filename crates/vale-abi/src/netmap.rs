@@ -22,6 +22,10 @@ pub const NS_NO_LEARN: u16 = 0x0008;
 pub const NS_INDIRECT: u16 = 0x0010;
 /// More slots of the same frame follow.
 pub const NS_MOREFRAG: u16 = 0x0020;
+/// vale: the first slot's `ptr` carries checksum and segmentation offload information (a
+/// virtio-net header). Only on the rings of valed's own host ports (TAP); ignored when a
+/// client sets it.
+pub const NS_OFFLOAD: u16 = 0x0080;
 
 /// Ring direction values of `netmap_ring.dir`.
 pub const NR_TX: u16 = 0;

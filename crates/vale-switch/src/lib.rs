@@ -3,6 +3,7 @@
 //! - [`region`]: valed's side of a port's shared memory (create, seal, map, initialise).
 //! - [`port`]: a port, its rings, eventfds, counters and knobs.
 //! - [`lookup`]: the lookup-module interface of stage 2 and the learning bridge.
+//! - [`offload`]: virtio-net checksum/segmentation offload, carried or done in software.
 //! - [`forward`]: the three-stage batched pipeline (VALE section 3.3, mSwitch lists).
 //! - [`worker`]: forwarding threads that sleep on kick eventfds when there is no work.
 //! - [`switch`]: a switch's port table and knobs.
@@ -11,6 +12,7 @@
 pub mod engine;
 pub mod forward;
 pub mod lookup;
+pub mod offload;
 pub mod port;
 pub mod region;
 pub mod switch;
