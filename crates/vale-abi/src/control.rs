@@ -50,12 +50,27 @@ pub enum Request {
     /// Remove a port (persistent or not; an owned port is taken from its owner) or a switch
     /// with all its ports.
     Destroy { name: String },
+    /// Attach a host device as port `port` (made with its switch if absent): valed itself
+    /// moves its frames. The port stays until `Detach` or `Destroy`.
+    Attach { port: String, device: HostDevice },
+    /// Give a TAP or NIC port's device back (a persistent port stays, empty).
+    Detach { port: String },
     /// Set a knob of a switch (`batch`, `lookup`) or of a port (`moderation`).
     Set {
         target: String,
         knob: String,
         value: String,
     },
+}
+
+/// A device of the host for a port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum HostDevice {
+    /// TAP device `name`, created, or adopted if it exists; `persist` keeps it after valed.
+    Tap { name: String, persist: bool },
+    /// Network interface `iface`; `mode` `xdp`, `xdp-generic` or `packet`, None: automatic.
+    Nic { iface: String, mode: Option<String> },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -79,8 +94,18 @@ pub struct SwitchInfo {
 pub struct PortInfo {
     /// `valeX:Y`.
     pub name: String,
-    /// `native` (a libvale client).
+    /// `native` (a libvale client), `tap` or `nic` (valed moves the frames of a device).
     pub kind: String,
+    /// TAP and NIC ports: the device.
+    #[serde(default)]
+    pub device: Option<String>,
+    /// NIC ports: `xdp`, `xdp-generic` or `packet`.
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// `up`; `down` (a TAP or NIC port whose device is down or gone); `free` (a persistent
+    /// port nobody holds).
+    #[serde(default)]
+    pub state: String,
     pub persistent: bool,
     /// Pid of the process holding the port, if any.
     pub owner_pid: Option<u32>,

@@ -10,7 +10,9 @@ use std::process::ExitCode;
 
 use anyhow::{anyhow, Context};
 use clap::{Parser, Subcommand};
-use vale_abi::control::{self, default_run_dir, PortInfo, Reply, Request, SwitchInfo, SOCKET_NAME};
+use vale_abi::control::{
+    self, default_run_dir, HostDevice, PortInfo, Reply, Request, SwitchInfo, SOCKET_NAME,
+};
 use vale_abi::name::{parse_port, parse_switch};
 
 /// Exit status when valed refused a request or the conversation failed.
@@ -23,11 +25,12 @@ const EXIT_NO_DAEMON: u8 = 3;
     name = "vale-ctl",
     version,
     about = "Control vale switches and ports: list them with counters, create and destroy \
-persistent ports, set knobs",
+persistent ports, attach TAP devices and network interfaces, set knobs",
     long_about = "vale-ctl controls vale, a virtual local Ethernet in user space. It talks to \
 valed, the vale daemon, through the control socket <run dir>/valed.sock: it lists switches \
 (valeX) and ports (valeX:Y) with their counters, creates persistent ports, destroys ports and \
-whole switches, and sets switch and port knobs.\n\n\
+whole switches, attaches TAP devices (the host stack, containers) and network interfaces \
+(NICs, veths) as ports, and sets switch and port knobs.\n\n\
 Switch and port names are valeX and valeX:Y, where X and Y are 1 to 32 letters, digits, '_' \
 or '-'.\n\n\
 vale-ctl never starts valed: when no valed serves the run directory it says so and exits with \
@@ -43,6 +46,9 @@ vale-ctl ls vale0:a --json           one port, as JSON\n  \
 vale-ctl set vale0 batch 64\n  \
 vale-ctl set vale0 lookup hub\n  \
 vale-ctl set vale0:a moderation 20\n  \
+vale-ctl attach vale0:h1 --tap vtap1 valed creates TAP vtap1; its frames join vale0\n  \
+vale-ctl attach vale0:eth --iface veth0      veth0's frames join vale0 (AF_XDP)\n  \
+vale-ctl detach vale0:eth            veth0 goes back to the kernel\n  \
 vale-ctl destroy vale0:a             remove one port (taken from its client, if held)\n  \
 vale-ctl rm vale0                    remove switch vale0 and all its ports\n  \
 vale-ctl --run-dir /tmp/v list       ask the valed of another run directory\n\n\
@@ -79,7 +85,7 @@ valeX  lookup MODULE  batch N  ports N\n\n\
 and, under it, a table of its ports:\n\n  \
 NAME       the port, valeX:Y\n  \
 KIND       native: a libvale client\n  \
-OWNER      pid of the process holding the port, - if none\n  \
+OWNER      pid of the process holding the port (valed's own for tap and nic), - if none\n  \
 PERSIST    yes: made by 'vale-ctl create', stays when no client holds it\n  \
 RINGS      tx/rx rings (- while no client holds the port)\n  \
 SLOTS      slots per ring\n  \
@@ -87,12 +93,13 @@ BUF        buffer size, bytes\n  \
 MOD(us)    interrupt moderation toward the client, microseconds\n  \
 TX-PKTS    frames the client sent into the switch (TX-BYTES: their bytes)\n  \
 RX-PKTS    frames the switch delivered to the client (RX-BYTES: their bytes)\n  \
-RX-DROP    frames for the port dropped: its receive ring was full or nobody held it\n  \
+RX-DROP    frames for the port dropped: its receive ring was full, nobody held it, or\n             \
+its device refused them or was down\n  \
 TX-DROP    frames from the port that had nowhere to go\n  \
 BAD        frames refused because the client wrote bad ring values\n\n\
 With no switches, prints nothing. With --json, prints a JSON array of switches (name, \
-lookup, batch, ports), each port with the fields above (name, kind, persistent, owner_pid, \
-tx_rings, rx_rings, slots, buf_size, moderation_us, counters); for one switch or one port it \
+lookup, batch, ports), each port with the fields above (name, kind, device, mode, state, \
+persistent, owner_pid, tx_rings, rx_rings, slots, buf_size, moderation_us, counters); for one switch or one port it \
 is still an array, of that one switch (with only that port). An unknown NAME is an error."
     )]
     List {
@@ -122,6 +129,50 @@ to or from it."
         /// The port (valeX:Y) or switch (valeX)
         #[arg(value_name = "NAME", value_parser = any_name)]
         name: String,
+    },
+    /// Attach a TAP device or a network interface as a port
+    #[command(
+        long_about = "Attaches a device of the host as port valeX:Y (and makes switch valeX \
+if absent). valed itself moves the device's frames to and from the switch; the port stays \
+until 'vale-ctl detach' or 'vale-ctl destroy', whoever asked for it.\n\n\
+--tap NAME creates TAP device NAME, or adopts it if a persistent TAP of that name exists and \
+nobody has it open. The TAP carries TSO segments and partial checksums as they are to other \
+TAP ports; toward other ports valed segments and checksums in software. Move the TAP into a \
+container's network namespace with 'ip link set NAME netns NS'; it stays on the switch. \
+With --persist the TAP device outlives valed and the port.\n\n\
+--iface NAME binds network interface NAME (a NIC, a veth): AF_XDP in the driver's XDP mode \
+(xdp) or the kernel's generic mode (xdp-generic), or AF_PACKET (packet). Without --mode \
+valed tries them in that order and keeps the first that binds; 'vale-ctl list' shows which. \
+While attached, the interface's received frames go to the switch instead of the kernel.",
+        group(clap::ArgGroup::new("device").required(true).args(["tap", "iface"]))
+    )]
+    Attach {
+        /// The port, valeX:Y
+        #[arg(value_name = "PORT", value_parser = port_name)]
+        port: String,
+        /// A TAP device, created or adopted
+        #[arg(long, value_name = "NAME")]
+        tap: Option<String>,
+        /// Keep the TAP device after valed lets it go
+        #[arg(long, requires = "tap")]
+        persist: bool,
+        /// A network interface, bound through AF_XDP or AF_PACKET
+        #[arg(long, value_name = "NAME")]
+        iface: Option<String>,
+        /// How to bind the interface (default: the first of these that works)
+        #[arg(long, requires = "iface", value_parser = ["xdp", "xdp-generic", "packet"])]
+        mode: Option<String>,
+    },
+    /// Give a TAP or NIC port's device back
+    #[command(
+        long_about = "Stops port valeX:Y's traffic and gives its device back: a TAP device is \
+closed (and goes away unless it was attached with --persist); a network interface returns \
+to the kernel. The port goes too, unless it is persistent ('vale-ctl create')."
+    )]
+    Detach {
+        /// The port, valeX:Y
+        #[arg(value_name = "PORT", value_parser = port_name)]
+        port: String,
     },
     /// Set a knob of a switch or a port
     #[command(
@@ -220,6 +271,31 @@ fn run(cli: &Cli) -> Result<(), Failure> {
             }
         }
         Command::Create { port } => done(cli, ask(&sock, &Request::Create { port: port.clone() })?),
+        Command::Attach {
+            port,
+            tap,
+            persist,
+            iface,
+            mode,
+        } => {
+            let device = match (tap, iface) {
+                (Some(name), _) => HostDevice::Tap {
+                    name: name.clone(),
+                    persist: *persist,
+                },
+                (None, Some(iface)) => HostDevice::Nic {
+                    iface: iface.clone(),
+                    mode: mode.clone(),
+                },
+                (None, None) => unreachable!("clap requires --tap or --iface"),
+            };
+            let req = Request::Attach {
+                port: port.clone(),
+                device,
+            };
+            done(cli, ask(&sock, &req)?)
+        }
+        Command::Detach { port } => done(cli, ask(&sock, &Request::Detach { port: port.clone() })?),
         Command::Destroy { name } => {
             done(cli, ask(&sock, &Request::Destroy { name: name.clone() })?)
         }
@@ -309,9 +385,11 @@ fn select(switches: Vec<SwitchInfo>, name: Option<&str>) -> Result<Vec<View>, Fa
 }
 
 /// Column titles, and whether each column holds numbers (right-aligned).
-const COLUMNS: [(&str, bool); 15] = [
+const COLUMNS: [(&str, bool); 17] = [
     ("NAME", false),
     ("KIND", false),
+    ("DEVICE", false),
+    ("STATE", false),
     ("OWNER", true),
     ("PERSIST", false),
     ("RINGS", true),
@@ -335,6 +413,12 @@ fn port_row(p: &PortInfo) -> Vec<String> {
     vec![
         p.name.clone(),
         p.kind.clone(),
+        match (&p.device, &p.mode) {
+            (Some(d), Some(m)) => format!("{d}/{m}"),
+            (Some(d), None) => d.clone(),
+            _ => "-".to_string(),
+        },
+        if p.state.is_empty() { "-" } else { &p.state }.to_string(),
         p.owner_pid
             .map_or_else(|| "-".to_string(), |pid| pid.to_string()),
         if p.persistent { "yes" } else { "no" }.to_string(),

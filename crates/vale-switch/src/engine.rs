@@ -12,6 +12,7 @@ use vale_abi::control::{PortInfo, SwitchInfo};
 use vale_abi::name::{parse_port, parse_switch};
 use vale_abi::region::{Layout, PortParams};
 
+use crate::host::{self, HostSpec, HOST_PARAMS};
 use crate::lookup;
 use crate::port::{Attachment, Port, PortShared};
 use crate::switch::{Switch, DEFAULT_BATCH, MAX_PORTS};
@@ -37,6 +38,8 @@ impl Default for EngineConfig {
 
 pub struct Engine {
     cfg: EngineConfig,
+    /// The clock of moderation and learning timestamps, shared by every pipeline.
+    epoch: Instant,
     switches: Mutex<Switches>,
     workers: Vec<Arc<Worker>>,
     next_worker: AtomicUsize,
@@ -78,6 +81,7 @@ impl Engine {
             .collect::<std::io::Result<Vec<_>>>()?;
         Ok(Arc::new(Engine {
             cfg,
+            epoch,
             switches: Mutex::new(BTreeMap::new()),
             workers,
             next_worker: AtomicUsize::new(0),
@@ -115,7 +119,7 @@ impl Engine {
     ) -> Result<OpenedPort, String> {
         let (index, shared) = match sw.find(name) {
             Some(p) => match &p.attachment {
-                Some(a) => return Err(format!("port '{name}' is in use by pid {}", a.owner_pid)),
+                Some(a) => return Err(in_use(name, a)),
                 None => (p.index, p.shared.clone()),
             },
             None => {
@@ -145,6 +149,95 @@ impl Engine {
         Ok(OpenedPort { port })
     }
 
+    /// Attaches a host device (TAP or NIC) as port `name`; valed moves its frames.
+    pub fn attach_host(&self, name: &str, spec: &HostSpec) -> Result<(), String> {
+        let (sw_name, _) = parse_port(name)?;
+        let layout = Layout::new(&HOST_PARAMS)?;
+        let mut sws = self.lock();
+        let sw = self.switch_entry(&mut sws, sw_name);
+        let result = self.attach_host_to(&sw, name, layout, spec);
+        forget_if_empty(&mut sws, &sw);
+        result
+    }
+
+    fn attach_host_to(
+        &self,
+        sw: &Arc<Switch>,
+        name: &str,
+        layout: Layout,
+        spec: &HostSpec,
+    ) -> Result<(), String> {
+        let (index, shared) = match sw.find(name) {
+            Some(p) => match &p.attachment {
+                Some(a) => return Err(in_use(name, a)),
+                None => (p.index, p.shared.clone()),
+            },
+            None => {
+                let i = sw
+                    .free_index()
+                    .ok_or_else(|| format!("switch '{}' is full ({MAX_PORTS} ports)", sw.name))?;
+                (i, Arc::new(PortShared::new(name.to_string(), false)))
+            }
+        };
+        let dev = host::open_device(spec)?;
+        let mut att = Attachment::new(name, layout, std::process::id())
+            .map_err(|e| format!("cannot create memory for port '{name}': {e}"))?;
+        att.offload = dev.offloads();
+        att.direct = dev.direct();
+        let state =
+            host::HostState::new(&*dev).map_err(|e| format!("cannot set up port '{name}': {e}"))?;
+        att.host = Some(state.clone());
+        let port = Arc::new(Port {
+            shared,
+            index,
+            attachment: Some(att),
+        });
+        sw.install(port.clone());
+        if let Err(e) = host::start(sw.clone(), port.clone(), dev, state, self.epoch) {
+            sw.replace(&port, None);
+            return Err(format!("cannot start port '{name}': {e}"));
+        }
+        tracing::info!(port = name, device = ?spec, "host port attached");
+        Ok(())
+    }
+
+    /// Gives the device of TAP or NIC port `name` back; a persistent port stays, empty.
+    pub fn detach(&self, name: &str) -> Result<(), String> {
+        let port = {
+            let mut sws = self.lock();
+            let (sw_name, _) = parse_port(name)?;
+            let sw = sws
+                .get(sw_name)
+                .cloned()
+                .ok_or_else(|| format!("no such switch '{sw_name}'"))?;
+            let p = sw
+                .find(name)
+                .ok_or_else(|| format!("no such port '{name}'"))?;
+            if p.attachment
+                .as_ref()
+                .and_then(|a| a.host.as_ref())
+                .is_none()
+            {
+                return Err(format!(
+                    "port '{name}' has no device to detach (only TAP and NIC ports do)"
+                ));
+            }
+            let keep = p.shared.persistent.load(Relaxed).then(|| {
+                Arc::new(Port {
+                    shared: p.shared.clone(),
+                    index: p.index,
+                    attachment: None,
+                })
+            });
+            sw.replace(&p, keep);
+            forget_if_empty(&mut sws, &sw);
+            p
+        };
+        self.release(&port);
+        tracing::info!(port = name, "host port detached");
+        Ok(())
+    }
+
     /// The owner of `port` went away: free it (a persistent port stays, empty).
     pub fn close(&self, port: &Arc<Port>) {
         {
@@ -168,8 +261,10 @@ impl Engine {
 
     /// Makes every worker drop its references to `port`, so its memory goes now.
     fn release(&self, port: &Arc<Port>) {
-        if port.attachment.is_none() {
-            return;
+        let Some(att) = &port.attachment else { return };
+        if let Some(h) = &att.host {
+            // The port's own thread goes first; the device closes with it.
+            h.stop();
         }
         let (tx, rx) = mpsc::channel();
         for w in &self.workers {
@@ -298,11 +393,28 @@ impl Engine {
     }
 }
 
+/// Why a port cannot be opened or attached: it already has an owner.
+fn in_use(name: &str, a: &Attachment) -> String {
+    match &a.host {
+        Some(h) => format!("port '{name}' is a {} port of device {}", h.kind, h.device),
+        None => format!("port '{name}' is in use by pid {}", a.owner_pid),
+    }
+}
+
 fn port_info(p: &Port) -> PortInfo {
     let params = p.attachment.as_ref().map(|a| a.region.layout().params);
+    let host = p.attachment.as_ref().and_then(|a| a.host.as_ref());
+    let state = match (&p.attachment, host) {
+        (None, _) => "free",
+        (Some(_), Some(h)) if !h.up.load(Relaxed) => "down",
+        _ => "up",
+    };
     PortInfo {
         name: p.name().to_string(),
-        kind: "native".into(),
+        kind: host.map_or("native", |h| h.kind).into(),
+        device: host.map(|h| h.device.clone()),
+        mode: host.map(|h| h.mode.clone()).filter(|m| !m.is_empty()),
+        state: state.into(),
         persistent: p.shared.persistent.load(Relaxed),
         owner_pid: p.attachment.as_ref().map(|a| a.owner_pid),
         tx_rings: params.map_or(0, |x| x.tx_rings),

@@ -16,10 +16,12 @@ use std::sync::atomic::{fence, Ordering::*};
 use std::sync::Arc;
 use std::time::Instant;
 
-use vale_abi::netmap::{NetmapSlot, NS_INDIRECT, NS_MOREFRAG};
+use vale_abi::netmap::{NetmapSlot, NS_INDIRECT, NS_MOREFRAG, NS_OFFLOAD};
 use vale_abi::region::{FIRST_SLOT_BUF, MAX_FRAGS, MAX_FRAME_LEN};
 
+use crate::host::DirectSink;
 use crate::lookup::{FrameMeta, DEST_DROP, DEST_FLOOD};
+use crate::offload::{Offload, Resolver};
 use crate::port::{add, Irq, Port};
 use crate::switch::{Switch, MAX_BATCH, MAX_PORTS};
 use vale_abi::eventfd;
@@ -129,6 +131,10 @@ pub struct Pipeline {
     /// Destinations whose list is not empty.
     active: Vec<u16>,
     dst_bufs: Vec<*mut u8>,
+    /// A frame's pieces for a direct write, behind one header.
+    iov: Vec<libc::iovec>,
+    /// Does offload work in software for ports that cannot take it.
+    resolver: Resolver,
     pub notifier: Notifier,
 }
 
@@ -147,6 +153,8 @@ impl Pipeline {
             dst_tail: vec![NIL; MAX_PORTS],
             active: Vec::with_capacity(MAX_PORTS),
             dst_bufs: Vec::with_capacity(MAX_FRAGS as usize),
+            iov: Vec::with_capacity(1 + MAX_FRAGS as usize),
+            resolver: Resolver::new(),
             notifier: Notifier::new(epoch),
         }
     }
@@ -205,6 +213,7 @@ impl Pipeline {
             let mut count = 0u32;
             let mut ok = true;
             let mut first_flags = 0u16;
+            let mut offload = 0u64;
             let complete = loop {
                 // SAFETY: `cur` < n, so the slot is inside the region; read once, volatile,
                 // because the client may be writing it.
@@ -212,6 +221,9 @@ impl Pipeline {
                 cur = (cur + 1) & mask;
                 if count == 0 {
                     first_flags = slot.flags;
+                    if slot.flags & NS_OFFLOAD != 0 && att.offload {
+                        offload = slot.ptr;
+                    }
                 }
                 count += 1;
                 let len = slot.len as u32;
@@ -260,6 +272,7 @@ impl Pipeline {
                 len: total,
                 flags: first_flags,
                 dst: DEST_DROP,
+                offload,
             });
             self.frame_frags.push((frag_start as u32, count));
         }
@@ -336,7 +349,7 @@ impl Pipeline {
             for p in table.iter().flatten() {
                 if p.index != src.index {
                     let own = self.dst_head[p.index as usize];
-                    self.deliver(p, ring, own, flood_head);
+                    self.deliver(src, p, ring, own, flood_head);
                     reached = true;
                 }
             }
@@ -348,7 +361,7 @@ impl Pipeline {
             for k in 0..self.active.len() {
                 let d = self.active[k] as usize;
                 if let Some(Some(p)) = table.get(d) {
-                    self.deliver(p, ring, self.dst_head[d], NIL);
+                    self.deliver(src, p, ring, self.dst_head[d], NIL);
                 }
             }
         }
@@ -364,7 +377,7 @@ impl Pipeline {
 
     /// Delivers the frames of list `a` merged with list `b` (in batch order) to `dst`, in one
     /// critical section on the destination ring.
-    fn deliver(&mut self, dst: &Arc<Port>, src_ring: u32, mut a: u16, mut b: u16) {
+    fn deliver(&mut self, src: &Port, dst: &Arc<Port>, src_ring: u32, mut a: u16, mut b: u16) {
         let stats = dst.stats();
         let Some(att) = &dst.attachment else {
             let mut dropped = 0;
@@ -375,6 +388,9 @@ impl Pipeline {
             add(&stats.rx_drops, dropped);
             return;
         };
+        if let Some(sink) = &att.direct {
+            return self.deliver_direct(dst, &**sink, a, b);
+        }
         let r = src_ring % att.rx.len() as u32;
         let rxr = &att.rx[r as usize];
         let reg = &att.region;
@@ -388,60 +404,81 @@ impl Pipeline {
         let ktoa = reg.ktoa(ring);
 
         let (mut delivered, mut bytes, mut dropped, mut bad) = (0u64, 0u64, 0u64, 0u64);
+        let mut src_bad = 0u64;
         let mut hwtail = rxr.lock.lock().unwrap_or_else(|e| e.into_inner());
         // The client's head, read once: slots from hwtail up to head-1 are ours to fill.
         let head = atok.head.load(Acquire);
-        let mut tail = *hwtail;
-        let mut free = if head < n {
-            head.wrapping_sub(tail).wrapping_sub(1) & mask
+        let free = if head < n {
+            head.wrapping_sub(*hwtail).wrapping_sub(1) & mask
         } else {
             bad += 1;
             0
         };
+        let mut out = DstRing {
+            reg,
+            ring,
+            mask,
+            bsize,
+            num_bufs,
+            tail: *hwtail,
+            free,
+            offload: att.offload,
+        };
         while a != NIL || b != NIL {
             let i = take_next(&self.next, &mut a, &mut b) as usize;
-            let len = self.frames[i].len;
-            let need = len.div_ceil(bsize).max(1);
-            if need > free {
-                dropped += 1;
-                continue;
-            }
-            // The destination's buffer indices are its client's to change: check each.
-            self.dst_bufs.clear();
-            for k in 0..need {
-                // SAFETY: index reduced modulo the ring size.
-                let idx =
-                    unsafe { ptr::read_volatile(&(*reg.slot(ring, (tail + k) & mask)).buf_idx) };
-                if !(FIRST_SLOT_BUF..num_bufs).contains(&idx) {
-                    break;
-                }
-                self.dst_bufs.push(reg.buf(idx));
-            }
-            if self.dst_bufs.len() != need as usize {
-                bad += 1;
-                dropped += 1;
-                continue;
-            }
+            let f = &self.frames[i];
             let (fs, fc) = self.frame_frags[i];
             let frags = &self.frags[fs as usize..(fs + fc) as usize];
-            // SAFETY: source fragments were checked against the source's buffer size and
-            // pool; destination buffers against the destination's; lengths fit as computed.
-            unsafe { copy_frame(frags, &self.dst_bufs, bsize as usize) };
-            for k in 0..need {
-                let chunk = (len - k * bsize).min(bsize);
-                let flags = if k + 1 < need { NS_MOREFRAG } else { 0 };
-                let s = reg.slot(ring, (tail + k) & mask);
-                // SAFETY: slot inside the region.
-                unsafe {
-                    ptr::write_volatile(&mut (*s).len, chunk as u16);
-                    ptr::write_volatile(&mut (*s).flags, flags);
+            let off = Offload::from_word(f.offload);
+            if f.offload != 0 && !att.offload && off.needs_work() {
+                // Slow path: a TSO segment or a partial checksum toward a port that cannot
+                // take it. The pieces list is allocated here, once per such frame.
+                let pieces: Vec<&[u8]> = frags
+                    .iter()
+                    // SAFETY: checked against the source's pool and buffer size in stage 1.
+                    .map(|g| unsafe { std::slice::from_raw_parts(g.ptr, g.len as usize) })
+                    .collect();
+                let (dst_bufs, mut n, mut b_, mut lost) = (&mut self.dst_bufs, 0u64, 0u64, 0u64);
+                let r = self.resolver.resolve(&pieces, off, |seg| {
+                    let frag = [Frag {
+                        ptr: seg.as_ptr(),
+                        len: seg.len() as u32,
+                    }];
+                    match out.put(&frag, seg.len() as u32, 0, false, dst_bufs) {
+                        Put::Done => {
+                            n += 1;
+                            b_ += seg.len() as u64;
+                        }
+                        Put::Full => lost += 1,
+                        Put::Bad => {
+                            lost += 1;
+                            bad += 1;
+                        }
+                    }
+                });
+                if r.is_err() {
+                    // Headers that contradict the offload request: the sender's fault.
+                    src_bad += 1;
+                    dropped += 1;
+                }
+                delivered += n;
+                bytes += b_;
+                dropped += lost;
+                continue;
+            }
+            match out.put(frags, f.len, f.offload, true, &mut self.dst_bufs) {
+                Put::Done => {
+                    delivered += 1;
+                    bytes += f.len as u64;
+                }
+                Put::Full => dropped += 1,
+                Put::Bad => {
+                    bad += 1;
+                    dropped += 1;
                 }
             }
-            tail = (tail + need) & mask;
-            free -= need;
-            delivered += 1;
-            bytes += len as u64;
         }
+        let tail = out.tail;
         if delivered != 0 {
             *hwtail = tail;
             // Release: the slots and payloads written above are visible before the new tail.
@@ -458,6 +495,12 @@ impl Pipeline {
             add(&stats.bad_input, bad);
             dst.note_bad_input(format_args!("rx ring {r}: bad head or buffer index"));
         }
+        if src_bad != 0 {
+            add(&src.stats().bad_input, src_bad);
+            src.note_bad_input(format_args!(
+                "{src_bad} frame(s) with inconsistent offload headers"
+            ));
+        }
         if delivered != 0 {
             // Same store / fence / load order as for tx completions above.
             fence(SeqCst);
@@ -465,6 +508,117 @@ impl Pipeline {
                 self.notifier.raise(dst, IrqLine::Rx(r));
             }
         }
+    }
+}
+
+impl Pipeline {
+    /// Writes the frames of lists `a` and `b` to a device that takes them from any thread.
+    fn deliver_direct(&mut self, dst: &Port, sink: &dyn DirectSink, mut a: u16, mut b: u16) {
+        let (mut delivered, mut bytes, mut dropped) = (0u64, 0u64, 0u64);
+        while a != NIL || b != NIL {
+            let i = take_next(&self.next, &mut a, &mut b) as usize;
+            let f = &self.frames[i];
+            let (fs, fc) = self.frame_frags[i];
+            self.iov.clear();
+            // The sink's header goes first.
+            self.iov.push(libc::iovec {
+                iov_base: ptr::null_mut(),
+                iov_len: 0,
+            });
+            for g in &self.frags[fs as usize..(fs + fc) as usize] {
+                self.iov.push(libc::iovec {
+                    iov_base: g.ptr as *mut libc::c_void,
+                    iov_len: g.len as usize,
+                });
+            }
+            match sink.send(&mut self.iov, Offload::from_word(f.offload)) {
+                Ok(()) => {
+                    delivered += 1;
+                    bytes += f.len as u64;
+                }
+                Err(_) => dropped += 1,
+            }
+        }
+        let stats = dst.stats();
+        add(&stats.rx_packets, delivered);
+        add(&stats.rx_bytes, bytes);
+        add(&stats.rx_drops, dropped);
+    }
+}
+
+/// A destination rx ring being filled, inside its critical section.
+struct DstRing<'a> {
+    reg: &'a crate::region::Region,
+    ring: u32,
+    mask: u32,
+    bsize: u32,
+    num_bufs: u32,
+    tail: u32,
+    free: u32,
+    /// The port takes offload work as it is.
+    offload: bool,
+}
+
+enum Put {
+    Done,
+    /// No room: dropped.
+    Full,
+    /// The destination's client wrote a bad buffer index: dropped.
+    Bad,
+}
+
+impl DstRing<'_> {
+    /// Copies one frame into the next free slots. `rounded`: the fragments may be read up to
+    /// their length rounded up to 64 bytes (true of ring buffers, not of scratch space).
+    #[inline(always)]
+    fn put(
+        &mut self,
+        frags: &[Frag],
+        len: u32,
+        offload: u64,
+        rounded: bool,
+        dst_bufs: &mut Vec<*mut u8>,
+    ) -> Put {
+        let need = len.div_ceil(self.bsize).max(1);
+        if need > self.free {
+            return Put::Full;
+        }
+        // The destination's buffer indices are its client's to change: check each.
+        dst_bufs.clear();
+        for k in 0..need {
+            // SAFETY: index reduced modulo the ring size.
+            let idx = unsafe {
+                ptr::read_volatile(
+                    &(*self.reg.slot(self.ring, (self.tail + k) & self.mask)).buf_idx,
+                )
+            };
+            if !(FIRST_SLOT_BUF..self.num_bufs).contains(&idx) {
+                return Put::Bad;
+            }
+            dst_bufs.push(self.reg.buf(idx));
+        }
+        // SAFETY: source fragments were checked against the source's buffer size and pool
+        // (or are scratch space of their exact length, `rounded` false); destination buffers
+        // against the destination's; lengths fit as computed.
+        unsafe { copy_frame(frags, dst_bufs, self.bsize as usize, rounded) };
+        for k in 0..need {
+            let chunk = (len - k * self.bsize).min(self.bsize);
+            let mut flags = if k + 1 < need { NS_MOREFRAG } else { 0 };
+            let s = self.reg.slot(self.ring, (self.tail + k) & self.mask);
+            if k == 0 && offload != 0 && self.offload {
+                flags |= NS_OFFLOAD;
+                // SAFETY: slot inside the region.
+                unsafe { ptr::write_volatile(&mut (*s).ptr, offload) };
+            }
+            // SAFETY: slot inside the region.
+            unsafe {
+                ptr::write_volatile(&mut (*s).len, chunk as u16);
+                ptr::write_volatile(&mut (*s).flags, flags);
+            }
+        }
+        self.tail = (self.tail + need) & self.mask;
+        self.free -= need;
+        Put::Done
     }
 }
 
@@ -481,11 +635,11 @@ fn take_next(next: &[u16], a: &mut u16, b: &mut u16) -> u16 {
 /// Copies a frame's fragments into consecutive destination buffers of `bsize` bytes.
 ///
 /// # Safety
-/// Each fragment must be readable for its length rounded up to 64 bytes (buffers are
-/// multiples of 64), and `dst` must hold enough buffers of `bsize` bytes for the frame.
+/// With `rounded`, each fragment must be readable for its length rounded up to 64 bytes
+/// (buffers are multiples of 64); and `dst` must hold enough buffers of `bsize` bytes for the frame.
 #[inline(always)]
-unsafe fn copy_frame(frags: &[Frag], dst: &[*mut u8], bsize: usize) {
-    if let ([f], [d]) = (frags, dst) {
+unsafe fn copy_frame(frags: &[Frag], dst: &[*mut u8], bsize: usize, rounded: bool) {
+    if let ([f], [d], true) = (frags, dst, rounded) {
         // The common case: one slot in, one slot out. Copy whole 64-byte chunks; both
         // buffers are at least that long.
         let n = (f.len as usize + 63) & !63;

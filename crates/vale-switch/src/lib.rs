@@ -5,12 +5,14 @@
 //! - [`lookup`]: the lookup-module interface of stage 2 and the learning bridge.
 //! - [`offload`]: virtio-net checksum/segmentation offload, carried or done in software.
 //! - [`forward`]: the three-stage batched pipeline (VALE section 3.3, mSwitch lists).
+//! - [`host`]: TAP and NIC ports, whose client is valed itself.
 //! - [`worker`]: forwarding threads that sleep on kick eventfds when there is no work.
 //! - [`switch`]: a switch's port table and knobs.
 //! - [`engine`]: every switch and worker; what the control plane calls.
 
 pub mod engine;
 pub mod forward;
+pub mod host;
 pub mod lookup;
 pub mod offload;
 pub mod port;

@@ -28,6 +28,9 @@ pub struct FrameMeta {
     pub flags: u16,
     /// Output of the lookup.
     pub dst: Dest,
+    /// The frame's offload word ([`crate::offload::Offload`]), 0 for none. The engine's, not
+    /// the lookup's.
+    pub offload: u64,
 }
 
 impl FrameMeta {
@@ -250,6 +253,7 @@ mod tests {
             data: buf.as_ptr(),
             first_len: 14,
             len: 14,
+            offload: 0,
             flags: 0,
             dst: DEST_DROP,
         }

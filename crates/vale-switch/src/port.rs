@@ -105,6 +105,13 @@ pub struct Attachment {
     pub tx: Box<[TxRing]>,
     pub rx: Box<[RxRing]>,
     pub owner_pid: u32,
+    /// Frames may carry offload work (TSO, partial checksums) to and from this port as they
+    /// are; toward other ports the switch does the work in software.
+    pub offload: bool,
+    /// Set for a port whose client is valed itself (TAP, NIC).
+    pub host: Option<std::sync::Arc<crate::host::HostState>>,
+    /// Frames for the port go straight to this device, not into the rx ring.
+    pub direct: Option<std::sync::Arc<dyn crate::host::DirectSink>>,
     /// First bad input of this owner is logged; the rest are only counted.
     pub bad_logged: AtomicBool,
 }
@@ -144,6 +151,9 @@ impl Attachment {
             tx: tx.into(),
             rx: rx.into(),
             owner_pid,
+            offload: false,
+            host: None,
+            direct: None,
             bad_logged: AtomicBool::new(false),
         })
     }

@@ -5,8 +5,9 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 
-use vale_abi::control::{self, Reply, Request};
+use vale_abi::control::{self, HostDevice, Reply, Request};
 use vale_abi::region::VALE_ABI_VERSION;
+use vale_switch::host::{HostSpec, NicMode};
 use vale_switch::port::Port;
 use vale_switch::Engine;
 
@@ -140,6 +141,11 @@ impl Connection {
                 &[],
             ),
             Request::Create { port } => self.reply(&done(self.engine.create(&port)), &[]),
+            Request::Attach { port, device } => {
+                let r = host_spec(device).and_then(|spec| self.engine.attach_host(&port, &spec));
+                self.reply(&done(r), &[])
+            }
+            Request::Detach { port } => self.reply(&done(self.engine.detach(&port)), &[]),
             Request::Destroy { name } => self.reply(&done(self.engine.destroy(&name)), &[]),
             Request::Set {
                 target,
@@ -148,4 +154,15 @@ impl Connection {
             } => self.reply(&done(self.engine.set(&target, &knob, &value)), &[]),
         }
     }
+}
+
+/// The engine's form of a device request.
+fn host_spec(d: HostDevice) -> Result<HostSpec, String> {
+    Ok(match d {
+        HostDevice::Tap { name, persist } => HostSpec::Tap { name, persist },
+        HostDevice::Nic { iface, mode } => HostSpec::Nic {
+            iface,
+            mode: mode.as_deref().map(NicMode::parse).transpose()?,
+        },
+    })
 }

@@ -1,0 +1,524 @@
+//! Host ports: valed itself is the client of the port, moving frames between the switch and a
+//! device of the host — a TAP device (the host stack, a container) or a network interface.
+//!
+//! Each host port has one thread. It reads frames from the device straight into the port's tx
+//! ring and forwards them itself (no worker and no kick in between), and it writes what the
+//! switch delivered to the port's rx ring out to the device. With nothing to do it sleeps in
+//! `epoll_wait` on the device and on the rx ring's interrupt eventfd, exactly as a sleeping
+//! client would (VALE section 4.1: the host stack as one more port of the switch).
+
+pub mod nic;
+pub mod tap;
+
+pub use vale_nic::Mode as NicMode;
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::*};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use vale_abi::eventfd;
+use vale_abi::netmap::{NS_MOREFRAG, NS_OFFLOAD};
+use vale_abi::region::PortParams;
+
+use crate::forward::Pipeline;
+use crate::offload::Offload;
+use crate::port::{add, Port};
+use crate::region::Region;
+use crate::switch::Switch;
+
+/// The ring geometry of host ports: deep enough for a burst of 64 KiB TSO segments.
+pub const HOST_PARAMS: PortParams = PortParams {
+    tx_rings: 1,
+    rx_rings: 1,
+    slots: 2048,
+    buf_size: 2048,
+};
+
+/// What a host port is attached to.
+#[derive(Clone, Debug)]
+pub enum HostSpec {
+    /// A TAP device, created or adopted; `persist` keeps it after valed lets go.
+    Tap { name: String, persist: bool },
+    /// A network interface; `mode` None picks the best that binds.
+    Nic {
+        iface: String,
+        mode: Option<NicMode>,
+    },
+}
+
+/// What the control plane sees of a host port.
+pub struct HostState {
+    /// `tap` or `nic`.
+    pub kind: &'static str,
+    /// The device's name.
+    pub device: String,
+    /// How a NIC is reached (`xdp`, `xdp-generic`, `packet`); empty for TAP.
+    pub mode: String,
+    /// The device works: false after it went down or away (logged once per change).
+    pub up: AtomicBool,
+    /// Times the device was seen going down or away.
+    pub down_events: AtomicU64,
+    /// Set, then `stop` written, to end the port's thread.
+    stopping: AtomicBool,
+    stop: OwnedFd,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl HostState {
+    pub fn new(dev: &dyn Device) -> io::Result<Arc<HostState>> {
+        let (kind, device, mode) = dev.describe();
+        Ok(Arc::new(HostState {
+            kind,
+            device,
+            mode,
+            up: AtomicBool::new(true),
+            down_events: AtomicU64::new(0),
+            stopping: AtomicBool::new(false),
+            stop: eventfd::new()?,
+            thread: Mutex::new(None),
+        }))
+    }
+
+    /// Stops the port's thread and waits for it (the device is closed when it returns).
+    pub fn stop(&self) {
+        self.stopping.store(true, Relaxed);
+        eventfd::signal(&self.stop);
+        let t = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = t {
+            let _ = t.join();
+        }
+    }
+
+    pub(crate) fn set_up(&self, port: &str, up: bool, why: &dyn std::fmt::Display) {
+        if self.up.swap(up, Relaxed) != up {
+            if up {
+                tracing::info!(port, device = %self.device, "device is up again");
+            } else {
+                self.down_events.fetch_add(1, Relaxed);
+                tracing::warn!(port, device = %self.device, "device down: {why}");
+            }
+        }
+    }
+}
+
+/// Why a device operation failed, as the port's thread handles it.
+pub enum DevError {
+    /// This frame was refused (counted as a drop); the device still works.
+    Frame(io::Error),
+    /// The device is down or gone; `gone` stops polling it.
+    Down { err: io::Error, gone: bool },
+}
+
+/// The device side of a host port.
+pub trait Device: Send {
+    /// `kind`, name and mode for [`HostState`].
+    fn describe(&self) -> (&'static str, String, String);
+    /// Whether frames to the port carry offload work (TSO, partial checksums) as they are.
+    fn offloads(&self) -> bool;
+    /// Descriptors that become readable when the device has frames for the switch.
+    fn poll_fds(&self) -> Vec<RawFd>;
+    /// Moves frames from the device into `ring`, at most until it is full; returns how many.
+    fn ingress(&mut self, ring: &mut TxSide) -> Result<usize, DevError>;
+    /// Writes one frame to the device: Ok(false) when it has no room now.
+    fn send(&mut self, pieces: &[&[u8]], off: Offload) -> Result<bool, DevError>;
+    /// Ends a burst of `send`s.
+    fn flush(&mut self) -> Result<(), DevError>;
+    /// The device's own view of its state, looked at about once a second.
+    fn is_up(&self) -> bool;
+    /// Where switch threads may write frames for this port straight away, if anywhere.
+    fn direct(&self) -> Option<Arc<dyn DirectSink>> {
+        None
+    }
+}
+
+/// A device that the switch's threads write to directly, instead of through the port's rx ring
+/// and thread: one copy and one wake-up less per burst. It must take concurrent writes and
+/// frames with offload work as they are.
+pub trait DirectSink: Send + Sync {
+    /// Writes one frame: `iov[0]` is the sink's to fill (its header), the rest is the frame.
+    fn send(&self, iov: &mut [libc::iovec], off: Offload) -> Result<(), DevError>;
+}
+
+/// Opens the device a spec names.
+pub fn open_device(spec: &HostSpec) -> Result<Box<dyn Device>, String> {
+    match spec {
+        HostSpec::Tap { name, persist } => Ok(Box::new(tap::Tap::open(name, *persist)?)),
+        HostSpec::Nic { iface, mode } => Ok(Box::new(nic::NicDevice::open(iface, *mode)?)),
+    }
+}
+
+/// The port's tx ring seen from its (in-valed) client: where the device's frames go.
+pub struct TxSide<'r> {
+    region: &'r Region,
+    head: u32,
+    room: u32,
+    /// Frames the device offered that the switch refuses: runts and frames too long (counted as bad input).
+    pub refused: u64,
+}
+
+impl<'r> TxSide<'r> {
+    fn new(region: &'r Region, hwcur: u32) -> TxSide<'r> {
+        let n = region.layout().params.slots;
+        let head = region.atok(0).head.load(Relaxed);
+        TxSide {
+            region,
+            head,
+            room: (hwcur + n - 1 - head) & (n - 1),
+            refused: 0,
+        }
+    }
+
+    pub fn buf_size(&self) -> usize {
+        self.region.layout().params.buf_size as usize
+    }
+
+    /// Free slots.
+    pub fn room(&self) -> u32 {
+        self.room
+    }
+
+    /// Buffer of the `k`-th free slot (`k < room()`); `buf_size()` bytes.
+    pub fn buf(&self, k: u32) -> *mut u8 {
+        let n = self.region.layout().params.slots;
+        // SAFETY: valed's own region; slot buffer indices were set at creation and no client
+        // can change them (host port regions are never handed out).
+        let idx = unsafe { (*self.region.slot(0, (self.head + k) & (n - 1))).buf_idx };
+        self.region.buf(idx)
+    }
+
+    /// Slots a frame of `len` bytes takes.
+    pub fn slots_for(&self, len: usize) -> u32 {
+        len.div_ceil(self.buf_size()).max(1) as u32
+    }
+
+    /// Makes the `len` bytes written into the free buffers a frame.
+    pub fn commit(&mut self, len: usize, off: Option<Offload>) {
+        let bsize = self.buf_size();
+        let need = self.slots_for(len);
+        let n = self.region.layout().params.slots;
+        for k in 0..need {
+            let s = self.region.slot(0, (self.head + k) & (n - 1));
+            let chunk = (len - k as usize * bsize).min(bsize);
+            let mut flags = if k + 1 < need { NS_MOREFRAG } else { 0 };
+            // SAFETY: valed's own region, slot inside the ring.
+            unsafe {
+                (*s).len = chunk as u16;
+                if k == 0 {
+                    if let Some(o) = off {
+                        flags |= NS_OFFLOAD;
+                        (*s).ptr = o.to_word();
+                    }
+                }
+                (*s).flags = flags;
+            }
+        }
+        self.head = (self.head + need) & (n - 1);
+        self.room -= need;
+    }
+
+    /// Copies `frame` in as one frame; false when it does not fit now.
+    pub fn push(&mut self, frame: &[u8]) -> bool {
+        let need = self.slots_for(frame.len());
+        if need > self.room {
+            return false;
+        }
+        let bsize = self.buf_size();
+        for (k, chunk) in frame.chunks(bsize).enumerate() {
+            // SAFETY: k < need <= room; each buffer holds bsize bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(chunk.as_ptr(), self.buf(k as u32), chunk.len())
+            };
+        }
+        self.commit(frame.len(), None);
+        true
+    }
+
+    fn publish(&self) {
+        self.region.atok(0).head.store(self.head, Release);
+    }
+}
+
+/// The thread of one host port.
+struct HostLoop {
+    sw: Arc<Switch>,
+    port: Arc<Port>,
+    state: Arc<HostState>,
+    dev: Box<dyn Device>,
+    pipe: Pipeline,
+    epoll: OwnedFd,
+    /// Device descriptors watched while the device is there.
+    watched: Vec<RawFd>,
+    /// A frame the device had no room for waits for the next round.
+    blocked: bool,
+    /// The device went away: frames to it are dropped, nothing is read from it.
+    gone: bool,
+}
+
+const TOKEN_STOP: u64 = 0;
+const TOKEN_IRQ: u64 = 1;
+const TOKEN_DEV: u64 = 2;
+/// Frames written to the device per round before the ingress side gets its turn.
+const EGRESS_BURST: usize = 256;
+
+/// Starts the thread of host port `port` (whose attachment holds `state`); it owns `dev`
+/// from now on.
+pub fn start(
+    sw: Arc<Switch>,
+    port: Arc<Port>,
+    dev: Box<dyn Device>,
+    state: Arc<HostState>,
+    epoch: Instant,
+) -> io::Result<()> {
+    let epoll = {
+        // SAFETY: plain syscall, checked.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fresh descriptor we own.
+        unsafe { OwnedFd::from_raw_fd(fd) }
+    };
+    let att = port.attachment.as_ref().expect("host ports are attached");
+    epoll_ctl(
+        &epoll,
+        libc::EPOLL_CTL_ADD,
+        state.stop.as_raw_fd(),
+        TOKEN_STOP,
+    )?;
+    epoll_ctl(
+        &epoll,
+        libc::EPOLL_CTL_ADD,
+        att.rx[0].irq.fd.as_raw_fd(),
+        TOKEN_IRQ,
+    )?;
+    let watched = dev.poll_fds();
+    for &fd in &watched {
+        epoll_ctl(&epoll, libc::EPOLL_CTL_ADD, fd, TOKEN_DEV)?;
+    }
+    let mut lp = HostLoop {
+        sw,
+        port: port.clone(),
+        state: state.clone(),
+        dev,
+        pipe: Pipeline::new(epoch),
+        epoll,
+        watched,
+        blocked: false,
+        gone: false,
+    };
+    let t = std::thread::Builder::new()
+        .name(format!("vale-{}", state.kind))
+        .spawn(move || lp.run())?;
+    *state.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
+    Ok(())
+}
+
+fn epoll_ctl(ep: &OwnedFd, op: libc::c_int, fd: RawFd, token: u64) -> io::Result<()> {
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: token,
+    };
+    // SAFETY: plain syscall with a live event struct.
+    if unsafe { libc::epoll_ctl(ep.as_raw_fd(), op, fd, &mut ev) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+impl HostLoop {
+    fn run(&mut self) {
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 8];
+        let mut last_check = Instant::now();
+        while !self.state.stopping.load(Relaxed) {
+            let moved_in = self.ingress();
+            let moved_out = self.egress();
+            if last_check.elapsed().as_secs() >= 1 {
+                last_check = Instant::now();
+                let up = !self.gone && self.dev.is_up();
+                self.state
+                    .set_up(self.port.name(), up, &"the interface is down");
+            }
+            let due = self.pipe.notifier.fire_due();
+            if moved_in + moved_out != 0 {
+                continue;
+            }
+            // Nothing moved: ask for an interrupt, then look once more before sleeping.
+            let reg = &self.att().region;
+            let rx_ring = reg.layout().params.tx_rings;
+            reg.atok(rx_ring).appl_need_kick.store(1, Relaxed);
+            fence(SeqCst);
+            let pending = self.rx_pending();
+            let timeout_ms = if pending && !self.blocked {
+                0
+            } else if self.blocked || due.is_some() {
+                due.map_or(1, |ns| (ns / 1_000_000).clamp(1, 1000) as i32)
+            } else {
+                1000
+            };
+            // SAFETY: the buffer outlives the call and its length is passed.
+            let n = unsafe {
+                libc::epoll_wait(
+                    self.epoll.as_raw_fd(),
+                    events.as_mut_ptr(),
+                    events.len() as i32,
+                    timeout_ms,
+                )
+            };
+            reg.atok(rx_ring).appl_need_kick.store(0, Relaxed);
+            for ev in events.iter().take(n.max(0) as usize) {
+                match ev.u64 {
+                    TOKEN_STOP => return,
+                    TOKEN_IRQ => {
+                        eventfd::drain(&self.att().rx[0].irq.fd);
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+
+    fn att(&self) -> &crate::port::Attachment {
+        self.port
+            .attachment
+            .as_ref()
+            .expect("host ports are attached")
+    }
+
+    /// Frames from the device into the switch, forwarded by this thread.
+    fn ingress(&mut self) -> usize {
+        if self.gone {
+            return 0;
+        }
+        let att = self
+            .port
+            .attachment
+            .as_ref()
+            .expect("host ports are attached");
+        let hwcur = att.tx[0].hwcur.load(Relaxed);
+        let mut side = TxSide::new(&att.region, hwcur);
+        let r = self.dev.ingress(&mut side);
+        let refused = side.refused;
+        side.publish();
+        if refused != 0 {
+            add(&self.port.stats().bad_input, refused);
+        }
+        let moved = match r {
+            Ok(n) => n,
+            Err(DevError::Frame(e)) => {
+                tracing::debug!(port = %self.port.name(), "frame from device dropped: {e}");
+                add(&self.port.stats().tx_drops, 1);
+                1
+            }
+            Err(DevError::Down { err, gone }) => {
+                self.device_down(err, gone);
+                0
+            }
+        };
+        while self.pipe.forward(&self.sw, &self.port, 0) != 0 {}
+        moved
+    }
+
+    /// Frames the switch delivered to the port, out to the device.
+    fn egress(&mut self) -> usize {
+        let port = self.port.clone();
+        let att = port.attachment.as_ref().expect("host ports are attached");
+        let reg = &att.region;
+        let l = reg.layout();
+        let ring = l.params.tx_rings;
+        let n = l.params.slots;
+        let mask = n - 1;
+        let atok = reg.atok(ring);
+        let mut head = atok.head.load(Relaxed);
+        let tail = reg.ktoa(ring).hwtail.load(Acquire);
+        let mut pieces: Vec<&[u8]> = Vec::new();
+        let (mut sent, mut dropped) = (0usize, 0u64);
+        self.blocked = false;
+        while head != tail && sent + (dropped as usize) < EGRESS_BURST {
+            // A frame: its slots up to the first without MOREFRAG (the switch publishes whole
+            // frames only).
+            pieces.clear();
+            let mut s = head;
+            let mut off = Offload::default();
+            loop {
+                // SAFETY: valed's own region; the deliverer filled these slots and published
+                // them with release before `tail`, which we loaded with acquire.
+                let slot = unsafe { *reg.slot(ring, s) };
+                if pieces.is_empty() && slot.flags & NS_OFFLOAD != 0 {
+                    off = Offload::from_word(slot.ptr);
+                }
+                let len = (slot.len as u32).min(l.params.buf_size) as usize;
+                // SAFETY: buffer of our own region, len clamped to its size.
+                pieces.push(unsafe { std::slice::from_raw_parts(reg.buf(slot.buf_idx), len) });
+                s = (s + 1) & mask;
+                if slot.flags & NS_MOREFRAG == 0 || s == tail {
+                    break;
+                }
+            }
+            let result = if self.gone {
+                Err(DevError::Frame(io::Error::from_raw_os_error(libc::ENODEV)))
+            } else {
+                self.dev.send(&pieces, off)
+            };
+            match result {
+                Ok(true) => sent += 1,
+                Ok(false) => {
+                    self.blocked = true;
+                    break;
+                }
+                Err(DevError::Frame(e)) => {
+                    tracing::debug!(port = %self.port.name(), "frame to device dropped: {e}");
+                    dropped += 1;
+                }
+                Err(DevError::Down { err, gone }) => {
+                    // The frame is lost with the device; the ring keeps draining into drops
+                    // so senders see the port's rx_drops grow, not a stall.
+                    dropped += 1;
+                    self.device_down(err, gone);
+                }
+            }
+            head = s;
+        }
+        if sent != 0 {
+            match self.dev.flush() {
+                Ok(()) => {}
+                Err(DevError::Frame(e)) => {
+                    tracing::debug!(port = %self.port.name(), "device flush: {e}")
+                }
+                Err(DevError::Down { err, gone }) => self.device_down(err, gone),
+            }
+        }
+        add(&self.port.stats().rx_drops, dropped);
+        if head != atok.head.load(Relaxed) {
+            atok.head.store(head, Release);
+            atok.cur.store(head, Relaxed);
+        }
+        sent + dropped as usize
+    }
+
+    fn rx_pending(&self) -> bool {
+        let reg = &self.att().region;
+        let ring = reg.layout().params.tx_rings;
+        reg.atok(ring).head.load(Relaxed) != reg.ktoa(ring).hwtail.load(Acquire)
+    }
+
+    fn device_down(&mut self, err: io::Error, gone: bool) {
+        self.state.set_up(self.port.name(), false, &err);
+        if gone && !self.gone {
+            self.gone = true;
+            for fd in self.watched.drain(..) {
+                // SAFETY: plain syscall; the fd is still open (the device owns it).
+                unsafe {
+                    libc::epoll_ctl(
+                        self.epoll.as_raw_fd(),
+                        libc::EPOLL_CTL_DEL,
+                        fd,
+                        std::ptr::null_mut(),
+                    )
+                };
+            }
+        }
+    }
+}

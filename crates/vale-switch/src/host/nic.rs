@@ -1,0 +1,82 @@
+//! NIC ports: a network interface (or a veth) as a port of the switch, through `vale-nic`
+//! (AF_XDP, or AF_PACKET where XDP cannot bind).
+
+use std::io;
+use std::os::fd::RawFd;
+
+use super::{DevError, Device, TxSide};
+use crate::offload::Offload;
+
+/// Largest frame taken from an interface (a jumbo frame; AF_XDP frames are smaller still).
+const MAX_NIC_FRAME: usize = 9216;
+/// Frames taken per round.
+const INGRESS_BURST: usize = 256;
+
+pub struct NicDevice {
+    nic: vale_nic::Nic,
+    name: String,
+}
+
+impl NicDevice {
+    pub fn open(iface: &str, mode: Option<vale_nic::Mode>) -> Result<NicDevice, String> {
+        let nic = vale_nic::Nic::open(iface, mode).map_err(|e| e.to_string())?;
+        Ok(NicDevice {
+            nic,
+            name: iface.to_string(),
+        })
+    }
+}
+
+/// The interface went away or down: every other error concerns one frame.
+fn classify(e: io::Error) -> DevError {
+    match e.raw_os_error() {
+        Some(libc::ENODEV) | Some(libc::ENXIO) => DevError::Down { err: e, gone: true },
+        Some(libc::ENETDOWN) => DevError::Down {
+            err: e,
+            gone: false,
+        },
+        _ => DevError::Frame(e),
+    }
+}
+
+impl Device for NicDevice {
+    fn describe(&self) -> (&'static str, String, String) {
+        ("nic", self.name.clone(), self.nic.mode().to_string())
+    }
+
+    fn offloads(&self) -> bool {
+        false
+    }
+
+    fn poll_fds(&self) -> Vec<RawFd> {
+        self.nic.poll_fds()
+    }
+
+    fn ingress(&mut self, ring: &mut TxSide) -> Result<usize, DevError> {
+        let budget = (ring.room() / ring.slots_for(MAX_NIC_FRAME)) as usize;
+        let budget = budget.min(INGRESS_BURST);
+        if budget == 0 {
+            return Ok(0);
+        }
+        self.nic
+            .recv(budget, |frame| {
+                if frame.len() < 14 || !ring.push(frame) {
+                    ring.refused += 1;
+                }
+            })
+            .map_err(classify)
+    }
+
+    fn send(&mut self, pieces: &[&[u8]], _off: Offload) -> Result<bool, DevError> {
+        // Frames toward a NIC never carry offload work: the switch finished it.
+        self.nic.send(pieces).map_err(classify)
+    }
+
+    fn flush(&mut self) -> Result<(), DevError> {
+        self.nic.flush().map_err(classify)
+    }
+
+    fn is_up(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,289 @@
+//! TAP ports: the host stack (or a container's, once the device is moved to its namespace)
+//! as a port of the switch.
+//!
+//! The device is opened with `IFF_VNET_HDR` and TSO/checksum offloads, so the kernel hands
+//! over TCP segments of up to 64 KiB with a virtio-net header and takes them back the same
+//! way: between two TAP ports large segments cross the switch whole, in one read and one write
+//! each. Every frame costs one system call each way; a TAP device has no batched interface.
+//!
+//! The port's thread reads; the switch's threads write each frame for the port straight from
+//! the sender's buffers ([`TapSink`]), so a frame is copied twice between two TAP devices:
+//! into the switch, and out of it.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
+
+use vale_abi::region::{MAX_FRAGS, MAX_FRAME_LEN};
+
+use super::{DevError, Device, DirectSink, TxSide};
+use crate::offload::{Offload, F_NEEDS_CSUM, GSO_NONE, VNET_HDR_LEN};
+
+const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;
+const TUNSETOFFLOAD: libc::c_ulong = 0x4004_54d0;
+const TUNSETVNETHDRSZ: libc::c_ulong = 0x4004_54d8;
+const IFF_TAP: libc::c_short = 0x0002;
+const IFF_NO_PI: libc::c_short = 0x1000;
+const IFF_VNET_HDR: libc::c_short = 0x4000;
+const TUN_F_CSUM: libc::c_ulong = 0x01;
+const TUN_F_TSO4: libc::c_ulong = 0x02;
+const TUN_F_TSO6: libc::c_ulong = 0x04;
+const TUN_F_TSO_ECN: libc::c_ulong = 0x08;
+
+/// Frames read per round: the rest waits for the next one, so egress gets its turn.
+const INGRESS_BURST: usize = 64;
+
+#[repr(C)]
+struct IfReq {
+    name: [u8; libc::IFNAMSIZ],
+    flags: libc::c_short,
+    _pad: [u8; 22],
+}
+
+pub struct Tap {
+    fd: Arc<OwnedFd>,
+    name: String,
+    /// The last write did not fail with EIO (which is what a downed TAP answers).
+    up: Arc<AtomicBool>,
+    /// One iovec per slot a frame can take, plus the header's.
+    iov: Vec<libc::iovec>,
+}
+
+// SAFETY: the iovecs are scratch space rebuilt before every use; nothing points across calls.
+unsafe impl Send for Tap {}
+
+fn ioctl(fd: RawFd, req: libc::c_ulong, arg: libc::c_ulong, what: &str) -> Result<(), String> {
+    // SAFETY: each request passes an integer or a pointer to a live, properly sized struct.
+    if unsafe { libc::ioctl(fd, req, arg) } < 0 {
+        return Err(format!("{what}: {}", io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+impl Tap {
+    /// Creates TAP device `name`, or adopts it if a persistent one exists and is free.
+    pub fn open(name: &str, persist: bool) -> Result<Tap, String> {
+        if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains(['/', ' ', '\0']) {
+            return Err(format!(
+                "bad TAP name '{name}': 1 to {} characters, no '/' or spaces",
+                libc::IFNAMSIZ - 1
+            ));
+        }
+        let path = CString::new("/dev/net/tun").expect("no NUL");
+        // SAFETY: plain syscall with a valid C string.
+        let fd = unsafe {
+            libc::open(
+                path.as_ptr(),
+                libc::O_RDWR | libc::O_NONBLOCK | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(format!(
+                "cannot open /dev/net/tun: {}",
+                io::Error::last_os_error()
+            ));
+        }
+        // SAFETY: fresh descriptor we own.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut req = IfReq {
+            name: [0; libc::IFNAMSIZ],
+            flags: IFF_TAP | IFF_NO_PI | IFF_VNET_HDR,
+            _pad: [0; 22],
+        };
+        req.name[..name.len()].copy_from_slice(name.as_bytes());
+        let raw = fd.as_raw_fd();
+        ioctl(
+            raw,
+            TUNSETIFF,
+            &mut req as *mut IfReq as libc::c_ulong,
+            &format!("cannot create or adopt TAP device '{name}' (is it in use, or not a TAP?)"),
+        )?;
+        let hdr_len: libc::c_int = VNET_HDR_LEN as libc::c_int;
+        ioctl(
+            raw,
+            TUNSETVNETHDRSZ,
+            &hdr_len as *const libc::c_int as libc::c_ulong,
+            "cannot set the virtio-net header size",
+        )?;
+        ioctl(
+            raw,
+            TUNSETOFFLOAD,
+            TUN_F_CSUM | TUN_F_TSO4 | TUN_F_TSO6 | TUN_F_TSO_ECN,
+            "cannot enable TAP offloads",
+        )?;
+        ioctl(
+            raw,
+            TUNSETPERSIST,
+            persist as libc::c_ulong,
+            "cannot set TAP persistence",
+        )?;
+        let len = req
+            .name
+            .iter()
+            .position(|&b| b == 0)
+            .unwrap_or(req.name.len());
+        let name = String::from_utf8_lossy(&req.name[..len]).into_owned();
+        Ok(Tap {
+            fd: Arc::new(fd),
+            name,
+            up: Arc::new(AtomicBool::new(true)),
+            iov: Vec::with_capacity(1 + MAX_FRAGS as usize),
+        })
+    }
+}
+
+fn classify(up: &AtomicBool, e: io::Error) -> DevError {
+    match e.raw_os_error() {
+        // Read or write on a TAP whose device was deleted.
+        Some(libc::EBADFD) | Some(libc::ENODEV) | Some(libc::ENXIO) => {
+            up.store(false, Relaxed);
+            DevError::Down {
+                err: io::Error::new(e.kind(), format!("TAP device went away ({e})")),
+                gone: true,
+            }
+        }
+        // Write to a TAP that is down.
+        Some(libc::EIO) => {
+            up.store(false, Relaxed);
+            DevError::Down {
+                err: e,
+                gone: false,
+            }
+        }
+        _ => DevError::Frame(e),
+    }
+}
+
+/// Writes frames to a TAP device from any thread.
+pub struct TapSink {
+    fd: Arc<OwnedFd>,
+    up: Arc<AtomicBool>,
+}
+
+impl DirectSink for TapSink {
+    fn send(&self, iov: &mut [libc::iovec], off: Offload) -> Result<(), DevError> {
+        let hdr = off.to_virtio();
+        iov[0] = libc::iovec {
+            iov_base: hdr.as_ptr() as *mut libc::c_void,
+            iov_len: VNET_HDR_LEN,
+        };
+        loop {
+            // SAFETY: every iovec points at a live buffer of its length; writev only reads.
+            let n = unsafe {
+                libc::writev(self.fd.as_raw_fd(), iov.as_ptr(), iov.len() as libc::c_int)
+            };
+            if n >= 0 {
+                if !self.up.load(Relaxed) {
+                    self.up.store(true, Relaxed);
+                }
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(classify(&self.up, e));
+            }
+        }
+    }
+}
+
+impl Device for Tap {
+    fn describe(&self) -> (&'static str, String, String) {
+        ("tap", self.name.clone(), String::new())
+    }
+
+    fn offloads(&self) -> bool {
+        true
+    }
+
+    fn poll_fds(&self) -> Vec<RawFd> {
+        vec![self.fd.as_raw_fd()]
+    }
+
+    fn ingress(&mut self, ring: &mut TxSide) -> Result<usize, DevError> {
+        let bsize = ring.buf_size();
+        // Read only when the largest frame fits: a TAP read cannot be taken back.
+        let max_slots = ring.slots_for(MAX_FRAME_LEN as usize);
+        let mut hdr = [0u8; VNET_HDR_LEN];
+        let mut moved = 0;
+        while moved < INGRESS_BURST && ring.room() >= max_slots {
+            self.iov.clear();
+            self.iov.push(libc::iovec {
+                iov_base: hdr.as_mut_ptr() as *mut libc::c_void,
+                iov_len: VNET_HDR_LEN,
+            });
+            for k in 0..max_slots {
+                self.iov.push(libc::iovec {
+                    iov_base: ring.buf(k) as *mut libc::c_void,
+                    iov_len: bsize,
+                });
+            }
+            // SAFETY: every iovec points at a live buffer of its length.
+            let n = unsafe {
+                libc::readv(
+                    self.fd.as_raw_fd(),
+                    self.iov.as_ptr(),
+                    self.iov.len() as libc::c_int,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::WouldBlock {
+                    break;
+                }
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(classify(&self.up, e));
+            }
+            let n = n as usize;
+            if n < VNET_HDR_LEN + 14 || n - VNET_HDR_LEN > MAX_FRAME_LEN as usize {
+                ring.refused += 1;
+                continue;
+            }
+            let off = Offload::from_virtio(&hdr);
+            let off = (off.flags & F_NEEDS_CSUM != 0 || off.gso_type != GSO_NONE).then_some(off);
+            ring.commit(n - VNET_HDR_LEN, off);
+            moved += 1;
+        }
+        Ok(moved)
+    }
+
+    fn send(&mut self, pieces: &[&[u8]], off: Offload) -> Result<bool, DevError> {
+        // Only reached if a frame came through the rx ring; the switch normally writes
+        // through `direct`.
+        self.iov.clear();
+        self.iov.push(libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        });
+        for p in pieces {
+            self.iov.push(libc::iovec {
+                iov_base: p.as_ptr() as *mut libc::c_void,
+                iov_len: p.len(),
+            });
+        }
+        let sink = TapSink {
+            fd: self.fd.clone(),
+            up: self.up.clone(),
+        };
+        sink.send(&mut self.iov, off).map(|()| true)
+    }
+
+    fn flush(&mut self) -> Result<(), DevError> {
+        Ok(())
+    }
+
+    fn is_up(&self) -> bool {
+        self.up.load(Relaxed)
+    }
+
+    fn direct(&self) -> Option<Arc<dyn DirectSink>> {
+        Some(Arc::new(TapSink {
+            fd: self.fd.clone(),
+            up: self.up.clone(),
+        }))
+    }
+}
