@@ -1,0 +1,295 @@
+//! vale-nic against the real kernel: a veth pair in a private network namespace per test.
+//! Needs root and iproute2 (`ip`).
+
+mod common;
+
+use common::*;
+use std::io;
+use std::time::{Duration, Instant};
+use vale_nic::{is_port_down, Mode, Nic};
+
+const FRAMES: u32 = 1000;
+const BATCH: u32 = 10;
+const WAIT: Duration = Duration::from_secs(3);
+
+/// Queues `f` as two pieces (header and rest), flushing while the ring is full.
+fn send_frame(nic: &mut Nic, f: &[u8]) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match nic.send(&[&f[..20], &f[20..]]) {
+            Ok(true) => return,
+            Ok(false) => {
+                assert!(Instant::now() < deadline, "tx ring stayed full");
+                nic.flush().unwrap();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("send: {e}"),
+        }
+    }
+}
+
+/// Receives test frames from `nic` until `want` have arrived or WAIT passes.
+fn recv_frames(nic: &mut Nic, want: usize, out: &mut Vec<Vec<u8>>) {
+    let deadline = Instant::now() + WAIT;
+    let start = out.len();
+    while out.len() - start < want && Instant::now() < deadline {
+        let n = nic
+            .recv(64, |f| {
+                if is_test_frame(f) || (f.len() >= 18 && f[12..14] == [0x81, 0x00]) {
+                    out.push(f.to_vec())
+                }
+            })
+            .unwrap();
+        if n == 0 {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+}
+
+/// 1000 frames of varied length each way between a Nic on `a` and a raw socket on `b`,
+/// in small batches, all checked byte for byte and in order.
+fn both_ways(mode: Mode) {
+    let ns = Netns::new();
+    let (a, b) = (ns.a.clone(), ns.b.clone());
+    ns.run(move || {
+        if mode == Mode::Xdp {
+            set_gro(&b, true).unwrap();
+        }
+        let mut nic = Nic::open(&a, Some(mode)).unwrap();
+        assert_eq!(nic.mode(), mode);
+        let peer = Raw::open(&b);
+
+        for start in (0..FRAMES).step_by(BATCH as usize) {
+            for i in start..start + BATCH {
+                send_frame(&mut nic, &frame(i, len_of(i)));
+            }
+            nic.flush().unwrap();
+            for i in start..start + BATCH {
+                let got = peer
+                    .recv_test_frame(WAIT)
+                    .unwrap_or_else(|| panic!("{mode}: frame {i} never reached the peer"));
+                assert_eq!(got, frame(i, len_of(i)), "{mode}: frame {i} differs");
+            }
+        }
+        // Everything sent has completed; a final flush reaps it.
+        nic.flush().unwrap();
+
+        let mut got = Vec::new();
+        for start in (0..FRAMES).step_by(BATCH as usize) {
+            for i in start..start + BATCH {
+                peer.send(&frame(i, len_of(i)));
+            }
+            recv_frames(&mut nic, BATCH as usize, &mut got);
+            assert_eq!(got.len(), (start + BATCH) as usize, "{mode}: frames lost");
+        }
+        for (i, f) in got.iter().enumerate() {
+            assert_eq!(
+                f,
+                &frame(i as u32, len_of(i as u32)),
+                "{mode}: frame {i} differs"
+            );
+        }
+        let st = nic.stats();
+        assert_eq!(st.tx_frames, FRAMES as u64);
+        assert!(st.rx_frames >= FRAMES as u64);
+        assert_eq!(st.rx_bad, 0);
+    });
+}
+
+#[test]
+fn xdp_generic_both_ways() {
+    both_ways(Mode::XdpGeneric);
+}
+
+#[test]
+fn xdp_native_both_ways() {
+    both_ways(Mode::Xdp);
+}
+
+#[test]
+fn packet_both_ways() {
+    both_ways(Mode::Packet);
+}
+
+fn one_way(tx: &mut Nic, rx: &mut Nic) {
+    let mut got = Vec::new();
+    for start in (0..FRAMES).step_by(BATCH as usize) {
+        for i in start..start + BATCH {
+            send_frame(tx, &frame(i, len_of(i)));
+        }
+        tx.flush().unwrap();
+        recv_frames(rx, BATCH as usize, &mut got);
+        let (t, r) = (tx.mode(), rx.mode());
+        assert_eq!(
+            got.len(),
+            (start + BATCH) as usize,
+            "{t} -> {r}: frames lost"
+        );
+    }
+    for (i, f) in got.iter().enumerate() {
+        assert_eq!(f, &frame(i as u32, len_of(i as u32)));
+    }
+}
+
+/// Two Nics, one per veth end, in different modes, talking to each other.
+#[test]
+fn nic_to_nic() {
+    for (ma, mb) in [
+        (Mode::XdpGeneric, Mode::Packet),
+        (Mode::Xdp, Mode::XdpGeneric),
+    ] {
+        let ns = Netns::new();
+        let (a, b) = (ns.a.clone(), ns.b.clone());
+        ns.run(move || {
+            let mut na = Nic::open(&a, Some(ma)).unwrap();
+            let mut nb = Nic::open(&b, Some(mb)).unwrap();
+            one_way(&mut na, &mut nb);
+            one_way(&mut nb, &mut na);
+        });
+    }
+}
+
+#[test]
+fn open_missing_interface() {
+    let ns = Netns::new();
+    ns.run(|| {
+        for mode in [
+            None,
+            Some(Mode::Xdp),
+            Some(Mode::XdpGeneric),
+            Some(Mode::Packet),
+        ] {
+            let e = Nic::open("nosuchif", mode).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::NotFound);
+            assert_eq!(e.to_string(), "interface 'nosuchif' does not exist");
+        }
+    });
+}
+
+#[test]
+fn auto_mode_says_which() {
+    let ns = Netns::new();
+    let a = ns.a.clone();
+    ns.run(move || {
+        let (nic, logs) = capture_logs(|| Nic::open(&a, None));
+        let nic = nic.unwrap();
+        let said = format!("bound in {} mode", nic.mode());
+        assert!(
+            logs.iter()
+                .any(|l| l.starts_with("INFO") && l.contains(&said)),
+            "no '{said}' in {logs:?}"
+        );
+        // veth supports native XDP.
+        assert_eq!(nic.mode(), Mode::Xdp);
+        assert!(nic.is_up());
+        assert!(nic.queues() >= 1);
+    });
+}
+
+#[test]
+fn oversized_frame_refused() {
+    for mode in [Mode::XdpGeneric, Mode::Packet] {
+        let ns = Netns::new();
+        let a = ns.a.clone();
+        ns.run(move || {
+            let mut nic = Nic::open(&a, Some(mode)).unwrap();
+            let big = vec![0u8; nic.max_frame() + 1];
+            let e = nic.send(&[&big]).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{mode}");
+            let e = nic.send(&[&big[..10]]).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{mode}");
+            assert_eq!(nic.stats().tx_refused, 2);
+            // The largest allowed frame is accepted.
+            assert!(nic.send(&[&big[..nic.max_frame()]]).unwrap());
+            nic.flush().unwrap();
+        });
+    }
+}
+
+/// An 802.1Q-tagged frame reaches the caller with its tag in place (AF_PACKET gets it out of
+/// band from the kernel and has to put it back).
+#[test]
+fn vlan_tag_kept() {
+    for mode in [Mode::Packet, Mode::XdpGeneric, Mode::Xdp] {
+        let ns = Netns::new();
+        let (a, b) = (ns.a.clone(), ns.b.clone());
+        ns.run(move || {
+            let mut nic = Nic::open(&a, Some(mode)).unwrap();
+            let peer = Raw::open(&b);
+            let plain = frame(7, 100);
+            let mut tagged = plain[..12].to_vec();
+            tagged.extend_from_slice(&[0x81, 0x00, 0x20, 0x64]);
+            tagged.extend_from_slice(&plain[12..]);
+            peer.send(&tagged);
+            let mut got = Vec::new();
+            recv_frames(&mut nic, 1, &mut got);
+            assert_eq!(got, vec![tagged], "{mode}");
+        });
+    }
+}
+
+/// The interface disappears under a bound Nic: recv, send and flush report NetworkDown.
+#[test]
+fn interface_deleted() {
+    for mode in [Mode::XdpGeneric, Mode::Xdp, Mode::Packet] {
+        let ns = Netns::new();
+        let (a, name) = (ns.a.clone(), ns.name.clone());
+        ns.run(move || {
+            let mut nic = Nic::open(&a, Some(mode)).unwrap();
+            assert!(nic.recv(64, |_| {}).is_ok());
+            ip(&["-n", &name, "link", "del", &a]);
+            assert!(!nic.is_up());
+            let deadline = Instant::now() + WAIT;
+            let e = loop {
+                match nic.recv(64, |_| {}) {
+                    Err(e) => break e,
+                    Ok(_) => {
+                        assert!(Instant::now() < deadline, "{mode}: recv never failed");
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                }
+            };
+            assert!(is_port_down(&e), "{mode}: {e:?}");
+            assert!(e.to_string().contains("is gone"), "{mode}: {e}");
+            let e = nic.flush().unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::NetworkDown);
+            let e = nic.send(&[&frame(1, 60)]).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::NetworkDown);
+            drop(nic);
+        });
+    }
+}
+
+/// Also without waiting for recv: a flush after the interface vanished fails at once.
+#[test]
+fn interface_deleted_flush() {
+    for mode in [Mode::XdpGeneric, Mode::Packet] {
+        let ns = Netns::new();
+        let (a, name) = (ns.a.clone(), ns.name.clone());
+        ns.run(move || {
+            let mut nic = Nic::open(&a, Some(mode)).unwrap();
+            ip(&["-n", &name, "link", "del", &a]);
+            let r = nic
+                .send(&[&frame(1, 60)])
+                .and_then(|_| nic.flush())
+                .and_then(|_| nic.check());
+            let e = r.unwrap_err();
+            assert!(is_port_down(&e), "{mode}: {e:?}");
+        });
+    }
+}
+
+/// Dropping the Nic takes the XDP program off the interface (the bpf link closes).
+#[test]
+fn drop_detaches_xdp() {
+    for mode in [Mode::Xdp, Mode::XdpGeneric] {
+        let ns = Netns::new();
+        let a = ns.a.clone();
+        let nic = ns.run(move || Nic::open(&a, Some(mode)).unwrap());
+        let shown = ns.link_show(&ns.a);
+        assert!(shown.contains("xdp"), "{mode}: no program shown: {shown}");
+        drop(nic);
+        let shown = ns.link_show(&ns.a);
+        assert!(!shown.contains("xdp"), "{mode}: program left: {shown}");
+    }
+}
