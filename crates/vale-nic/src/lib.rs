@@ -119,14 +119,14 @@ pub fn is_port_down(e: &io::Error) -> bool {
 
 /// Adds the interface and the failed step to an error, keeping its kind.
 fn context(name: &str, what: impl fmt::Display, e: io::Error) -> io::Error {
-    let hint = match e.raw_os_error() {
-        Some(libc::EPERM) | Some(libc::EACCES) => {
+    // By kind: inner steps have already wrapped the OS error with their own context.
+    let hint = match e.kind() {
+        io::ErrorKind::PermissionDenied => {
             " (needs CAP_NET_ADMIN, CAP_NET_RAW and, for XDP, CAP_BPF or CAP_SYS_ADMIN)"
         }
-        Some(libc::EBUSY) | Some(libc::EEXIST) => {
+        io::ErrorKind::ResourceBusy | io::ErrorKind::AlreadyExists => {
             " (another XDP program is attached to the interface)"
         }
-        Some(libc::EOPNOTSUPP) => " (the driver does not support it)",
         _ => "",
     };
     io::Error::new(e.kind(), format!("interface '{name}': {what}: {e}{hint}"))
@@ -340,7 +340,15 @@ impl Nic {
             Io::Packet(p) => p.check(),
         };
         if let Err(e) = r {
-            return Err(self.io_error("checking the socket", e));
+            // A packet socket keeps the ENETDOWN of an earlier down until read: if the
+            // interface is up again by now, that error is history.
+            let stale = e.raw_os_error() == Some(libc::ENETDOWN)
+                && ifinfo::name_of(self.ifindex)
+                    .and_then(|n| ifinfo::flags(&n).ok())
+                    .is_some_and(|f| f & libc::IFF_UP as u32 != 0);
+            if !stale {
+                return Err(self.io_error("checking the socket", e));
+            }
         }
         // A packet socket's pending error is reported once; the index lookup is what lasts.
         if ifinfo::name_of(self.ifindex).is_none() {

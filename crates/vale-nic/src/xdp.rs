@@ -182,10 +182,17 @@ impl XdpPort {
     pub fn open(ifindex: u32, queues: u32, mtu: u32, native: bool) -> io::Result<XdpPort> {
         // A received frame must fit behind the kernel's headroom: 2048-byte chunks hold
         // standard frames (with a VLAN tag), larger MTUs get 4096.
-        let chunk = if mtu as usize + 14 + 8 <= 2048 - sys::XDP_PACKET_HEADROOM {
+        let need = mtu as usize + 14 + 8;
+        let chunk = if need <= 2048 - sys::XDP_PACKET_HEADROOM {
             2048
-        } else {
+        } else if need <= 4096 - sys::XDP_PACKET_HEADROOM {
             4096
+        } else {
+            // Bigger frames would need multi-buffer AF_XDP; the kernel would drop them.
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!("MTU {mtu} is too large for AF_XDP with 4096-byte chunks"),
+            ));
         };
         let queues = queues.max(1);
         let map = bpf::create_xskmap(queues).map_err(step("creating the XSKMAP"))?;

@@ -48,11 +48,11 @@ fn recv_frames(nic: &mut Nic, want: usize, out: &mut Vec<Vec<u8>>) {
 
 /// 1000 frames of varied length each way between a Nic on `a` and a raw socket on `b`,
 /// in small batches, all checked byte for byte and in order.
-fn both_ways(mode: Mode) {
+fn both_ways(mode: Mode, peer_gro: bool) {
     let ns = Netns::new();
     let (a, b) = (ns.a.clone(), ns.b.clone());
     ns.run(move || {
-        if mode == Mode::Xdp {
+        if peer_gro {
             set_gro(&b, true).unwrap();
         }
         let mut nic = Nic::open(&a, Some(mode)).unwrap();
@@ -98,17 +98,99 @@ fn both_ways(mode: Mode) {
 
 #[test]
 fn xdp_generic_both_ways() {
-    both_ways(Mode::XdpGeneric);
+    both_ways(Mode::XdpGeneric, false);
 }
 
 #[test]
 fn xdp_native_both_ways() {
-    both_ways(Mode::Xdp);
+    both_ways(Mode::Xdp, false);
+}
+
+/// The configuration usually advised for native XDP on veth.
+#[test]
+fn xdp_native_both_ways_peer_gro() {
+    both_ways(Mode::Xdp, true);
+}
+
+/// One AF_XDP socket per rx queue: frames arriving on every queue are received.
+#[test]
+fn xdp_multiqueue() {
+    for mode in [Mode::Xdp, Mode::XdpGeneric] {
+        let ns = Netns::with_queues(2);
+        let (a, b) = (ns.a.clone(), ns.b.clone());
+        ns.run(move || {
+            let mut nic = Nic::open(&a, Some(mode)).unwrap();
+            assert_eq!(nic.queues(), 2, "{mode}");
+            assert_eq!(nic.poll_fds().len(), 2);
+            let peer = Raw::open_with(&b, true);
+            let per_cpu = 50;
+            let ncpu = cpus().min(2);
+            for cpu in 0..ncpu {
+                pin_to_cpu(cpu);
+                for i in 0..per_cpu {
+                    let seq = (cpu * per_cpu + i) as u32;
+                    peer.send(&frame(seq, len_of(seq)));
+                }
+            }
+            let want = ncpu * per_cpu;
+            let mut got = Vec::new();
+            recv_frames(&mut nic, want, &mut got);
+            assert_eq!(got.len(), want, "{mode}");
+            got.sort_by_key(|f| seq_of(f));
+            for (i, f) in got.iter().enumerate() {
+                assert_eq!(f, &frame(i as u32, len_of(i as u32)));
+            }
+        });
+    }
+}
+
+/// Down is reported as NetworkDown and is not final: frames flow again once it is up.
+#[test]
+fn interface_down_then_up() {
+    for mode in [Mode::XdpGeneric, Mode::Xdp, Mode::Packet] {
+        let ns = Netns::new();
+        let (a, b, name) = (ns.a.clone(), ns.b.clone(), ns.name.clone());
+        ns.run(move || {
+            let mut nic = Nic::open(&a, Some(mode)).unwrap();
+            let peer = Raw::open(&b);
+            ip(&["-n", &name, "link", "set", &a, "down"]);
+            assert!(!nic.is_up());
+            let e = nic
+                .send(&[&frame(1, 60)])
+                .and_then(|_| nic.flush())
+                .and_then(|_| nic.check())
+                .unwrap_err();
+            assert!(is_port_down(&e), "{mode}: {e:?}");
+            assert!(e.to_string().contains("is down"), "{mode}: {e}");
+            ip(&["-n", &name, "link", "set", &a, "up"]);
+            // Carrier comes back asynchronously.
+            let deadline = Instant::now() + WAIT;
+            while !nic.is_up() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            assert!(nic.is_up(), "{mode}");
+            nic.check().unwrap();
+            // Whatever was left queued while down may or may not go out; new frames do.
+            send_frame(&mut nic, &frame(2, 200));
+            nic.flush().unwrap();
+            loop {
+                let f = peer.recv_test_frame(WAIT).expect("no frame after up");
+                if seq_of(&f) == 2 {
+                    assert_eq!(f, frame(2, 200));
+                    break;
+                }
+            }
+            peer.send(&frame(3, 300));
+            let mut got = Vec::new();
+            recv_frames(&mut nic, 1, &mut got);
+            assert_eq!(got, vec![frame(3, 300)], "{mode}");
+        });
+    }
 }
 
 #[test]
 fn packet_both_ways() {
-    both_ways(Mode::Packet);
+    both_ways(Mode::Packet, false);
 }
 
 fn one_way(tx: &mut Nic, rx: &mut Nic) {
@@ -163,6 +245,25 @@ fn open_missing_interface() {
             assert_eq!(e.kind(), io::ErrorKind::NotFound);
             assert_eq!(e.to_string(), "interface 'nosuchif' does not exist");
         }
+    });
+}
+
+/// Without capabilities every mode is refused with PermissionDenied, and the message says
+/// what failed.
+#[test]
+fn open_without_privileges() {
+    let ns = Netns::new();
+    let a = ns.a.clone();
+    ns.run(move || {
+        drop_all_capabilities();
+        let (r, logs) = capture_logs(|| Nic::open(&a, None));
+        let e = r.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains(&format!("interface '{a}'")), "{msg}");
+        assert!(msg.contains("needs CAP_NET_ADMIN"), "{msg}");
+        let warned = logs.iter().filter(|l| l.starts_with("WARN")).count();
+        assert_eq!(warned, 3, "{logs:?}");
     });
 }
 
@@ -279,6 +380,51 @@ fn interface_deleted_flush() {
     }
 }
 
+/// An interface that already has an XDP program: XDP is refused with a clear reason and the
+/// automatic choice falls back to AF_PACKET.
+#[test]
+fn xdp_busy_falls_back() {
+    let ns = Netns::new();
+    let a = ns.a.clone();
+    ns.run(move || {
+        let _first = Nic::open(&a, Some(Mode::Xdp)).unwrap();
+        for mode in [Mode::Xdp, Mode::XdpGeneric] {
+            let e = Nic::open(&a, Some(mode)).unwrap_err();
+            assert!(
+                e.to_string().contains("another XDP program is attached"),
+                "{mode}: {e}"
+            );
+        }
+        let second = Nic::open(&a, None).unwrap();
+        assert_eq!(second.mode(), Mode::Packet);
+    });
+}
+
+/// MTUs AF_XDP cannot take in one chunk fall back to AF_PACKET.
+#[test]
+fn jumbo_mtu_uses_packet() {
+    let ns = Netns::new();
+    let (a, b, name) = (ns.a.clone(), ns.b.clone(), ns.name.clone());
+    ns.run(move || {
+        ip(&["-n", &name, "link", "set", &a, "mtu", "9000"]);
+        ip(&["-n", &name, "link", "set", &b, "mtu", "9000"]);
+        let e = Nic::open(&a, Some(Mode::XdpGeneric)).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::Unsupported, "{e}");
+        let mut nic = Nic::open(&a, None).unwrap();
+        assert_eq!(nic.mode(), Mode::Packet);
+        assert!(nic.max_frame() >= 9014);
+        let peer = Raw::open(&b);
+        let big = frame(5, 9014);
+        peer.send(&big);
+        let mut got = Vec::new();
+        recv_frames(&mut nic, 1, &mut got);
+        assert_eq!(got, vec![big.clone()]);
+        send_frame(&mut nic, &big);
+        nic.flush().unwrap();
+        assert_eq!(peer.recv_test_frame(WAIT), Some(big));
+    });
+}
+
 /// Dropping the Nic takes the XDP program off the interface (the bpf link closes).
 #[test]
 fn drop_detaches_xdp() {
@@ -288,8 +434,12 @@ fn drop_detaches_xdp() {
         let nic = ns.run(move || Nic::open(&a, Some(mode)).unwrap());
         let shown = ns.link_show(&ns.a);
         assert!(shown.contains("xdp"), "{mode}: no program shown: {shown}");
+        let detail = ip(&["-n", &ns.name, "-d", "link", "show", "dev", &ns.a]);
+        assert!(detail.contains("promiscuity 1"), "{mode}: {detail}");
         drop(nic);
         let shown = ns.link_show(&ns.a);
         assert!(!shown.contains("xdp"), "{mode}: program left: {shown}");
+        let detail = ip(&["-n", &ns.name, "-d", "link", "show", "dev", &ns.a]);
+        assert!(detail.contains("promiscuity 0"), "{mode}: {detail}");
     }
 }

@@ -10,7 +10,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Ethertype of our test frames (IEEE local experimental), so stray IPv6 chatter is ignored.
@@ -41,6 +41,13 @@ pub struct Netns {
 
 impl Netns {
     pub fn new() -> Netns {
+        Netns::with_queues(1)
+    }
+
+    /// Both veth ends get `queues` rx and tx queues.
+    pub fn with_queues(queues: u32) -> Netns {
+        init_logs();
+        let q = queues.to_string();
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
         let name = format!("valenic-{pid}-{n}");
@@ -51,7 +58,24 @@ impl Netns {
         ip(&["netns", "add", &name]);
         let ns = Netns { name, a, b };
         ip(&[
-            "-n", &ns.name, "link", "add", &ns.a, "type", "veth", "peer", "name", &ns.b,
+            "-n",
+            &ns.name,
+            "link",
+            "add",
+            &ns.a,
+            "numtxqueues",
+            &q,
+            "numrxqueues",
+            &q,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &ns.b,
+            "numtxqueues",
+            &q,
+            "numrxqueues",
+            &q,
         ]);
         ip(&["-n", &ns.name, "link", "set", &ns.a, "up"]);
         ip(&["-n", &ns.name, "link", "set", &ns.b, "up"]);
@@ -132,6 +156,55 @@ pub fn set_gro(dev: &str, on: bool) -> io::Result<()> {
     Ok(())
 }
 
+/// Empties the calling thread's capability sets (capabilities are per thread).
+pub fn drop_all_capabilities() {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    let hdr = Header {
+        version: 0x2008_0522, // _LINUX_CAPABILITY_VERSION_3
+        pid: 0,
+    };
+    let data = [
+        Data {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        },
+        Data {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        },
+    ];
+    // SAFETY: capset with a valid header and the two data words version 3 expects.
+    let r = unsafe { libc::syscall(libc::SYS_capset, &hdr, data.as_ptr()) };
+    assert_eq!(r, 0, "capset: {}", io::Error::last_os_error());
+}
+
+/// Pins the calling thread to one CPU.
+pub fn pin_to_cpu(cpu: usize) {
+    // SAFETY: a zeroed cpu_set_t is valid; plain syscall on the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        let r = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        assert_eq!(r, 0, "sched_setaffinity: {}", io::Error::last_os_error());
+    }
+}
+
+pub fn cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
 /// A raw packet socket on the peer end, for injecting and capturing frames.
 pub struct Raw {
     fd: OwnedFd,
@@ -139,6 +212,12 @@ pub struct Raw {
 
 impl Raw {
     pub fn open(dev: &str) -> Raw {
+        Raw::open_with(dev, false)
+    }
+
+    /// With `bypass`, frames skip the qdisc and leave on tx queue `cpu % queues` of the
+    /// sending CPU, which on veth is also the peer's rx queue.
+    pub fn open_with(dev: &str, bypass: bool) -> Raw {
         let ifindex = {
             let c = std::ffi::CString::new(dev).unwrap();
             // SAFETY: NUL-terminated name.
@@ -162,6 +241,16 @@ impl Raw {
                 &one as *const i32 as *const libc::c_void,
                 4,
             );
+            if bypass {
+                let r = libc::setsockopt(
+                    fd.as_raw_fd(),
+                    263, // SOL_PACKET
+                    20,  // PACKET_QDISC_BYPASS
+                    &one as *const i32 as *const libc::c_void,
+                    4,
+                );
+                assert_eq!(r, 0, "PACKET_QDISC_BYPASS: {}", io::Error::last_os_error());
+            }
             let tv = libc::timeval {
                 tv_sec: 0,
                 tv_usec: 20_000,
@@ -254,13 +343,17 @@ pub fn len_of(i: u32) -> usize {
     60 + (i as usize * 97) % 1455
 }
 
-/// Collects tracing messages emitted while `f` runs on this thread.
-pub fn capture_logs<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
+/// Every tracing event of the process, with the thread that emitted it.
+static LOGS: Mutex<Vec<(std::thread::ThreadId, String)>> = Mutex::new(Vec::new());
+
+/// Installs the process-wide log catcher once, before any test touches vale-nic (a scoped
+/// subscriber would race with other test threads over tracing's per-callsite cache).
+pub fn init_logs() {
     use tracing::field::{Field, Visit};
     use tracing::span::{Attributes, Id, Record};
     use tracing::{Event, Metadata, Subscriber};
 
-    struct Catch(Arc<Mutex<Vec<String>>>);
+    struct Catch;
     struct Msg<'a>(&'a mut String);
     impl Visit for Msg<'_> {
         fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
@@ -281,13 +374,28 @@ pub fn capture_logs<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
         fn event(&self, e: &Event<'_>) {
             let mut s = format!("{} ", e.metadata().level());
             e.record(&mut Msg(&mut s));
-            self.0.lock().unwrap().push(s);
+            eprintln!("{s}");
+            LOGS.lock().unwrap().push((std::thread::current().id(), s));
         }
         fn enter(&self, _: &Id) {}
         fn exit(&self, _: &Id) {}
     }
-    let logs = Arc::new(Mutex::new(Vec::new()));
-    let r = tracing::subscriber::with_default(Catch(logs.clone()), f);
-    let v = logs.lock().unwrap().clone();
-    (r, v)
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        tracing::subscriber::set_global_default(Catch).expect("no other subscriber");
+    });
+}
+
+/// Collects tracing messages emitted while `f` runs on this thread.
+pub fn capture_logs<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
+    init_logs();
+    let me = std::thread::current().id();
+    let start = LOGS.lock().unwrap().len();
+    let r = f();
+    let logs = LOGS.lock().unwrap()[start..]
+        .iter()
+        .filter(|(t, _)| *t == me)
+        .map(|(_, s)| s.clone())
+        .collect();
+    (r, logs)
 }
