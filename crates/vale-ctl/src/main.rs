@@ -154,7 +154,7 @@ While attached, the interface's received frames go to the switch instead of the 
         #[arg(long, value_name = "NAME")]
         tap: Option<String>,
         /// Keep the TAP device after valed lets it go
-        #[arg(long, requires = "tap")]
+        #[arg(long, requires = "tap", conflicts_with = "iface")]
         persist: bool,
         /// A network interface, bound through AF_XDP or AF_PACKET
         #[arg(long, value_name = "NAME")]

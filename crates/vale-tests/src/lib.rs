@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 use vale_abi::control::{PortCounters, PortInfo, SwitchInfo, SOCKET_NAME};
 
+pub mod netns;
+
 /// Bound of every wait that should take milliseconds.
 pub const T: Duration = Duration::from_secs(10);
 
@@ -252,8 +254,14 @@ impl Valed {
     /// Starts valed with extra arguments and waits until its socket answers.
     pub fn start_with(args: &[&str]) -> Valed {
         let dir = TempDir::new("valed");
+        let cmd = tool("valed", &dir.0, args);
+        Valed::spawn_in(dir, cmd)
+    }
+
+    /// Starts `cmd`, a valed serving `dir`, logging to `dir/valed.log`.
+    fn spawn_in(dir: TempDir, mut cmd: Command) -> Valed {
         let log = std::fs::File::create(dir.0.join("valed.log")).expect("log file");
-        let child = tool("valed", &dir.0, args)
+        let child = cmd
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)

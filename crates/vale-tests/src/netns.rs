@@ -1,0 +1,136 @@
+//! Network namespaces for tests with the real Linux stack: each test makes its own, with names
+//! that carry the test process's pid, and deletes them when it ends, failed or not. Nothing
+//! touches the host's own interfaces.
+
+use std::process::{Command, Output};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use crate::{run_bounded, tool, Valed, T};
+
+/// A network namespace of the test's own, deleted (with its interfaces) when dropped.
+pub struct Netns {
+    pub name: String,
+}
+
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// A name unique to this test process: `<tag><pid mod 100000><n>`, at most 15 characters, so
+/// it also serves as an interface name.
+pub fn unique(tag: &str) -> String {
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let name = format!("{tag}{}{n}", std::process::id() % 100_000);
+    assert!(name.len() <= 15, "name {name} too long for an interface");
+    name
+}
+
+/// Runs a command, requires success, returns its stdout.
+pub fn sh_ok(cmd: &mut Command) -> String {
+    let what = format!("{cmd:?}");
+    let out = run_bounded(cmd, T * 3);
+    assert!(
+        out.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+impl Netns {
+    pub fn new(tag: &str) -> Netns {
+        assert!(
+            unsafe { libc::geteuid() } == 0,
+            "host port tests need root (network namespaces, TAP devices)"
+        );
+        let name = unique(&format!("vt{tag}"));
+        sh_ok(Command::new("ip").args(["netns", "add", &name]));
+        let ns = Netns { name };
+        ns.ok("ip link set lo up");
+        ns
+    }
+
+    /// `ip netns exec NS sh -c CMD`, not yet started.
+    pub fn cmd(&self, cmd: &str) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name, "sh", "-c", cmd]);
+        c
+    }
+
+    /// Runs a shell command in the namespace, bounded by `limit`.
+    pub fn run(&self, cmd: &str, limit: Duration) -> Output {
+        run_bounded(&mut self.cmd(cmd), limit)
+    }
+
+    /// Runs a shell command in the namespace; it must succeed. Returns its stdout.
+    pub fn ok(&self, cmd: &str) -> String {
+        sh_ok(&mut self.cmd(cmd))
+    }
+
+    /// An interface counter from sysfs.
+    pub fn counter(&self, dev: &str, name: &str) -> u64 {
+        self.ok(&format!("cat /sys/class/net/{dev}/statistics/{name}"))
+            .trim()
+            .parse()
+            .expect("counter")
+    }
+
+    /// Gives interface `dev` (now in `from`, or in the caller's namespace) to this namespace
+    /// with address `addr` (CIDR; IPv6 without duplicate address detection) and brings it up.
+    pub fn adopt(&self, from: Option<&Netns>, dev: &str, addrs: &[&str]) {
+        let mv = format!("ip link set {dev} netns {}", self.name);
+        match from {
+            Some(ns) => {
+                ns.ok(&mv);
+            }
+            None => {
+                sh_ok(Command::new("sh").args(["-c", &mv]));
+            }
+        }
+        for a in addrs {
+            let nodad = if a.contains(':') { " nodad" } else { "" };
+            self.ok(&format!("ip addr add {a} dev {dev}{nodad}"));
+        }
+        self.ok(&format!("ip link set {dev} up"));
+    }
+
+    /// The MAC address of `dev`.
+    pub fn mac(&self, dev: &str) -> String {
+        self.ok(&format!("cat /sys/class/net/{dev}/address"))
+            .trim()
+            .to_string()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        // Kill what still runs in it (iperf3 servers), then delete it with its interfaces.
+        let _ = Command::new("ip")
+            .args(["netns", "pids", &self.name])
+            .output()
+            .map(|o| {
+                for pid in String::from_utf8_lossy(&o.stdout).split_whitespace() {
+                    if let Ok(pid) = pid.parse::<i32>() {
+                        // SAFETY: plain syscall.
+                        unsafe { libc::kill(pid, libc::SIGKILL) };
+                    }
+                }
+            });
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+impl Valed {
+    /// Starts valed inside network namespace `ns`: the interfaces it binds and the TAP devices
+    /// it creates live there.
+    pub fn start_in(ns: &Netns, args: &[&str]) -> Valed {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &ns.name]);
+        let dir = crate::TempDir::new("valed");
+        let valed = tool("valed", &dir.0, args);
+        c.arg(valed.get_program()).args(valed.get_args());
+        Valed::spawn_in(dir, c)
+    }
+}

@@ -1,0 +1,250 @@
+//! Host ports with the real Linux stack: TAP devices and network interfaces (veth) on a switch,
+//! each end in a network namespace the test makes. valed itself runs in a namespace of its
+//! own, so every device it creates or binds lives there, away from the host's interfaces.
+//!
+//! Needs root, iproute2, iperf3 and ethtool (the README's test command installs them).
+
+use std::time::Duration;
+
+use vale_tests::netns::{unique, Netns};
+use vale_tests::*;
+
+/// A valed in namespace `home`, with TAP ports `vale0:<p>` for each of `names`, each TAP moved
+/// into a namespace of its own with address 10.77.0.<i+1>/24 and fd77::<i+1>/64.
+struct TapNet {
+    hosts: Vec<(Netns, String)>,
+    v: Valed,
+    _home: Netns,
+}
+
+impl TapNet {
+    fn new(ports: &[&str]) -> TapNet {
+        let home = Netns::new("h");
+        let v = Valed::start_in(&home, &[]);
+        let mut hosts = Vec::new();
+        for (i, p) in ports.iter().enumerate() {
+            let tap = unique("vtap");
+            v.ctl_ok(&["attach", &format!("vale0:{p}"), "--tap", &tap]);
+            let ns = Netns::new(p);
+            ns.adopt(
+                Some(&home),
+                &tap,
+                &[
+                    &format!("10.77.0.{}/24", i + 1),
+                    &format!("fd77::{}/64", i + 1),
+                ],
+            );
+            hosts.push((ns, tap));
+        }
+        TapNet {
+            hosts,
+            v,
+            _home: home,
+        }
+    }
+
+    fn ns(&self, i: usize) -> &Netns {
+        &self.hosts[i].0
+    }
+}
+
+/// `iperf3` from host `a` to host `b` (`extra`: more client options); returns the receiver's
+/// bits per second.
+fn iperf3(net: &TapNet, a: usize, b: usize, extra: &str) -> f64 {
+    let server = net.ns(b);
+    server.ok("iperf3 -s -1 -D -p 5201");
+    std::thread::sleep(Duration::from_millis(300));
+    let out = net.ns(a).run(
+        &format!("iperf3 -c 10.77.0.{} -p 5201 -t 2 -J {extra}", b + 1),
+        Duration::from_secs(20),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "iperf3 {extra} failed: {text}");
+    let j: serde_json::Value = serde_json::from_str(&text).expect("iperf3 JSON");
+    let end = &j["end"];
+    let bps = end["sum_received"]["bits_per_second"]
+        .as_f64()
+        .or_else(|| end["sum"]["bits_per_second"].as_f64())
+        .expect("bits_per_second");
+    if extra.contains("-u") {
+        let lost = end["sum"]["lost_percent"].as_f64().unwrap_or(100.0);
+        assert!(lost < 5.0, "UDP {extra}: {lost}% lost");
+    }
+    bps
+}
+
+#[test]
+fn tap_ports_carry_arp_ping_v4_v6_and_jumbo_frames() {
+    let net = TapNet::new(&["a", "b"]);
+    let a = net.ns(0);
+    a.ok("ping -c 3 -i 0.2 -W 2 10.77.0.2");
+    a.ok("ping -6 -c 3 -i 0.2 -W 2 fd77::2");
+    // The neighbour entries came from ARP through the switch.
+    assert!(a.ok("ip neigh show 10.77.0.2").contains("lladdr"));
+    // A 9000-byte MTU on both sides: one 9000-byte IP packet, not fragmented.
+    for (ns, tap) in &net.hosts {
+        ns.ok(&format!("ip link set {tap} mtu 9000"));
+    }
+    a.ok("ping -c 3 -i 0.2 -W 2 -M do -s 8972 10.77.0.2");
+    let b = net.v.counters("vale0:b");
+    assert!(b.rx_bytes >= 3 * 9014, "jumbo frames reached b: {b:?}");
+    assert_eq!(b.bad_input, 0);
+}
+
+#[test]
+fn tap_ports_carry_tcp_with_tso_and_udp_both_ways() {
+    let _g = serial();
+    let net = TapNet::new(&["a", "b"]);
+    net.ns(0).ok("ping -c 1 -W 2 10.77.0.2");
+    for (ns, tap) in &net.hosts {
+        let k = ns.ok(&format!("ethtool -k {tap}"));
+        assert!(
+            k.contains("tcp-segmentation-offload: on"),
+            "TSO is off on {tap}: {k}"
+        );
+    }
+    let before = net.v.counters("vale0:b");
+    let fwd = iperf3(&net, 0, 1, "");
+    let after = net.v.counters("vale0:b");
+    let rev = iperf3(&net, 0, 1, "-R");
+    eprintln!(
+        "TCP a->b {:.2} Gbit/s, b->a {:.2} Gbit/s",
+        fwd / 1e9,
+        rev / 1e9
+    );
+    assert!(fwd > 1e8 && rev > 1e8, "TCP too slow: {fwd} {rev}");
+    // TSO segments crossed whole: the frames b received average far above one MTU.
+    let frames = after.rx_packets - before.rx_packets;
+    let bytes = after.rx_bytes - before.rx_bytes;
+    assert!(
+        frames > 0 && bytes / frames > 4000,
+        "b got {frames} frames, {bytes} bytes: no large segments crossed"
+    );
+    for (port, c) in [("a", net.v.counters("vale0:a")), ("b", after)] {
+        assert_eq!(c.bad_input, 0, "{port}: {c:?}");
+    }
+    iperf3(&net, 0, 1, "-u -b 200M");
+    iperf3(&net, 0, 1, "-u -b 200M -R");
+}
+
+#[test]
+fn learning_keeps_unicast_off_a_third_port() {
+    let net = TapNet::new(&["a", "b", "c"]);
+    let a = net.ns(0);
+    a.ok("ping -c 2 -i 0.2 -W 2 10.77.0.2");
+    let c0 = net.v.counters("vale0:c");
+    a.ok("ping -f -c 1000 -W 2 10.77.0.2");
+    let c1 = net.v.counters("vale0:c");
+    let b = net.v.counters("vale0:b");
+    assert!(b.rx_packets >= 1000, "b got the pings: {b:?}");
+    // 2000 unicast frames went a<->b. c may see a few multicast frames of the namespaces'
+    // own (IPv6 neighbour discovery), never the unicast.
+    assert!(
+        c1.rx_packets - c0.rx_packets <= 20,
+        "c received {} frames of an a<->b exchange",
+        c1.rx_packets - c0.rx_packets
+    );
+    // c is still reachable: it was never cut off, only spared.
+    net.ns(2).ok("ping -c 1 -W 2 10.77.0.1");
+}
+
+#[test]
+fn a_deleted_tap_shows_down_and_the_switch_keeps_forwarding() {
+    let net = TapNet::new(&["a", "b", "c"]);
+    net.ns(0).ok("ping -c 1 -W 2 10.77.0.3");
+    let (ns_c, tap_c) = &net.hosts[2];
+    // Traffic toward c while its device goes away.
+    let flood = Kid::spawn(net.ns(0).cmd("ping -q -i 0.002 -w 3 10.77.0.3"), "ping");
+    std::thread::sleep(Duration::from_millis(300));
+    ns_c.ok(&format!("ip link del {tap_c}"));
+    assert!(
+        wait_until(T, || net
+            .v
+            .port("vale0:c")
+            .is_some_and(|p| p.state == "down")),
+        "vale0:c not shown down: {:?}",
+        net.v.port("vale0:c")
+    );
+    flood.finish(Duration::from_secs(30));
+    // The rest of the switch still forwards, and valed said what happened.
+    net.ns(0).ok("ping -c 3 -i 0.2 -W 2 10.77.0.2");
+    let log = net.v.log();
+    assert!(log.contains("device down"), "valed log: {log}");
+    let listed = net.v.ctl_ok(&["list", "vale0:c"]);
+    assert!(listed.contains("down"), "{listed}");
+    net.v.ctl_ok(&["detach", "vale0:c"]);
+    assert!(net.v.port("vale0:c").is_none());
+}
+
+#[test]
+fn a_downed_tap_is_shown_down_then_up_again() {
+    let net = TapNet::new(&["a", "b"]);
+    net.ns(0).ok("ping -c 1 -W 2 10.77.0.2");
+    let (ns_b, tap_b) = &net.hosts[1];
+    ns_b.ok(&format!("ip link set {tap_b} down"));
+    // Frames toward b now fail at the device: counted, and b shown down.
+    let _ = net.ns(0).run("ping -c 5 -i 0.1 -W 1 10.77.0.2", T);
+    assert!(
+        wait_until(T, || net
+            .v
+            .port("vale0:b")
+            .is_some_and(|p| p.state == "down")),
+        "vale0:b not shown down: {:?}",
+        net.v.port("vale0:b")
+    );
+    assert!(net.v.counters("vale0:b").rx_drops > 0);
+    ns_b.ok(&format!("ip link set {tap_b} up"));
+    net.ns(0).ok("ping -c 2 -i 0.2 -W 2 10.77.0.2");
+    assert!(wait_until(T, || net
+        .v
+        .port("vale0:b")
+        .is_some_and(|p| p.state == "up")));
+}
+
+#[test]
+fn attach_refusals_and_detach() {
+    let home = Netns::new("r");
+    let v = Valed::start_in(&home, &[]);
+    let tap = unique("vtap");
+    v.ctl_ok(&["attach", "vale0:t", "--tap", &tap]);
+    assert!(home.ok("ip -o link show").contains(&tap));
+    let p = v.port("vale0:t").expect("listed");
+    assert_eq!((p.kind.as_str(), p.state.as_str()), ("tap", "up"));
+    assert_eq!(p.device.as_deref(), Some(tap.as_str()));
+    // The port is taken: a second attach and a client open are refused, clearly.
+    v.ctl_fails(
+        &["attach", "vale0:t", "--tap", "other0"],
+        1,
+        "is a tap port of device",
+    );
+    v.ctl_fails(
+        &["attach", "vale0:u", "--tap", "bad/name"],
+        1,
+        "bad TAP name",
+    );
+    v.ctl_fails(
+        &["attach", "vale0:n", "--iface", "nosuchif0"],
+        1,
+        "nosuchif0",
+    );
+    v.ctl_fails(&["attach", "vale0:n", "--tap", "x", "--iface", "y"], 2, "");
+    v.ctl_fails(&["attach", "vale0:n", "--persist", "--iface", "y"], 2, "");
+    let out = v
+        .pktgen(&["-i", "vale0:t", "-f", "rx", "-T", "1"])
+        .output()
+        .expect("pktgen");
+    assert_exit(&out, "pktgen on a tap port", 1, "tap port");
+    v.ctl_fails(&["detach", "vale0:zz"], 1, "no such port");
+    // Detach gives the device back: a TAP without --persist is gone.
+    v.ctl_ok(&["detach", "vale0:t"]);
+    assert!(v.port("vale0:t").is_none());
+    assert!(wait_until(T, || !home.ok("ip -o link show").contains(&tap)));
+    // --persist keeps the device after detach; attaching again adopts it.
+    v.ctl_ok(&["attach", "vale0:t", "--tap", &tap, "--persist"]);
+    v.ctl_ok(&["detach", "vale0:t"]);
+    assert!(home.ok("ip -o link show").contains(&tap));
+    // Adopted without --persist, it is an ordinary TAP again: it goes with the port.
+    v.ctl_ok(&["attach", "vale0:t", "--tap", &tap]);
+    v.ctl_ok(&["destroy", "vale0:t"]);
+    assert!(wait_until(T, || !home.ok("ip -o link show").contains(&tap)));
+}
