@@ -21,6 +21,20 @@
 //! Every mode puts the interface into promiscuous mode through a packet-socket membership,
 //! which the kernel undoes when the `Nic` (or the process) goes away; the interface's
 //! configuration (up/down, addresses, MTU) is never changed.
+//!
+//! - AF_XDP (`xdp`, `xdp-generic`): a tiny XDP program redirects every rx queue to its own
+//!   AF_XDP socket (copy mode, own UMEM of 2048- or 4096-byte chunks); frames the sockets
+//!   do not take go on to the kernel stack. The program is attached through a bpf link, so it
+//!   leaves the interface when the `Nic` is dropped or the process dies. Frames are sent
+//!   through the socket of queue 0. MTUs beyond one 4096-byte chunk are refused.
+//! - AF_PACKET (`packet`): TPACKET_V2 rx and tx rings, qdisc bypass on tx, frames the host
+//!   itself sends out are ignored, VLAN tags the kernel moved out of band are put back.
+//!
+//! # Limits
+//!
+//! Frames larger than the port's buffers (GSO/GRO aggregates from a peer stack with
+//! offloads on) do not arrive: AF_PACKET counts them in [`NicStats::rx_bad`], AF_XDP drops
+//! them in the kernel ([`NicStats::kernel_drops`]). No multi-buffer XDP and no zero-copy.
 
 use std::cell::Cell;
 use std::fmt;
