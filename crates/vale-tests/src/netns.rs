@@ -75,17 +75,11 @@ impl Netns {
             .expect("counter")
     }
 
-    /// Gives interface `dev` (now in `from`, or in the caller's namespace) to this namespace
-    /// with address `addr` (CIDR; IPv6 without duplicate address detection) and brings it up.
+    /// Takes interface `dev` from namespace `from` (None: it is here already), gives it the
+    /// addresses `addrs` (CIDR; IPv6 without duplicate address detection) and brings it up.
     pub fn adopt(&self, from: Option<&Netns>, dev: &str, addrs: &[&str]) {
-        let mv = format!("ip link set {dev} netns {}", self.name);
-        match from {
-            Some(ns) => {
-                ns.ok(&mv);
-            }
-            None => {
-                sh_ok(Command::new("sh").args(["-c", &mv]));
-            }
+        if let Some(ns) = from {
+            ns.ok(&format!("ip link set {dev} netns {}", self.name));
         }
         for a in addrs {
             let nodad = if a.contains(':') { " nodad" } else { "" };

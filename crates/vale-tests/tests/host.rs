@@ -51,11 +51,15 @@ impl TapNet {
 /// `iperf3` from host `a` to host `b` (`extra`: more client options); returns the receiver's
 /// bits per second.
 fn iperf3(net: &TapNet, a: usize, b: usize, extra: &str) -> f64 {
-    let server = net.ns(b);
+    iperf3_between(net.ns(a), net.ns(b), &format!("10.77.0.{}", b + 1), extra)
+}
+
+/// `iperf3` from namespace `client` to a server it starts in `server` at `addr`.
+fn iperf3_between(client: &Netns, server: &Netns, addr: &str, extra: &str) -> f64 {
     server.ok("iperf3 -s -1 -D -p 5201");
     std::thread::sleep(Duration::from_millis(300));
-    let out = net.ns(a).run(
-        &format!("iperf3 -c 10.77.0.{} -p 5201 -t 2 -J {extra}", b + 1),
+    let out = client.run(
+        &format!("iperf3 -c {addr} -p 5201 -t 2 -J {extra}"),
         Duration::from_secs(20),
     );
     let text = String::from_utf8_lossy(&out.stdout);
@@ -247,4 +251,136 @@ fn attach_refusals_and_detach() {
     v.ctl_ok(&["attach", "vale0:t", "--tap", &tap]);
     v.ctl_ok(&["destroy", "vale0:t"]);
     assert!(wait_until(T, || !home.ok("ip -o link show").contains(&tap)));
+}
+
+/// A switch with a veth attached as NIC port `vale0:eth` (its peer in namespace `far`, address
+/// 10.77.0.10/24) and TAP ports for `taps`, as in [`TapNet`].
+struct NicNet {
+    far: Netns,
+    nic: String,
+    net: TapNet,
+}
+
+impl NicNet {
+    fn new(mode: Option<&str>, taps: &[&str]) -> NicNet {
+        let net = TapNet::new(taps);
+        let far = Netns::new("far");
+        let nic = unique("vnic");
+        let peer = unique("vpeer");
+        net._home.ok(&format!(
+            "ip link add {nic} type veth peer name {peer} netns {}",
+            far.name
+        ));
+        net._home.ok(&format!("ip link set {nic} up"));
+        far.adopt(None, &peer, &["10.77.0.10/24"]);
+        // A veth hands over whole TSO segments with checksums left to do; AF_XDP and TPACKET
+        // rings take finished frames of one MTU, as from a real NIC.
+        far.ok(&format!("ethtool -K {peer} tso off gso off tx off"));
+        let mut args = vec!["attach", "vale0:eth", "--iface", nic.as_str()];
+        if let Some(m) = mode {
+            args.extend(["--mode", m]);
+        }
+        net.v.ctl_ok(&args);
+        NicNet { far, nic, net }
+    }
+
+    fn far_mac(&self) -> String {
+        let dev = self.far.ok("ls /sys/class/net | grep vpeer");
+        self.far.mac(dev.trim())
+    }
+}
+
+fn nic_port_joins_tap_and_native_ports(mode: &str) {
+    let _g = serial();
+    let n = NicNet::new(Some(mode), &["t"]);
+    let v = &n.net.v;
+    let p = v.port("vale0:eth").expect("listed");
+    assert_eq!((p.kind.as_str(), p.state.as_str()), ("nic", "up"));
+    assert_eq!(p.mode.as_deref(), Some(mode));
+    // The namespace behind the veth talks to the one behind the TAP: ARP, ping, and TCP both
+    // ways. Toward the NIC, valed cuts the TAP's TSO segments into MTU-sized frames.
+    let t = n.net.ns(0);
+    n.far.ok("ping -c 3 -i 0.2 -W 2 10.77.0.1");
+    let to_tap = iperf3_between(&n.far, t, "10.77.0.1", "");
+    let to_nic = iperf3_between(t, &n.far, "10.77.0.10", "");
+    eprintln!(
+        "{mode}: TCP veth->tap {:.2} Gbit/s, tap->veth {:.2} Gbit/s",
+        to_tap / 1e9,
+        to_nic / 1e9
+    );
+    assert!(to_tap > 1e7 && to_nic > 1e7, "TCP too slow");
+    assert_eq!(v.counters("vale0:t").bad_input, 0);
+
+    // A native port sends to the far namespace's MAC: the frames reach its interface.
+    let dev = n.far.ok("ls /sys/class/net | grep vpeer");
+    let dev = dev.trim();
+    let before = n.far.counter(dev, "rx_packets");
+    let out = v
+        .pktgen(&[
+            "-i", "vale0:p", "-f", "tx", "-l", "60", "-n", "1000", "-R", "20000",
+        ])
+        .args(["-D", &n.far_mac(), "-q", "--json"])
+        .output()
+        .expect("pktgen tx");
+    report(&out, "pktgen tx");
+    assert!(
+        wait_until(T, || n.far.counter(dev, "rx_packets") - before >= 1000),
+        "far got {} of 1000 frames",
+        n.far.counter(dev, "rx_packets") - before
+    );
+    // And the far namespace reaches a native port: its ARP broadcasts for an unknown address
+    // are flooded there.
+    let rx = v.spawn_client(
+        v.pktgen(&["-i", "vale0:q", "-f", "rx", "-T", "5", "-q", "--json"]),
+        "pktgen rx",
+        "vale0:q",
+    );
+    let _ = n.far.run("ping -c 3 -i 0.3 -W 1 10.77.0.99", T);
+    let got = report(&rx.finish(T), "pktgen rx");
+    assert!(
+        got["packets"].as_u64().unwrap_or(0) >= 3,
+        "pktgen rx: {got}"
+    );
+}
+
+#[test]
+fn nic_port_xdp_generic() {
+    nic_port_joins_tap_and_native_ports("xdp-generic");
+}
+
+#[test]
+fn nic_port_xdp_native() {
+    nic_port_joins_tap_and_native_ports("xdp");
+}
+
+#[test]
+fn nic_port_af_packet() {
+    nic_port_joins_tap_and_native_ports("packet");
+}
+
+#[test]
+fn a_nic_going_down_and_away_shows_down_and_the_switch_keeps_forwarding() {
+    let n = NicNet::new(None, &["a", "b"]);
+    let v = &n.net.v;
+    let home = &n.net._home;
+    n.far.ok("ping -c 1 -W 2 10.77.0.1");
+    let flood = Kid::spawn(n.far.cmd("ping -q -i 0.002 -w 4 10.77.0.1"), "ping");
+    std::thread::sleep(Duration::from_millis(300));
+    home.ok(&format!("ip link set {} down", n.nic));
+    let shown =
+        |state: &str| wait_until(T, || v.port("vale0:eth").is_some_and(|p| p.state == state));
+    assert!(shown("down"), "not down: {:?}", v.port("vale0:eth"));
+    home.ok(&format!("ip link set {} up", n.nic));
+    assert!(shown("up"), "not up again: {:?}", v.port("vale0:eth"));
+    n.far.ok("ping -c 2 -i 0.2 -W 2 10.77.0.1");
+    home.ok(&format!("ip link del {}", n.nic));
+    assert!(
+        shown("down"),
+        "not down after delete: {:?}",
+        v.port("vale0:eth")
+    );
+    flood.finish(Duration::from_secs(30));
+    n.net.ns(0).ok("ping -c 3 -i 0.2 -W 2 10.77.0.2");
+    assert!(v.log().contains("device down"), "{}", v.log());
+    v.ctl_ok(&["detach", "vale0:eth"]);
 }

@@ -108,8 +108,9 @@ impl HostState {
 pub enum DevError {
     /// This frame was refused (counted as a drop); the device still works.
     Frame(io::Error),
-    /// The device is down or gone; `gone` stops polling it.
-    Down { err: io::Error, gone: bool },
+    /// The device is down or gone. `pause`: stop using it until it says it is up again
+    /// (its descriptors may stay ready while it is away).
+    Down { err: io::Error, pause: bool },
 }
 
 /// The device side of a host port.
@@ -249,12 +250,13 @@ struct HostLoop {
     dev: Box<dyn Device>,
     pipe: Pipeline,
     epoll: OwnedFd,
-    /// Device descriptors watched while the device is there.
+    /// The device's descriptors, watched unless paused.
     watched: Vec<RawFd>,
     /// A frame the device had no room for waits for the next round.
     blocked: bool,
-    /// The device went away: frames to it are dropped, nothing is read from it.
-    gone: bool,
+    /// The device is down or away: frames to it are dropped, nothing is read from it, until
+    /// it says it is up again.
+    paused: bool,
 }
 
 const TOKEN_STOP: u64 = 0;
@@ -307,7 +309,7 @@ pub fn start(
         epoll,
         watched,
         blocked: false,
-        gone: false,
+        paused: false,
     };
     let t = std::thread::Builder::new()
         .name(format!("vale-{}", state.kind))
@@ -337,9 +339,12 @@ impl HostLoop {
             let moved_out = self.egress();
             if last_check.elapsed().as_secs() >= 1 {
                 last_check = Instant::now();
-                let up = !self.gone && self.dev.is_up();
+                let up = self.dev.is_up();
+                if up && self.paused {
+                    self.resume();
+                }
                 self.state
-                    .set_up(self.port.name(), up, &"the interface is down");
+                    .set_up(self.port.name(), up, &"the device is down or gone");
             }
             let due = self.pipe.notifier.fire_due();
             if moved_in + moved_out != 0 {
@@ -389,7 +394,7 @@ impl HostLoop {
 
     /// Frames from the device into the switch, forwarded by this thread.
     fn ingress(&mut self) -> usize {
-        if self.gone {
+        if self.paused {
             return 0;
         }
         let att = self
@@ -412,8 +417,8 @@ impl HostLoop {
                 add(&self.port.stats().tx_drops, 1);
                 1
             }
-            Err(DevError::Down { err, gone }) => {
-                self.device_down(err, gone);
+            Err(DevError::Down { err, pause }) => {
+                self.device_down(err, pause);
                 0
             }
         };
@@ -457,7 +462,7 @@ impl HostLoop {
                     break;
                 }
             }
-            let result = if self.gone {
+            let result = if self.paused {
                 Err(DevError::Frame(io::Error::from_raw_os_error(libc::ENODEV)))
             } else {
                 self.dev.send(&pieces, off)
@@ -472,11 +477,11 @@ impl HostLoop {
                     tracing::debug!(port = %self.port.name(), "frame to device dropped: {e}");
                     dropped += 1;
                 }
-                Err(DevError::Down { err, gone }) => {
+                Err(DevError::Down { err, pause }) => {
                     // The frame is lost with the device; the ring keeps draining into drops
                     // so senders see the port's rx_drops grow, not a stall.
                     dropped += 1;
-                    self.device_down(err, gone);
+                    self.device_down(err, pause);
                 }
             }
             head = s;
@@ -487,7 +492,7 @@ impl HostLoop {
                 Err(DevError::Frame(e)) => {
                     tracing::debug!(port = %self.port.name(), "device flush: {e}")
                 }
-                Err(DevError::Down { err, gone }) => self.device_down(err, gone),
+                Err(DevError::Down { err, pause }) => self.device_down(err, pause),
             }
         }
         add(&self.port.stats().rx_drops, dropped);
@@ -504,11 +509,11 @@ impl HostLoop {
         reg.atok(ring).head.load(Relaxed) != reg.ktoa(ring).hwtail.load(Acquire)
     }
 
-    fn device_down(&mut self, err: io::Error, gone: bool) {
+    fn device_down(&mut self, err: io::Error, pause: bool) {
         self.state.set_up(self.port.name(), false, &err);
-        if gone && !self.gone {
-            self.gone = true;
-            for fd in self.watched.drain(..) {
+        if pause && !self.paused {
+            self.paused = true;
+            for &fd in &self.watched {
                 // SAFETY: plain syscall; the fd is still open (the device owns it).
                 unsafe {
                     libc::epoll_ctl(
@@ -518,6 +523,15 @@ impl HostLoop {
                         std::ptr::null_mut(),
                     )
                 };
+            }
+        }
+    }
+
+    fn resume(&mut self) {
+        self.paused = false;
+        for &fd in &self.watched {
+            if let Err(e) = epoll_ctl(&self.epoll, libc::EPOLL_CTL_ADD, fd, TOKEN_DEV) {
+                tracing::error!(port = %self.port.name(), "cannot watch the device again: {e}");
             }
         }
     }

@@ -27,15 +27,16 @@ impl NicDevice {
     }
 }
 
-/// The interface went away or down: every other error concerns one frame.
+/// The interface went down or away: stop using it until it is up again. Every other error
+/// concerns one frame.
 fn classify(e: io::Error) -> DevError {
-    match e.raw_os_error() {
-        Some(libc::ENODEV) | Some(libc::ENXIO) => DevError::Down { err: e, gone: true },
-        Some(libc::ENETDOWN) => DevError::Down {
+    if vale_nic::is_port_down(&e) {
+        DevError::Down {
             err: e,
-            gone: false,
-        },
-        _ => DevError::Frame(e),
+            pause: true,
+        }
+    } else {
+        DevError::Frame(e)
     }
 }
 
@@ -77,6 +78,6 @@ impl Device for NicDevice {
     }
 
     fn is_up(&self) -> bool {
-        true
+        self.nic.is_up()
     }
 }

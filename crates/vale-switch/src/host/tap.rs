@@ -142,7 +142,7 @@ fn classify(up: &AtomicBool, e: io::Error) -> DevError {
             up.store(false, Relaxed);
             DevError::Down {
                 err: io::Error::new(e.kind(), format!("TAP device went away ({e})")),
-                gone: true,
+                pause: true,
             }
         }
         // Write to a TAP that is down.
@@ -150,7 +150,7 @@ fn classify(up: &AtomicBool, e: io::Error) -> DevError {
             up.store(false, Relaxed);
             DevError::Down {
                 err: e,
-                gone: false,
+                pause: false,
             }
         }
         _ => DevError::Frame(e),
