@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
 # Installs what the tests need, then builds vale and runs every test: unit tests, the
-# end-to-end tests against a real valed, the C ABI check, formatting and lints.
+# end-to-end tests against a real valed, the tests of TAP and NIC ports with the Linux stack
+# in network namespaces (these need root), the C ABI check, formatting and lints.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v c++ >/dev/null 2>&1 || need+=(g++)
+# The TAP and NIC port tests: namespaces, veths, the Linux stack's own tools.
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+command -v iperf3 >/dev/null 2>&1 || need+=(iperf3)
+command -v ethtool >/dev/null 2>&1 || need+=(ethtool)
+command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
 if ((${#need[@]})); then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -qq
