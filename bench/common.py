@@ -274,6 +274,9 @@ class Valed:
                 self.log.seek(0)
                 raise RuntimeError(f"valed did not start: {self.log.read()[-2000:]}")
             time.sleep(0.02)
+        # The sender's port is persistent, so switch vale0 (and its knobs, such as the batch)
+        # lives between runs: a switch goes away with its last port.
+        self.ctl("create", "vale0:a")
 
     @property
     def pid(self):
@@ -319,7 +322,7 @@ class Valed:
         """One run: receivers on rx_ports, then a sender on tx_port for `seconds`.
 
         Returns {tx: pktgen report, rx: [reports], valed_cpu_s: CPU seconds valed used while the
-        sender ran, wall_s}. With announce, each receiver gets MAC mac_of(i) and announces it.
+        sender ran, wall_s, ports_listed: ports valed listed once the receivers were ready}. With announce, each receiver gets MAC mac_of(i) and announces it.
         """
         rxs = []
         for i, port in enumerate(rx_ports):
@@ -331,7 +334,7 @@ class Valed:
                       env=self.env, stdout=subprocess.PIPE, stderr=log, text=True)
             rxs.append((p, log))
         try:
-            self.wait_ports(rx_ports, announced=announce)
+            listed = len(self.wait_ports(rx_ports, announced=announce))
             cmd = self.pktgen(tx_port, "tx", self.layout["tx"], "-l", size, "-T", seconds, *tx_args)
             if dst:
                 cmd += ["-D", dst]
@@ -353,7 +356,8 @@ class Valed:
             except ValueError:
                 log.seek(0)
                 raise RuntimeError(f"vale-pktgen rx gave no report (exit {p.returncode}): {log.read()[-2000:]}")
-        return {"tx": json.loads(tx.stdout), "rx": reports, "valed_cpu_s": c1 - c0, "wall_s": t1 - t0}
+        return {"tx": json.loads(tx.stdout), "rx": reports, "valed_cpu_s": c1 - c0, "wall_s": t1 - t0,
+                "ports_listed": listed}
 
     def set_batch(self, n):
         self.ctl("set", "vale0", "batch", str(n))

@@ -50,9 +50,11 @@ class Topo:
         self.mtu = mtu
         self.rx_devs = [f"rx{i}" for i in range(n_rx)]
         self.sw_ports = ["p-tx"] + [f"p-rx{i}" for i in range(n_rx)]
+        self._made = []
+        on_exit(self.close)
         for k in ("tx", "sw", "rx"):
             sh(["ip", "netns", "add", self.ns[k]])
-            on_exit(lambda n=self.ns[k]: sh(["ip", "netns", "del", n], check=False))
+            self._made.append(self.ns[k])
             # IPv6 off before any link exists: no RS/DAD/MLD frames in the counters.
             self.x(k, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1",
                    "net.ipv6.conf.default.disable_ipv6=1")
@@ -65,6 +67,13 @@ class Topo:
         sh(["ip", "-n", self.ns["tx"], "link", "set", "veth0", "up"])
         for dev in self.rx_devs:
             sh(["ip", "-n", self.ns["rx"], "link", "set", dev, "up"])
+
+    def close(self):
+        """Deletes the namespaces (with their veths and bridge); stops what runs in them first."""
+        for p in getattr(self, "daemons", []):
+            stop(p, signal.SIGTERM)
+        while self._made:
+            sh(["ip", "netns", "del", self._made.pop()], check=False)
 
     def x(self, k, *args, timeout=common.CMD_TIMEOUT):
         """Runs a command in namespace k and returns its stdout."""
@@ -144,13 +153,13 @@ class Ovs(Topo):
         self.ovsdb = spawn([*ns, "ovsdb-server", f"{d}/conf.db", f"--remote=punix:{d}/db.sock",
                             f"--unixctl={d}/ovsdb.ctl", f"--pidfile={d}/ovsdb.pid", "--log-file=" + f"{d}/ovsdb.log"],
                            env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
-        on_exit(lambda: stop(self.ovsdb, signal.SIGTERM))
+        self.daemons = [self.ovsdb]
         self._wait_file(f"{d}/db.sock", self.ovsdb)
         self.vsctl("--no-wait", "init")
         self.vswitchd = spawn([*ns, "ovs-vswitchd", self.db, f"--unixctl={d}/vswitchd.ctl",
                                f"--pidfile={d}/vswitchd.pid", f"--log-file={d}/vswitchd.log"],
                               env=self.env, stdout=self.log, stderr=subprocess.STDOUT)
-        on_exit(lambda: stop(self.vswitchd, signal.SIGTERM))
+        self.daemons.insert(0, self.vswitchd)
         self._wait_file(f"{d}/vswitchd.ctl", self.vswitchd)
         self.vsctl("add-br", "br0", "--", "set", "bridge", "br0", "datapath_type=netdev")
         for port in self.sw_ports:
