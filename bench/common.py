@@ -67,7 +67,9 @@ def mpps(s, digits=2):
 
 
 def fmt_ratio(r):
-    return "-" if r is None else (f"{r:.0f}x" if r >= 10 else f"{r:.2f}x")
+    if r is None:
+        return "-"
+    return f"{r:.0f}x" if r >= 10 else f"{r:.2f}x" if r >= 0.1 else f"{r:.2g}x"
 
 
 def table(headers, rows):
