@@ -2,7 +2,8 @@
 """Runs every experiment of bench/ in one go, then draws the plots.
 
 In this order, each as its own command with the options given here passed on: sizes.py,
-batch.py, destinations.py, ports.py, latency.py, cpu.py, then plot.py. Each prints its table
+batch.py, destinations.py, ports.py, latency.py, cpu.py, then plot.py (PNGs in docs/bench/)
+and summary.py (Markdown tables in bench/results/summary.md). Each prints its table
 and writes bench/results/<name>.json; this script prints how long each took and writes
 bench/results/run_all.json (the list of experiments, their exit status and durations).
 A full run (defaults: 5 runs per point) takes about 15-20 minutes on a 2-vCPU machine;
@@ -56,6 +57,11 @@ def main():
     if not a.no_plot:
         rc = subprocess.run([sys.executable, os.path.join(HERE, "plot.py")]).returncode
         done.append({"experiment": "plot", "exit": rc, "seconds": None})
+    os.makedirs(common.RESULTS, exist_ok=True)
+    with open(os.path.join(common.RESULTS, "summary.md"), "w") as f:
+        rc = subprocess.run([sys.executable, os.path.join(HERE, "summary.py")], stdout=f).returncode
+    done.append({"experiment": "summary", "exit": rc, "seconds": None})
+    print(f"Markdown tables: {os.path.relpath(os.path.join(common.RESULTS, 'summary.md'))}")
     total = round(time.monotonic() - t_all, 1)
     os.makedirs(common.RESULTS, exist_ok=True)
     with open(os.path.join(common.RESULTS, "run_all.json"), "w") as f:
