@@ -35,8 +35,9 @@ def main():
         a.idle_seconds = min(a.idle_seconds, 1)
     sizes = common.int_list(a.sizes)
     which = [] if a.no_peers else [p for p in a.peers.split(",") if p]
-    if any(p not in ("ovs", "dpdk_memif") for p in which):
-        ap.error(f"--peers takes {', '.join(("ovs", "dpdk_memif"))}")
+    known = ("ovs", "dpdk_memif")
+    if any(p not in known for p in which):
+        ap.error(f"--peers takes {', '.join(known)}")
     if which:
         common.need_root("bench/cpu.py with peers (use --no-peers for vale alone)")
 

@@ -35,8 +35,9 @@ def main():
     if any(not 60 <= s <= 9000 for s in sizes):
         ap.error("sizes must be 60..9000")
     which = [] if a.no_peers else [p for p in a.peers.split(",") if p]
-    if any(p not in ("linux_bridge", "ovs", "dpdk_memif") for p in which):
-        ap.error(f"--peers takes {', '.join(("linux_bridge", "ovs", "dpdk_memif"))}")
+    known = ("linux_bridge", "ovs", "dpdk_memif")
+    if any(p not in known for p in which):
+        ap.error(f"--peers takes {', '.join(known)}")
     if which:
         common.need_root("bench/sizes.py with peers (use --no-peers for vale alone)")
 
