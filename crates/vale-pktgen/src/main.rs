@@ -39,6 +39,7 @@ Frames are Ethernet + IPv4 + UDP of exactly --len bytes (no FCS); bit rates coun
 bytes. Frames longer than a buffer travel as chains of slots marked NS_MOREFRAG.",
     after_help = "EXAMPLES:\n  vale-pktgen -i vale0:b -f rx &\n  vale-pktgen -i vale0:a -f tx -l 60 -T 5\n  \
 vale-pktgen -i vale0:a -f tx -l 1514 -R 1000000 -n 5000000 -D 02:00:00:00:00:0b\n  \
+vale-pktgen -i vale0:b -f rx -b 64 --announce -S 02:00:00:00:00:0b &   (learnt: unicast, no flood)\n  \
 vale-pktgen -i vale0:p -f pong &\n  vale-pktgen -i vale0:q -f ping -n 10000 --json\n\n\
 STOPPING:\n  After --count packets, after --duration seconds, or on SIGINT/SIGTERM; each prints the final report.\n\n\
 EXIT STATUS:\n  0 on success, 1 on an error (port cannot be opened, valed went away), 2 on bad usage.\n\n\
@@ -56,7 +57,8 @@ struct Args {
     #[arg(short = 'l', long = "len", default_value_t = 60,
           value_parser = clap::value_parser!(u32).range(60..=9000))]
     len: u32,
-    /// Frames handled per ring sync (1-4096)
+    /// Frames handled per ring sync: at most this many are queued (tx) or read and released
+    /// (rx, pong) before each txsync/rxsync (1-4096)
     #[arg(short = 'b', long = "batch", default_value_t = 512,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     batch: u32,
@@ -85,6 +87,11 @@ struct Args {
         default_value = "ff:ff:ff:ff:ff:ff"
     )]
     dst_mac: String,
+    /// First send one broadcast frame from the source MAC, so that a learning switch learns
+    /// this port and forwards unicast to it instead of flooding (-f rx and -f pong only: they
+    /// never send otherwise)
+    #[arg(long)]
+    announce: bool,
     /// Print the final report as one JSON object
     #[arg(long)]
     json: bool,
@@ -159,6 +166,9 @@ fn run() -> anyhow::Result<()> {
     if !(args.duration >= 0.0 && args.duration.is_finite()) {
         bail!("bad --duration {}", args.duration);
     }
+    if args.announce && !matches!(args.function, Function::Rx | Function::Pong) {
+        bail!("--announce is for -f rx and -f pong");
+    }
     let port = opts
         .open(&args.port)
         .with_context(|| format!("cannot open {}", args.port))?;
@@ -174,13 +184,16 @@ fn run() -> anyhow::Result<()> {
     };
     let before = port.counters().unwrap_or_default();
     let frame = frame::build(args.len as usize, src, dst);
+    if args.announce {
+        announce(&port, src)?;
+    }
     let mut meter = Meter::new(args.quiet || args.json);
     let mut rtt = None;
     let mut lost = 0;
     match args.function {
         Function::Tx => tx(&port, &args, &frame, &limits, &mut meter)?,
-        Function::Rx => rx(&port, &limits, &mut meter)?,
-        Function::Pong => pong(&port, &limits, &mut meter)?,
+        Function::Rx => rx(&port, args.batch, &limits, &mut meter)?,
+        Function::Pong => pong(&port, args.batch, &limits, &mut meter)?,
         Function::Ping => {
             let (samples, l) = ping(&port, &args, &frame, &limits, &mut meter)?;
             rtt = Rtt::from_ns(samples);
@@ -303,11 +316,38 @@ fn tx(
     Ok(())
 }
 
-/// Receives from every rx ring; `each` sees every complete frame (all its slots) and says
-/// whether to keep going. Returns when the ring had nothing, after releasing what it read.
+/// Sends one 60-byte broadcast frame from `src` and waits (up to a second) until valed has
+/// taken it: from then on the switch knows which port `src` is behind.
+fn announce(port: &Port, src: [u8; 6]) -> anyhow::Result<()> {
+    let ring = port.tx_ring(0);
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while ring.space() == 0 {
+        if Instant::now() >= deadline {
+            bail!("--announce: the tx ring stayed full for a second");
+        }
+        port.poll(Events::WRITABLE, Some(Duration::from_millis(10)))?;
+    }
+    let cur = put_frame(&ring, ring.cur(), &frame::build(60, src, [0xff; 6]), false);
+    ring.set_cur(cur);
+    ring.set_head(cur);
+    port.txsync(0)?;
+    while ring.space() < ring.num_slots() - 1 {
+        if Instant::now() >= deadline {
+            bail!("--announce: valed did not take the frame within a second");
+        }
+        port.poll(Events::WRITABLE, Some(Duration::from_millis(10)))?;
+    }
+    Ok(())
+}
+
+/// Receives from every rx ring, at most `batch` frames per ring before releasing them with an
+/// rxsync; `each` sees every complete frame (all its slots) and says whether to keep going.
+/// Returns when the rings had nothing or `batch` frames were taken from each, after releasing
+/// what it read.
 fn drain_rx(
     port: &Port,
     meter: &mut Meter,
+    batch: u32,
     mut each: impl FnMut(&vale::Ring, &[u32]) -> bool,
 ) -> anyhow::Result<bool> {
     let mut got = false;
@@ -317,13 +357,15 @@ fn drain_rx(
         let ring = port.rx_ring(r);
         let mut cur = ring.cur();
         let mut release = cur;
-        while cur != ring.tail() {
+        let mut frames = 0;
+        while cur != ring.tail() && frames < batch {
             let slot = ring.slot(cur);
             chain.push(cur);
             meter.bytes += slot.len as u64;
             cur = ring.next(cur);
             if slot.flags & NS_MOREFRAG == 0 {
                 meter.packets += 1;
+                frames += 1;
                 got = true;
                 let go = each(&ring, &chain);
                 chain.clear();
@@ -342,14 +384,14 @@ fn drain_rx(
     Ok(got)
 }
 
-fn rx(port: &Port, limits: &Limits, meter: &mut Meter) -> anyhow::Result<()> {
+fn rx(port: &Port, batch: u32, limits: &Limits, meter: &mut Meter) -> anyhow::Result<()> {
     loop {
         let now = Instant::now();
         meter.tick(now);
         if limits.done(meter.packets, now) {
             return Ok(());
         }
-        let got = drain_rx(port, meter, |_, _| true)?;
+        let got = drain_rx(port, meter, batch, |_, _| true)?;
         if got {
             meter.seen(now);
         } else {
@@ -358,7 +400,7 @@ fn rx(port: &Port, limits: &Limits, meter: &mut Meter) -> anyhow::Result<()> {
     }
 }
 
-fn pong(port: &Port, limits: &Limits, meter: &mut Meter) -> anyhow::Result<()> {
+fn pong(port: &Port, batch: u32, limits: &Limits, meter: &mut Meter) -> anyhow::Result<()> {
     let txr = port.tx_ring(0);
     let mut echo = Vec::with_capacity(9000);
     loop {
@@ -368,7 +410,7 @@ fn pong(port: &Port, limits: &Limits, meter: &mut Meter) -> anyhow::Result<()> {
             return Ok(());
         }
         let mut queued = false;
-        let got = drain_rx(port, meter, |ring, chain| {
+        let got = drain_rx(port, meter, batch, |ring, chain| {
             echo.clear();
             for &s in chain {
                 let slot = ring.slot(s);
@@ -438,7 +480,7 @@ fn ping(
         let give_up = Instant::now() + Duration::from_secs(1);
         let mut answered = false;
         while !answered && Instant::now() < give_up && !STOP.load(Relaxed) {
-            drain_rx(port, meter, |ring, chain| {
+            drain_rx(port, meter, u32::MAX, |ring, chain| {
                 let slot = ring.slot(chain[0]);
                 let b = &ring.buf(slot.buf_idx)[..slot.len as usize];
                 if b.len() >= frame::TS_OFS + 8

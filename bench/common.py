@@ -1,0 +1,381 @@
+"""Shared harness of the vale benchmarks (Python 3 standard library only).
+
+What every bench/*.py script uses: the description of the machine and the date, medians with
+min and max, the command-line options they all have (--runs, --seconds, --quick, --layout,
+--out, --no-peers), CPU layouts, clean-up on exit / error / Ctrl-C / SIGTERM, apt-get for
+missing tools, CPU time of a process from /proc, and a valed of our own with vale-pktgen
+senders and receivers around it. The peers (Linux bridge, Open vSwitch, DPDK testpmd over memif)
+are in peers.py.
+"""
+import argparse, atexit, json, os, platform, shutil, signal, statistics, subprocess, sys, tempfile, time
+from datetime import datetime, timezone
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "target", "release")
+RESULTS = os.path.join(ROOT, "bench", "results")
+CMD_TIMEOUT = 30          # seconds, for every short command
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+# CPU layouts for vale: which vCPUs valed, the sender(s) and the receiver(s) may run on
+# (`taskset -c`). The machine this was written for has 2 vCPUs.
+LAYOUTS = {
+    "split": {"valed": "1", "tx": "0", "rx": "0"},        # switch alone on cpu1; clients share cpu0
+    "shared": {"valed": "0,1", "tx": "0,1", "rx": "0,1"},  # no pinning: the scheduler decides
+}
+
+
+# ---------------------------------------------------------------- reports
+
+def machine():
+    """CPU model, vCPU count and kernel: the same string in every JSON of a machine."""
+    model = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} vCPU, Linux {platform.release()}"
+
+
+def utc_now():
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def summary(values):
+    """{median, min, max, runs} of a list of numbers (None when the list is empty)."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
+
+
+def ratio(a, b):
+    """Ratio of two summaries' medians, or None."""
+    if not a or not b or not b["median"]:
+        return None
+    return a["median"] / b["median"]
+
+
+def mpps(s, digits=2):
+    """'median (min-max)' in Mpps of a pps summary."""
+    if not s:
+        return "-"
+    return f"{s['median']/1e6:.{digits}f} ({s['min']/1e6:.{digits}f}-{s['max']/1e6:.{digits}f})"
+
+
+def fmt_ratio(r):
+    if r is None:
+        return "-"
+    return f"{r:.0f}x" if r >= 10 else f"{r:.2f}x" if r >= 0.1 else f"{r:.2g}x"
+
+
+def table(headers, rows):
+    """Prints rows (lists of strings) under headers, columns aligned."""
+    cells = [[str(c) for c in r] for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    print("  ".join(h.rjust(w) for h, w in zip(headers, widths)))
+    for r in cells:
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths)), flush=True)
+
+
+def write_report(path, experiment, args, cpu_layout, results, **extra):
+    """Writes the JSON every script writes; returns the dict."""
+    report = {
+        "experiment": experiment,
+        "date": utc_now(),
+        "machine": machine(),
+        "cpu_layout": cpu_layout,
+        "runs": args.runs,
+        "seconds": args.seconds,
+        "quick": args.quick,
+        "results": results,
+    }
+    report.update(extra)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"JSON: {os.path.relpath(path)}")
+    return report
+
+
+# ---------------------------------------------------------------- command line
+
+def parser(doc, name, runs=5, seconds=2.0, peers=True):
+    """The options every experiment has; `name` names its JSON file."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=runs, help=f"runs per point; the median is reported (default {runs})")
+    ap.add_argument("--seconds", type=float, default=seconds,
+                    help=f"measured seconds per run (default {seconds:g})")
+    ap.add_argument("--quick", action="store_true",
+                    help="a short check that everything works: 2 runs of 0.5 s and fewer points; "
+                         "the figures are not worth quoting")
+    ap.add_argument("--layout", choices=sorted(LAYOUTS), default="split",
+                    help="where vale's processes run: split = valed alone on cpu1, senders and "
+                         "receivers on cpu0; shared = nothing pinned (default split)")
+    if peers:
+        ap.add_argument("--no-peers", action="store_true",
+                        help="measure vale only (no Linux bridge, Open vSwitch or DPDK): no ratios")
+    ap.add_argument("--out", default=os.path.join(RESULTS, f"{name}.json"),
+                    help=f"JSON output (default bench/results/{name}.json)")
+    return ap
+
+
+def parse(ap, argv=None):
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.runs, a.seconds = min(a.runs, 2), min(a.seconds, 0.5)
+    if a.runs < 1 or a.seconds <= 0:
+        ap.error("--runs must be >= 1 and --seconds > 0")
+    return a
+
+
+def int_list(s):
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+# ---------------------------------------------------------------- clean-up and processes
+
+_cleanups = []
+
+
+def on_exit(fn):
+    """Registers fn to run at exit, last registered first (also on errors and signals)."""
+    _cleanups.append(fn)
+    return fn
+
+
+def cleanup():
+    while _cleanups:
+        fn = _cleanups.pop()
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - clean-up goes on whatever failed
+            print(f"cleanup: {e}", file=sys.stderr)
+
+
+def _on_signal(signum, _frame):
+    raise SystemExit(f"stopped by signal {signum}")   # unwinds through finally blocks, then atexit
+
+
+def install_cleanup():
+    """Clean-up on normal exit, on an exception, on Ctrl-C, SIGTERM and SIGHUP."""
+    atexit.register(cleanup)
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, _on_signal)
+
+
+def main_guard(main):
+    """Runs main() so that Ctrl-C gives one line and every clean-up runs."""
+    install_cleanup()
+    try:
+        main()
+    except KeyboardInterrupt:
+        cleanup()
+        sys.exit("interrupted; everything started was stopped")
+    finally:
+        cleanup()
+
+
+def sh(args, timeout=CMD_TIMEOUT, check=True, env=None):
+    """Runs a command and returns its stdout; on failure raises with its stderr."""
+    p = subprocess.run(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       timeout=timeout, stdin=subprocess.DEVNULL, env=env)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)}: exit {p.returncode}: {p.stderr.strip()[-2000:]}")
+    return p.stdout
+
+
+def spawn(args, **kw):
+    """Starts a process in its own process group; it is killed at clean-up if still running."""
+    kw.setdefault("stdin", subprocess.DEVNULL)
+    p = subprocess.Popen(args, start_new_session=True, **kw)
+    on_exit(lambda: stop(p, signal.SIGKILL, 2))
+    return p
+
+
+def stop(p, sig=signal.SIGINT, wait=5):
+    """Signals p's process group, then SIGKILLs it if it lingers; returns its exit code."""
+    for s in (sig, signal.SIGKILL):
+        if p.poll() is not None:
+            break
+        try:
+            os.killpg(p.pid, s)
+        except ProcessLookupError:
+            break
+        try:
+            p.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            pass
+    return p.poll()
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds of a process (all its threads) so far, from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK   # utime, stime (fields 14, 15)
+
+
+def need_root(what):
+    if os.geteuid() != 0:
+        sys.exit(f"{what} needs root (network namespaces, veth, packet sockets, apt-get)")
+
+
+def ensure_packages(tools, packages):
+    """apt-get installs `packages` when one of `tools` (commands or absolute paths) is missing."""
+    def missing():
+        return [t for t in tools if not (os.path.exists(t) if t.startswith("/") else shutil.which(t))]
+    if not missing():
+        return
+    print(f"installing {' '.join(packages)} (missing: {', '.join(missing())})", flush=True)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
+    if subprocess.run(cmd, env=env, timeout=1200, stdin=subprocess.DEVNULL).returncode != 0:
+        subprocess.run(["apt-get", "update", "-q"], env=env, timeout=1200, check=True, stdin=subprocess.DEVNULL)
+        subprocess.run(cmd, env=env, timeout=1200, check=True, stdin=subprocess.DEVNULL)
+    if missing():
+        sys.exit(f"still missing after apt-get install {' '.join(packages)}: {', '.join(missing())}")
+
+
+# ---------------------------------------------------------------- vale
+
+def need_binaries():
+    for b in ("valed", "vale-pktgen", "vale-ctl"):
+        if not os.path.exists(os.path.join(BIN, b)):
+            sys.exit(f"{BIN}/{b} missing: run cargo build --release first")
+
+
+def mac_of(i):
+    """A locally administered MAC for receiver number i."""
+    return f"02:00:00:00:{(i >> 8) & 0xff:02x}:{i & 0xff:02x}"
+
+
+class Valed:
+    """A valed of our own, in a temporary run directory, pinned as the layout says."""
+
+    def __init__(self, layout="split", workers=1):
+        need_binaries()
+        self.layout = LAYOUTS[layout]
+        self.layout_name = layout
+        self.workers = workers
+        self.run_dir = tempfile.mkdtemp(prefix="vale-bench-")
+        on_exit(lambda: shutil.rmtree(self.run_dir, ignore_errors=True))
+        self.env = dict(os.environ, VALE_RUN_DIR=self.run_dir, VALE_NO_AUTOSTART="1")
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = spawn(["taskset", "-c", self.layout["valed"], f"{BIN}/valed", "--run-dir", self.run_dir,
+                           "--workers", str(workers)], stdout=self.log, stderr=subprocess.STDOUT)
+        on_exit(lambda: stop(self.proc, signal.SIGTERM))
+        sock = os.path.join(self.run_dir, "valed.sock")
+        deadline = time.monotonic() + 10
+        while not os.path.exists(sock):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.log.seek(0)
+                raise RuntimeError(f"valed did not start: {self.log.read()[-2000:]}")
+            time.sleep(0.02)
+        # The sender's port is persistent, so switch vale0 (and its knobs, such as the batch)
+        # lives between runs: a switch goes away with its last port.
+        self.ctl("create", "vale0:a")
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def cpu_layout(self, **more):
+        d = {"name": self.layout_name, "valed": self.layout["valed"], "valed_workers": self.workers,
+             "tx": self.layout["tx"], "rx": self.layout["rx"]}
+        d.update(more)
+        return d
+
+    def ctl(self, *args):
+        return sh([f"{BIN}/vale-ctl", "--run-dir", self.run_dir, *args])
+
+    def ports(self):
+        """{port name: PortInfo dict} of every switch, from vale-ctl list --json."""
+        out = {}
+        for sw in json.loads(self.ctl("list", "--json")):
+            for p in sw["ports"]:
+                out[p["name"]] = p
+        return out
+
+    def pktgen(self, port, function, cpus, *args):
+        return ["taskset", "-c", cpus, f"{BIN}/vale-pktgen", "-i", port, "-f", function, "-q", "--json",
+                *[str(a) for a in args]]
+
+    def wait_ports(self, ports, announced=False, limit=10.0):
+        """Waits until every port is held by a client (and, if announced, has sent its frame)."""
+        deadline = time.monotonic() + limit
+        while True:
+            info = self.ports()
+            ok = all(p in info and info[p].get("owner_pid") and
+                     (not announced or info[p]["counters"]["tx_packets"] >= 1) for p in ports)
+            if ok:
+                return info
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ports not ready after {limit} s: "
+                                   f"{ {p: info.get(p) for p in ports} }")
+            time.sleep(0.02)
+
+    def run(self, size, seconds, rx_ports=("vale0:b",), tx_port="vale0:a", tx_args=(), rx_args=(),
+            dst=None, announce=False):
+        """One run: receivers on rx_ports, then a sender on tx_port for `seconds`.
+
+        Returns {tx: pktgen report, rx: [reports], valed_cpu_s: CPU seconds valed used while the
+        sender ran, wall_s, ports_listed: ports valed listed once the receivers were ready}. With announce, each receiver gets MAC mac_of(i) and announces it.
+        """
+        rxs = []
+        for i, port in enumerate(rx_ports):
+            extra = list(rx_args)
+            if announce:
+                extra += ["--announce", "-S", mac_of(i + 1)]
+            log = tempfile.TemporaryFile(mode="w+")
+            p = spawn(self.pktgen(port, "rx", self.layout["rx"], "-T", seconds + 30, *extra),
+                      env=self.env, stdout=subprocess.PIPE, stderr=log, text=True)
+            rxs.append((p, log))
+        try:
+            listed = len(self.wait_ports(rx_ports, announced=announce))
+            cmd = self.pktgen(tx_port, "tx", self.layout["tx"], "-l", size, "-T", seconds, *tx_args)
+            if dst:
+                cmd += ["-D", dst]
+            c0, t0 = cpu_seconds(self.pid), time.monotonic()
+            tx = subprocess.run(cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                timeout=seconds + 30, stdin=subprocess.DEVNULL)
+            c1, t1 = cpu_seconds(self.pid), time.monotonic()
+            if tx.returncode != 0:
+                raise RuntimeError(f"vale-pktgen tx failed: {tx.stderr.strip()[-2000:]}")
+            time.sleep(0.1)   # let the receivers read the last delivered frames
+        finally:
+            for p, _ in rxs:
+                stop(p)
+        reports = []
+        for p, log in rxs:
+            out = p.stdout.read()
+            try:
+                reports.append(json.loads(out))
+            except ValueError:
+                log.seek(0)
+                raise RuntimeError(f"vale-pktgen rx gave no report (exit {p.returncode}): {log.read()[-2000:]}")
+        return {"tx": json.loads(tx.stdout), "rx": reports, "valed_cpu_s": c1 - c0, "wall_s": t1 - t0,
+                "ports_listed": listed}
+
+    def set_batch(self, n):
+        self.ctl("set", "vale0", "batch", str(n))
+
+    def idle_cpu(self, seconds):
+        """Fraction of a core valed used over `seconds` of doing nothing."""
+        c0, t0 = cpu_seconds(self.pid), time.monotonic()
+        time.sleep(seconds)
+        return (cpu_seconds(self.pid) - c0) / (time.monotonic() - t0)
+
+
+def rx_pps(run):
+    """Sum of the receivers' pps of one Valed.run."""
+    return sum(r["pps"] for r in run["rx"])
+
+
+def cpu_per_mpkt(cpu_s, packets):
+    """CPU seconds per million packets, or None when nothing moved."""
+    return cpu_s / (packets / 1e6) if packets else None
