@@ -257,7 +257,7 @@ def mac_of(i):
 class Valed:
     """A valed of our own, in a temporary run directory, pinned as the layout says."""
 
-    def __init__(self, layout="split", workers=1):
+    def __init__(self, layout="split", workers=1, netns=None):
         need_binaries()
         self.layout = LAYOUTS[layout]
         self.layout_name = layout
@@ -266,8 +266,11 @@ class Valed:
         on_exit(lambda: shutil.rmtree(self.run_dir, ignore_errors=True))
         self.env = dict(os.environ, VALE_RUN_DIR=self.run_dir, VALE_NO_AUTOSTART="1")
         self.log = tempfile.TemporaryFile(mode="w+")
-        self.proc = spawn(["taskset", "-c", self.layout["valed"], f"{BIN}/valed", "--run-dir", self.run_dir,
-                           "--workers", str(workers)], stdout=self.log, stderr=subprocess.STDOUT)
+        # In network namespace `netns` (ip netns exec execs: the pid stays valed's), the
+        # interfaces valed binds and the TAP devices it creates live there.
+        prefix = ["ip", "netns", "exec", netns] if netns else []
+        self.proc = spawn([*prefix, "taskset", "-c", self.layout["valed"], f"{BIN}/valed", "--run-dir",
+                           self.run_dir, "--workers", str(workers)], stdout=self.log, stderr=subprocess.STDOUT)
         on_exit(lambda: stop(self.proc, signal.SIGTERM))
         sock = os.path.join(self.run_dir, "valed.sock")
         deadline = time.monotonic() + 10
