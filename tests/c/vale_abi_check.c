@@ -275,8 +275,8 @@ static void open_port(struct port *pt, const char *name)
 	if (r->tx_rings != 1 || r->rx_rings != 1)
 		fail("%s: region header says %u tx and %u rx rings, expected 1 and 1", name,
 		     r->tx_rings, r->rx_rings);
-	if (r->num_slots != 1024 || r->buf_size != 2048)
-		fail("%s: default geometry is %u slots of %u bytes, expected 1024 of 2048", name,
+	if (r->num_slots != 1024 || r->buf_size != 2112)
+		fail("%s: default geometry is %u slots of %u bytes, expected 1024 of 2112", name,
 		     r->num_slots, r->buf_size);
 	if (r->num_bufs < VALE_FIRST_BUF + 2 * r->num_slots)
 		fail("%s: only %u buffers for 2 rings of %u slots", name, r->num_bufs, r->num_slots);

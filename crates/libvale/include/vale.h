@@ -392,7 +392,7 @@ struct vale_open_opts {
 	                      * (default: 0, or 1 when VALE_NO_AUTOSTART is set and not "0") */
 };
 
-/* Fills *o with the defaults: 1 tx ring, 1 rx ring, 1024 slots, 2048-byte buffers,
+/* Fills *o with the defaults: 1 tx ring, 1 rx ring, 1024 slots, 2112-byte buffers,
  * run_dir NULL, no_autostart 0 (unless VALE_NO_AUTOSTART says otherwise). */
 void vale_open_opts_init(struct vale_open_opts *o);
 

@@ -25,4 +25,4 @@ mod port;
 pub use port::{Events, OpenOptions, Port, Ring};
 pub use vale_abi::control::PortCounters;
 pub use vale_abi::netmap::{NetmapSlot, NS_BUF_CHANGED, NS_MOREFRAG, NS_NO_LEARN};
-pub use vale_abi::region::PortParams;
+pub use vale_abi::region::{PortParams, DEFAULT_BUF_SIZE};

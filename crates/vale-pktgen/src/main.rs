@@ -108,7 +108,7 @@ struct Args {
     #[arg(long, default_value_t = 1024)]
     slots: u32,
     /// Buffer size in bytes (multiple of 64, 128-16384)
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, default_value_t = vale::DEFAULT_BUF_SIZE)]
     buf_size: u32,
     /// valed's run directory [env: VALE_RUN_DIR] [default: /run/vale]
     #[arg(long, value_name = "DIR")]

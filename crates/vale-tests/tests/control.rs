@@ -57,7 +57,7 @@ fn switch_and_port_come_with_the_first_open_and_go_with_the_last_close() {
     assert!(!p.persistent);
     assert_eq!(
         (p.tx_rings, p.rx_rings, p.slots, p.buf_size, p.moderation_us),
-        (1, 1, 1024, 2048, 0)
+        (1, 1, 1024, 2112, 0)
     );
     assert_eq!(p.counters, PortCounters::default());
     // The region header names the port.

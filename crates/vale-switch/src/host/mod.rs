@@ -34,7 +34,7 @@ pub const HOST_PARAMS: PortParams = PortParams {
     tx_rings: 1,
     rx_rings: 1,
     slots: 2048,
-    buf_size: 2048,
+    buf_size: vale_abi::region::DEFAULT_BUF_SIZE,
 };
 
 /// What a host port is attached to.
@@ -334,6 +334,7 @@ impl HostLoop {
     fn run(&mut self) {
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 8];
         let mut last_check = Instant::now();
+        let mut woke_at = Instant::now();
         while !self.state.stopping.load(Relaxed) {
             let moved_in = self.ingress();
             let moved_out = self.egress();
@@ -348,6 +349,16 @@ impl HostLoop {
             }
             let due = self.pipe.notifier.fire_due();
             if moved_in + moved_out != 0 {
+                continue;
+            }
+            // Moderation: at most one wake-up per interval. Idle early, the thread naps out the
+            // rest of the interval and looks again, so frames gather into larger batches
+            // instead of each costing a wake-up.
+            let moderation = self.port.shared.moderation_ns.load(Relaxed);
+            let since = woke_at.elapsed().as_nanos() as u64;
+            if since < moderation {
+                std::thread::sleep(std::time::Duration::from_nanos(moderation - since));
+                woke_at = Instant::now() - std::time::Duration::from_nanos(moderation);
                 continue;
             }
             // Nothing moved: ask for an interrupt, then look once more before sleeping.
@@ -373,6 +384,7 @@ impl HostLoop {
                 )
             };
             reg.atok(rx_ring).appl_need_kick.store(0, Relaxed);
+            woke_at = Instant::now();
             for ev in events.iter().take(n.max(0) as usize) {
                 match ev.u64 {
                     TOKEN_STOP => return,
