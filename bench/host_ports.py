@@ -7,9 +7,11 @@ Two experiments, each the median of --runs runs of --seconds, with min and max:
   has a TAP port (TSO and checksum offload on; 64 KiB segments cross the switch whole). Through
   the Linux bridge, each namespace has a veth into a bridge (TSO on, as veths come).
 - pps: 60-byte frames from trafgen in a namespace, out of a veth. Through vale, the veth's
-  peer is a NIC port (AF_XDP native, AF_XDP generic, AF_PACKET: --modes) and the receiver a
-  native port (vale-pktgen rx, counted by valed); through the Linux bridge, the same veth
-  layout as bench/linux_bridge.py, the receiver a veth counted by the kernel.
+  peer is a NIC port (AF_XDP native, AF_XDP generic, AF_PACKET: --modes; each with no
+  moderation and with --moderation) and the receiver a native port (vale-pktgen rx, counted by
+  valed); through the Linux bridge, the same veth layout as bench/linux_bridge.py, the receiver
+  a veth counted by the kernel. A last row measures the bound: the same trafgen into a veth
+  whose peer drops every frame at once.
 
 Nothing is pinned: iperf3, trafgen, the kernel's softirqs and valed's threads share both vCPUs,
 as they would on a host. Needs root; installs iperf3, ethtool, netsniff-ng and iproute2 with
@@ -108,13 +110,14 @@ class ValeNic(peers.Topo):
     that announces rx_mac(0); frames are counted at the receiver by valed."""
     name = "vale_nic"
 
-    def __init__(self, mode):
+    def __init__(self, mode, moderation_us=0):
         super().__init__(n_rx=1, tag="vh")
         sw = self.ns["sw"]
         sh(["ip", "-n", sw, "link", "set", "p-tx", "up"])
         self.v = common.Valed("shared", netns=sw)
         self.v.ctl("attach", "vale0:eth", "--iface", "p-tx", "--mode", mode)
         self.mode = self.v.ports()["vale0:eth"]["mode"]
+        self.v.ctl("set", "vale0:eth", "moderation", str(moderation_us))
         self.rx = common.spawn(self.v.pktgen("vale0:b", "rx", "0,1", "-T", "100000", "--announce",
                                              "-S", peers.rx_mac(0)),
                                env=self.v.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -134,6 +137,23 @@ class ValeNic(peers.Topo):
         super().close()
 
 
+class SenderFloor(peers.Topo):
+    """The same veth pair with nothing behind the sender's peer: the kernel drops each frame at
+    once. What one trafgen reaches here bounds what any switch behind that veth can get."""
+    name = "sender_floor"
+
+    def __init__(self):
+        super().__init__(n_rx=1, tag="vf")
+        sh(["ip", "-n", self.ns["sw"], "link", "set", "p-tx", "up"])
+        self.switch_pid = None
+
+    def counters(self):
+        t0 = time.monotonic()
+        tx = int(self.x("tx", "cat", "/sys/class/net/veth0/statistics/tx_packets"))
+        rx = int(self.x("sw", "cat", "/sys/class/net/p-tx/statistics/rx_packets"))
+        return (t0 + time.monotonic()) / 2, tx, rx
+
+
 def pps_runs(topo, args):
     runs = [peers.trafgen_run(topo, 60, args.seconds, cpus="0,1") for _ in range(args.runs)]
     out = {"tx_pps": summary([r["tx_pps"] for r in runs]), "rx_pps": summary([r["rx_pps"] for r in runs])}
@@ -148,6 +168,9 @@ def main():
     ap.add_argument("--experiments", default="tcp,pps", help="tcp, pps or both (default tcp,pps)")
     ap.add_argument("--modes", default="xdp,xdp-generic,packet",
                     help="NIC port modes for the pps experiment (default xdp,xdp-generic,packet)")
+    ap.add_argument("--moderation", type=int, default=30,
+                    help="a second run of each NIC mode with this moderation of the NIC port, "
+                         "microseconds between wake-ups of its thread; 0: no second run (default 30)")
     a = common.parse(ap)
     common.need_root("bench/host_ports.py")
     peers.ensure_netns_tools()
@@ -171,12 +194,17 @@ def main():
         res = {"linux_bridge": pps_runs(peers.LinuxBridge(), a)}
         rows = [["Linux bridge, veth -> veth", common.mpps(res["linux_bridge"]["rx_pps"], 3), ""]]
         for m in a.modes.split(","):
-            t = ValeNic(m)
-            key = f"vale_nic_{t.mode}"
-            res[key] = pps_runs(t, a)
-            res[key]["ratio"] = ratio(res[key]["rx_pps"], res["linux_bridge"]["rx_pps"])
-            rows.append([f"vale, veth ({t.mode}) -> native port", common.mpps(res[key]["rx_pps"], 3),
-                         fmt_ratio(res[key]["ratio"])])
+            for mod in sorted({0, a.moderation}):
+                t = ValeNic(m, mod)
+                key = f"vale_nic_{t.mode}" + (f"_moderation_{mod}us" if mod else "")
+                res[key] = pps_runs(t, a)
+                res[key]["ratio"] = ratio(res[key]["rx_pps"], res["linux_bridge"]["rx_pps"])
+                name = f"vale, veth ({t.mode}{f', moderation {mod} us' if mod else ''}) -> native port"
+                rows.append([name, common.mpps(res[key]["rx_pps"], 3), fmt_ratio(res[key]["ratio"])])
+        res["sender_floor"] = pps_runs(SenderFloor(), a)
+        res["sender_floor"]["ratio"] = ratio(res["sender_floor"]["rx_pps"], res["linux_bridge"]["rx_pps"])
+        rows.append(["(bound) veth peer drops every frame", common.mpps(res["sender_floor"]["rx_pps"], 3),
+                     fmt_ratio(res["sender_floor"]["ratio"])])
         results["pps_60B"] = res
         common.table(["60-byte frames from trafgen", "rx Mpps median (min-max)", "vale / bridge"], rows)
     layout = {"name": "unpinned", "note": "iperf3 / trafgen (trafgen: taskset -c 0,1), kernel softirqs and "
