@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prints the results of the experiments as Markdown tables (the README's Benchmarks section).
 
-Reads bench/results/{sizes,batch,destinations,ports,latency,cpu}.json, whichever exist, and
+Reads bench/results/{sizes,batch,destinations,ports,latency,cpu,host_ports}.json, whichever exist, and
 prints one table each, with the date, the runs and the CPU layout they were measured with.
 
     bench/summary.py [--results bench/results] > results.md
@@ -108,6 +108,25 @@ def main():
               f"ports ({i['vale']['clients']} held by waiting clients)"
               + (f"; ovs-vswitchd {i['ovs']['switch_cores']['median'] * 100:.2f}% with {i['ovs']['ports']} ports."
                  if "ovs" in i else "."))
+    d = load(a.results, "host_ports")
+    if d:
+        any_ = True
+        head(d, "Namespaces through TAP and NIC ports vs the Linux bridge")
+        r = d["results"]
+        if "tcp" in r:
+            t = r["tcp"]
+            rows(["TCP, one stream, iperf3", "Gbit/s", "vale/bridge"],
+                 [["vale, TAP ports", m(t["vale_tap"]["bps"], 2, 1e-9), fmt_ratio(t["ratio"])],
+                  ["Linux bridge, veths", m(t["linux_bridge"]["bps"], 2, 1e-9), ""]])
+            print()
+        if "pps_60B" in r:
+            names = {"linux_bridge": "Linux bridge, veth → veth", "sender_floor": "bound: the veth's peer drops every frame"}
+            body = []
+            for k, v in r["pps_60B"].items():
+                name = names.get(k) or "vale, veth → NIC port (" + k.replace("vale_nic_", "").replace(
+                    "_moderation_", ", moderation ").replace("us", " µs") + ") → native port"
+                body.append([name, m(v["rx_pps"], 3), fmt_ratio(v.get("ratio"))])
+            rows(["60-byte frames from one trafgen", "rx Mpps", "vale/bridge"], body)
     if not any_:
         sys.exit(f"no results in {a.results}")
 

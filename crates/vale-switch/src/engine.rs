@@ -14,7 +14,7 @@ use vale_abi::region::{Layout, PortParams};
 
 use crate::host::{self, HostSpec, HOST_PARAMS};
 use crate::lookup;
-use crate::port::{Attachment, Port, PortShared};
+use crate::port::{Attachment, Port, PortIndex, PortShared};
 use crate::switch::{Switch, DEFAULT_BATCH, MAX_PORTS};
 use crate::worker::{Cmd, Worker};
 
@@ -99,15 +99,25 @@ impl Engine {
             .clone()
     }
 
-    /// Attaches a client (pid `owner`) to `name`, creating the switch and port if needed.
-    pub fn open(&self, name: &str, params: &PortParams, owner: u32) -> Result<OpenedPort, String> {
+    /// Runs `f` on the switch of port `name`, made if absent, under the engine lock; a switch
+    /// that `f` leaves empty goes.
+    fn with_switch<T>(
+        &self,
+        name: &str,
+        f: impl FnOnce(&Arc<Switch>) -> Result<T, String>,
+    ) -> Result<T, String> {
         let (sw_name, _) = parse_port(name)?;
-        let layout = Layout::new(params)?;
         let mut sws = self.lock();
         let sw = self.switch_entry(&mut sws, sw_name);
-        let result = self.attach(&sw, name, layout, owner);
+        let result = f(&sw);
         forget_if_empty(&mut sws, &sw);
         result
+    }
+
+    /// Attaches a client (pid `owner`) to `name`, creating the switch and port if needed.
+    pub fn open(&self, name: &str, params: &PortParams, owner: u32) -> Result<OpenedPort, String> {
+        let layout = Layout::new(params)?;
+        self.with_switch(name, |sw| self.attach(sw, name, layout, owner))
     }
 
     fn attach(
@@ -117,18 +127,7 @@ impl Engine {
         layout: Layout,
         owner: u32,
     ) -> Result<OpenedPort, String> {
-        let (index, shared) = match sw.find(name) {
-            Some(p) => match &p.attachment {
-                Some(a) => return Err(in_use(name, a)),
-                None => (p.index, p.shared.clone()),
-            },
-            None => {
-                let i = sw
-                    .free_index()
-                    .ok_or_else(|| format!("switch '{}' is full ({MAX_PORTS} ports)", sw.name))?;
-                (i, Arc::new(PortShared::new(name.to_string(), false)))
-            }
-        };
+        let (index, shared) = place(sw, name)?;
         let att = Attachment::new(name, layout, owner)
             .map_err(|e| format!("cannot create memory for port '{name}': {e}"))?;
         let port = Arc::new(Port {
@@ -151,13 +150,8 @@ impl Engine {
 
     /// Attaches a host device (TAP or NIC) as port `name`; valed moves its frames.
     pub fn attach_host(&self, name: &str, spec: &HostSpec) -> Result<(), String> {
-        let (sw_name, _) = parse_port(name)?;
         let layout = Layout::new(&HOST_PARAMS)?;
-        let mut sws = self.lock();
-        let sw = self.switch_entry(&mut sws, sw_name);
-        let result = self.attach_host_to(&sw, name, layout, spec);
-        forget_if_empty(&mut sws, &sw);
-        result
+        self.with_switch(name, |sw| self.attach_host_to(sw, name, layout, spec))
     }
 
     fn attach_host_to(
@@ -167,18 +161,7 @@ impl Engine {
         layout: Layout,
         spec: &HostSpec,
     ) -> Result<(), String> {
-        let (index, shared) = match sw.find(name) {
-            Some(p) => match &p.attachment {
-                Some(a) => return Err(in_use(name, a)),
-                None => (p.index, p.shared.clone()),
-            },
-            None => {
-                let i = sw
-                    .free_index()
-                    .ok_or_else(|| format!("switch '{}' is full ({MAX_PORTS} ports)", sw.name))?;
-                (i, Arc::new(PortShared::new(name.to_string(), false)))
-            }
-        };
+        let (index, shared) = place(sw, name)?;
         let dev = host::open_device(spec)?;
         let mut att = Attachment::new(name, layout, std::process::id())
             .map_err(|e| format!("cannot create memory for port '{name}': {e}"))?;
@@ -390,6 +373,23 @@ impl Engine {
                 ports: sw.ports().iter().flatten().map(|p| port_info(p)).collect(),
             })
             .collect()
+    }
+}
+
+/// Where port `name` goes in `sw`: the index and kept state of an unowned port of that name,
+/// or a free index and fresh state.
+fn place(sw: &Switch, name: &str) -> Result<(PortIndex, Arc<PortShared>), String> {
+    match sw.find(name) {
+        Some(p) => match &p.attachment {
+            Some(a) => Err(in_use(name, a)),
+            None => Ok((p.index, p.shared.clone())),
+        },
+        None => {
+            let i = sw
+                .free_index()
+                .ok_or_else(|| format!("switch '{}' is full ({MAX_PORTS} ports)", sw.name))?;
+            Ok((i, Arc::new(PortShared::new(name.to_string(), false))))
+        }
     }
 }
 

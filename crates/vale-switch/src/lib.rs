@@ -11,6 +11,7 @@
 //! - [`engine`]: every switch and worker; what the control plane calls.
 
 pub mod engine;
+mod epoll;
 pub mod forward;
 pub mod host;
 pub mod lookup;

@@ -9,12 +9,13 @@
 //! CPU for latency.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{fence, Ordering::*};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::epoll;
 use crate::forward::Pipeline;
 use crate::port::Port;
 use crate::switch::Switch;
@@ -95,28 +96,18 @@ fn check(r: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
-fn epoll_add(ep: RawFd, fd: RawFd, token: u64) -> io::Result<()> {
-    let mut ev = libc::epoll_event {
-        events: libc::EPOLLIN as u32,
-        u64: token,
-    };
-    // SAFETY: plain syscall with a live event struct.
-    check(unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) }).map(|_| ())
-}
-
 impl Loop {
     fn new(me: Arc<Worker>, busy_poll: Duration, epoch: Instant) -> io::Result<Loop> {
-        // SAFETY: plain syscalls; results checked before they are owned.
-        let (epoll, timer) = unsafe {
-            let ep = OwnedFd::from_raw_fd(check(libc::epoll_create1(libc::EPOLL_CLOEXEC))?);
-            let tf = OwnedFd::from_raw_fd(check(libc::timerfd_create(
+        let epoll = epoll::new()?;
+        // SAFETY: plain syscall; the result is checked before it is owned.
+        let timer = unsafe {
+            OwnedFd::from_raw_fd(check(libc::timerfd_create(
                 libc::CLOCK_MONOTONIC,
                 libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
-            ))?);
-            (ep, tf)
+            ))?)
         };
-        epoll_add(epoll.as_raw_fd(), me.wake.as_raw_fd(), TOKEN_WAKE)?;
-        epoll_add(epoll.as_raw_fd(), timer.as_raw_fd(), TOKEN_TIMER)?;
+        epoll::add(&epoll, me.wake.as_raw_fd(), TOKEN_WAKE)?;
+        epoll::add(&epoll, timer.as_raw_fd(), TOKEN_TIMER)?;
         Ok(Loop {
             me,
             epoll,
@@ -133,16 +124,8 @@ impl Loop {
         loop {
             // Sleep only when no ring is active; otherwise just collect new kicks.
             let timeout = if self.active.is_empty() { -1 } else { 0 };
-            // SAFETY: the buffer outlives the call and its length is passed.
-            let n = unsafe {
-                libc::epoll_wait(
-                    self.epoll.as_raw_fd(),
-                    events.as_mut_ptr(),
-                    events.len() as i32,
-                    timeout,
-                )
-            };
-            for ev in events.iter().take(n.max(0) as usize) {
+            let n = epoll::wait(&self.epoll, &mut events, timeout).len();
+            for ev in &events[..n] {
                 match ev.u64 {
                     TOKEN_WAKE => {
                         eventfd::drain(&self.me.wake);
@@ -180,7 +163,7 @@ impl Loop {
                             self.sources.len() - 1
                         }
                     };
-                    if let Err(e) = epoll_add(self.epoll.as_raw_fd(), kick, token as u64) {
+                    if let Err(e) = epoll::add(&self.epoll, kick, token as u64) {
                         tracing::error!(port = %port.name(), "cannot watch kick eventfd: {e}");
                         continue;
                     }
@@ -204,15 +187,8 @@ impl Loop {
                                 .as_ref()
                                 .and_then(|a| a.tx.get(s.ring as usize))
                             {
-                                // SAFETY: plain syscall; the fd is still open (we hold the port).
-                                unsafe {
-                                    libc::epoll_ctl(
-                                        self.epoll.as_raw_fd(),
-                                        libc::EPOLL_CTL_DEL,
-                                        t.kick.as_raw_fd(),
-                                        std::ptr::null_mut(),
-                                    )
-                                };
+                                // The fd is still open: we hold the port.
+                                epoll::del(&self.epoll, t.kick.as_raw_fd());
                             }
                         }
                     }

@@ -362,10 +362,10 @@ fn jumbo_frames_between_different_buffer_sizes() {
     assert_eq!(b.rx_ring(0).buf_size(), 512);
     assert_eq!(v.port("vale0:b").unwrap().buf_size, 512);
     let sizes = [60, 511, 512, 513, 1515, 2048, 4096, 9000, 65536];
-    // 2048-byte buffers into 512-byte ones (c gets the flood too: drain it).
+    // Default-size buffers into 512-byte ones (c gets the flood too: drain it).
     jumbo_between(&a, &b, MAC_A, MAC_B, &sizes);
     assert_eq!(recv_frames(&c).len(), sizes.len());
-    // 512 into 2048 (a is learnt now: b's frames go to a only).
+    // 512 into default-size ones (a is learnt now: b's frames go to a only).
     jumbo_between(&b, &a, MAC_B, MAC_A, &sizes);
     assert_nothing(&c);
     // 128 into 512, and a 65536-byte frame of exactly 512 slots of 128 bytes.
@@ -447,13 +447,16 @@ fn port_geometry_is_reported_and_every_tx_ring_forwards() {
         tx_rings: 4,
         rx_rings: 4,
         slots: 256,
-        buf_size: 2048,
+        buf_size: vale::DEFAULT_BUF_SIZE,
     };
     assert_eq!(*a.params(), want);
     assert_eq!(*b.params(), want);
     for r in 0..4 {
         for ring in [a.tx_ring(r), a.rx_ring(r)] {
-            assert_eq!((ring.num_slots(), ring.buf_size()), (256, 2048));
+            assert_eq!(
+                (ring.num_slots(), ring.buf_size()),
+                (256, vale::DEFAULT_BUF_SIZE)
+            );
         }
         assert_eq!(
             a.tx_ring(r).space(),
@@ -469,7 +472,7 @@ fn port_geometry_is_reported_and_every_tx_ring_forwards() {
         let p = v.port(name).unwrap();
         assert_eq!(
             (p.tx_rings, p.rx_rings, p.slots, p.buf_size),
-            (tx, rx, slots, 2048),
+            (tx, rx, slots, vale::DEFAULT_BUF_SIZE),
             "{p:?}"
         );
         assert_eq!(p.owner_pid, Some(std::process::id()));
@@ -872,7 +875,11 @@ fn malformed_slots_count_as_bad_input_and_deliver_nothing() {
             Box::new(move |s| s.buf_idx = num_bufs),
         ),
         ("buf_idx u32::MAX", 60, Box::new(|s| s.buf_idx = u32::MAX)),
-        ("len > buf_size", 2049, Box::new(|_| {})),
+        (
+            "len > buf_size",
+            vale::DEFAULT_BUF_SIZE as usize + 1,
+            Box::new(|_| {}),
+        ),
         ("len 65535", 65535, Box::new(|_| {})),
         ("NS_INDIRECT", 60, Box::new(|s| s.flags |= 0x10)),
     ];

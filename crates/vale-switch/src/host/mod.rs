@@ -13,7 +13,7 @@ pub mod tap;
 pub use vale_nic::Mode as NicMode;
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -23,6 +23,7 @@ use vale_abi::eventfd;
 use vale_abi::netmap::{NS_MOREFRAG, NS_OFFLOAD};
 use vale_abi::region::PortParams;
 
+use crate::epoll;
 use crate::forward::Pipeline;
 use crate::offload::Offload;
 use crate::port::{add, Port};
@@ -274,31 +275,13 @@ pub fn start(
     state: Arc<HostState>,
     epoch: Instant,
 ) -> io::Result<()> {
-    let epoll = {
-        // SAFETY: plain syscall, checked.
-        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fresh descriptor we own.
-        unsafe { OwnedFd::from_raw_fd(fd) }
-    };
+    let epoll = epoll::new()?;
     let att = port.attachment.as_ref().expect("host ports are attached");
-    epoll_ctl(
-        &epoll,
-        libc::EPOLL_CTL_ADD,
-        state.stop.as_raw_fd(),
-        TOKEN_STOP,
-    )?;
-    epoll_ctl(
-        &epoll,
-        libc::EPOLL_CTL_ADD,
-        att.rx[0].irq.fd.as_raw_fd(),
-        TOKEN_IRQ,
-    )?;
+    epoll::add(&epoll, state.stop.as_raw_fd(), TOKEN_STOP)?;
+    epoll::add(&epoll, att.rx[0].irq.fd.as_raw_fd(), TOKEN_IRQ)?;
     let watched = dev.poll_fds();
     for &fd in &watched {
-        epoll_ctl(&epoll, libc::EPOLL_CTL_ADD, fd, TOKEN_DEV)?;
+        epoll::add(&epoll, fd, TOKEN_DEV)?;
     }
     let mut lp = HostLoop {
         sw,
@@ -315,18 +298,6 @@ pub fn start(
         .name(format!("vale-{}", state.kind))
         .spawn(move || lp.run())?;
     *state.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
-    Ok(())
-}
-
-fn epoll_ctl(ep: &OwnedFd, op: libc::c_int, fd: RawFd, token: u64) -> io::Result<()> {
-    let mut ev = libc::epoll_event {
-        events: libc::EPOLLIN as u32,
-        u64: token,
-    };
-    // SAFETY: plain syscall with a live event struct.
-    if unsafe { libc::epoll_ctl(ep.as_raw_fd(), op, fd, &mut ev) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
     Ok(())
 }
 
@@ -374,18 +345,10 @@ impl HostLoop {
             } else {
                 1000
             };
-            // SAFETY: the buffer outlives the call and its length is passed.
-            let n = unsafe {
-                libc::epoll_wait(
-                    self.epoll.as_raw_fd(),
-                    events.as_mut_ptr(),
-                    events.len() as i32,
-                    timeout_ms,
-                )
-            };
+            let n = epoll::wait(&self.epoll, &mut events, timeout_ms).len();
             reg.atok(rx_ring).appl_need_kick.store(0, Relaxed);
             woke_at = Instant::now();
-            for ev in events.iter().take(n.max(0) as usize) {
+            for ev in &events[..n] {
                 match ev.u64 {
                     TOKEN_STOP => return,
                     TOKEN_IRQ => {
@@ -526,15 +489,8 @@ impl HostLoop {
         if pause && !self.paused {
             self.paused = true;
             for &fd in &self.watched {
-                // SAFETY: plain syscall; the fd is still open (the device owns it).
-                unsafe {
-                    libc::epoll_ctl(
-                        self.epoll.as_raw_fd(),
-                        libc::EPOLL_CTL_DEL,
-                        fd,
-                        std::ptr::null_mut(),
-                    )
-                };
+                // The fd is still open: the device owns it.
+                epoll::del(&self.epoll, fd);
             }
         }
     }
@@ -542,7 +498,7 @@ impl HostLoop {
     fn resume(&mut self) {
         self.paused = false;
         for &fd in &self.watched {
-            if let Err(e) = epoll_ctl(&self.epoll, libc::EPOLL_CTL_ADD, fd, TOKEN_DEV) {
+            if let Err(e) = epoll::add(&self.epoll, fd, TOKEN_DEV) {
                 tracing::error!(port = %self.port.name(), "cannot watch the device again: {e}");
             }
         }

@@ -1,0 +1,59 @@
+//! The epoll calls of valed's threads (workers and host ports): each waits for readability of
+//! eventfds and devices, with a token per descriptor.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+pub fn new() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall, checked before the descriptor is owned.
+    let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Watches `fd` for readability; events on it carry `token`.
+pub fn add(ep: &OwnedFd, fd: RawFd, token: u64) -> io::Result<()> {
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: token,
+    };
+    // SAFETY: plain syscall with a live event struct.
+    if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Stops watching `fd`, which must still be open.
+pub fn del(ep: &OwnedFd, fd: RawFd) {
+    // SAFETY: plain syscall; a descriptor not watched only gets an error back.
+    unsafe {
+        libc::epoll_ctl(
+            ep.as_raw_fd(),
+            libc::EPOLL_CTL_DEL,
+            fd,
+            std::ptr::null_mut(),
+        )
+    };
+}
+
+/// Waits up to `timeout_ms` (-1: forever) and returns the events that came.
+pub fn wait<'a>(
+    ep: &OwnedFd,
+    events: &'a mut [libc::epoll_event],
+    timeout_ms: i32,
+) -> &'a [libc::epoll_event] {
+    // SAFETY: the buffer outlives the call and its length is passed.
+    let n = unsafe {
+        libc::epoll_wait(
+            ep.as_raw_fd(),
+            events.as_mut_ptr(),
+            events.len() as i32,
+            timeout_ms,
+        )
+    };
+    &events[..n.max(0) as usize]
+}
