@@ -101,6 +101,15 @@ def write_report(path, experiment, args, cpu_layout, results, **extra):
     return report
 
 
+def load_result(results, name):
+    """The JSON an experiment wrote to `results`/`name`.json, or None if there is none."""
+    try:
+        with open(os.path.join(results, f"{name}.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
 # ---------------------------------------------------------------- command line
 
 def parser(doc, name, runs=5, seconds=2.0, peers=True):

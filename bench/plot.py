@@ -51,14 +51,6 @@ def load_matplotlib():
 PLAIN = None   # matplotlib's ScalarFormatter, once loaded: 1024 rather than 2^10 on log axes
 
 
-def load(results, name):
-    try:
-        with open(os.path.join(results, f"{name}.json")) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
 def bars(s, scale=1.0):
     """(median, [[below], [above]]) of a summary, for errorbar()."""
     m = s["median"] * scale
@@ -97,7 +89,7 @@ def main():
     os.makedirs(a.outdir, exist_ok=True)
     made = []
 
-    d = load(a.results, "destinations")
+    d = common.load_result(a.results, "destinations")
     if d:
         fig, ax = plt.subplots(figsize=(6.5, 4.2))
         for sw in ("vale", "linux_bridge"):
@@ -128,7 +120,7 @@ def main():
         title(ax, "Fig. 7: time per delivered packet vs number of destinations", d)
         save(plt, fig, a.outdir, "fig07_ns_per_copy.png", made)
 
-    d = load(a.results, "batch")
+    d = common.load_result(a.results, "batch")
     if d:
         names = {"switch": "Fig. 8: switch batch (tx, rx 1024)", "rx": "Fig. 9: receiver batch (switch, tx 1024)",
                  "tx": "Fig. 10: sender batch (switch 1024)"}
@@ -157,7 +149,7 @@ def main():
                      + (" (quick)" if d.get("quick") else ""), fontsize=9)
         save(plt, fig, a.outdir, "fig08_10_batch.png", made)
 
-    d = load(a.results, "sizes")
+    d = common.load_result(a.results, "sizes")
     if d:
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
         for sw in ("vale", "linux_bridge", "ovs", "dpdk_memif"):
@@ -179,7 +171,7 @@ def main():
         title(ax2, "rate vs frame size", d)
         save(plt, fig, a.outdir, "fig11_sizes.png", made)
 
-    d = load(a.results, "latency")
+    d = common.load_result(a.results, "latency")
     if d:
         fig, ax = plt.subplots(figsize=(6.5, 4.2))
         for sw in ("vale", "linux_bridge"):
@@ -199,7 +191,7 @@ def main():
         title(ax, "Fig. 12: round-trip time vs frame size", d)
         save(plt, fig, a.outdir, "fig12_latency.png", made)
 
-    d = load(a.results, "ports")
+    d = common.load_result(a.results, "ports")
     if d:
         fig, ax = plt.subplots(figsize=(6.5, 4.2))
         for size in sorted({r["frame_len"] for r in d["results"]}):
@@ -214,7 +206,7 @@ def main():
         title(ax, "Unicast rate vs number of ports", d)
         save(plt, fig, a.outdir, "ports.png", made)
 
-    d = load(a.results, "cpu")
+    d = common.load_result(a.results, "cpu")
     if d:
         busy = d["results"]["busy"]
         fig, ax = plt.subplots(figsize=(6.5, 4.2))

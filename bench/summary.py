@@ -14,14 +14,6 @@ import common  # noqa: E402
 from common import fmt_ratio  # noqa: E402
 
 
-def load(results, name):
-    try:
-        with open(os.path.join(results, f"{name}.json")) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
 def m(s, d=2, scale=1e-6):
     return "–" if not s else f"{s['median'] * scale:.{d}f} ({s['min'] * scale:.{d}f}–{s['max'] * scale:.{d}f})"
 
@@ -44,7 +36,7 @@ def main():
     a = ap.parse_args()
     any_ = False
 
-    d = load(a.results, "sizes")
+    d = common.load_result(a.results, "sizes")
     if d:
         any_ = True
         head(d, "Rate vs frame size (fig. 11)")
@@ -56,7 +48,7 @@ def main():
                m(r.get("ovs", {}).get("rx_pps"), 3), fmt_ratio(r["ratio"].get("ovs")),
                m(r.get("dpdk_memif", {}).get("rx_pps")), fmt_ratio(r["ratio"].get("dpdk_memif"))]
               for r in d["results"]])
-    d = load(a.results, "batch")
+    d = common.load_result(a.results, "batch")
     if d:
         any_ = True
         head(d, f"Rate vs batch size, {d['results'][0]['frame_len']} B, vale rx Mpps (figs. 8–10)")
@@ -67,7 +59,7 @@ def main():
              [[b] + [m(s["points"][i]["rx_pps"]) for s in sweeps] for i, b in enumerate(batches)])
         if ref:
             print(f"\nLinux bridge at the same size, same run: {m(ref['rx_pps'], 3)} Mpps.")
-    d = load(a.results, "destinations")
+    d = common.load_result(a.results, "destinations")
     if d:
         any_ = True
         head(d, "Rate per destination vs destinations, broadcast (figs. 6, 7)")
@@ -78,21 +70,21 @@ def main():
                f"{r['ns_per_delivered_packet']:.1f}",
                m(peer.get((r["frame_len"], r["destinations"]), {}).get("per_destination_pps"), 3),
                fmt_ratio(r.get("ratio_to_linux_bridge"))] for r in vale])
-    d = load(a.results, "ports")
+    d = common.load_result(a.results, "ports")
     if d:
         any_ = True
         head(d, "Unicast rate vs ports on the switch")
         rows(["ports", "frame", "vale Mpps", "vs fewest", "flooded"],
              [[r["ports"], f"{r['frame_len']} B", m(r["rx_pps"]), fmt_ratio(r["ratio_to_fewest_ports"]), r["flooded"]]
               for r in d["results"]])
-    d = load(a.results, "latency")
+    d = common.load_result(a.results, "latency")
     if d:
         any_ = True
         head(d, "Round-trip time, µs (fig. 12)")
         rows(["path", "frame", "min", "median", "p99"],
              [[("vale ping-pong" if r["switch"] == "vale" else "Linux bridge, kernel ping"), f"{r['frame_len']} B",
                m(r["min"], 1, 1), m(r["median"], 1, 1), m(r["p99"], 1, 1)] for r in d["results"]])
-    d = load(a.results, "cpu")
+    d = common.load_result(a.results, "cpu")
     if d:
         any_ = True
         head(d, "CPU seconds per million packets")
@@ -108,7 +100,7 @@ def main():
               f"ports ({i['vale']['clients']} held by waiting clients)"
               + (f"; ovs-vswitchd {i['ovs']['switch_cores']['median'] * 100:.2f}% with {i['ovs']['ports']} ports."
                  if "ovs" in i else "."))
-    d = load(a.results, "host_ports")
+    d = common.load_result(a.results, "host_ports")
     if d:
         any_ = True
         head(d, "Namespaces through TAP and NIC ports vs the Linux bridge")
