@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds vale and runs the main job: a valed of its own, switch vale0 with two ports, 60-byte
-# and 1514-byte traffic from vale0:a to vale0:b for a few seconds each, and what moved.
+# and 1514-byte traffic from vale0:a to vale0:b for a few seconds each, and what moved. As root
+# (with iproute2), also two network namespaces on TAP ports of switch vale1, pinging each other.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_EACH=${SECONDS_EACH:-3}
@@ -9,8 +10,11 @@ cargo build --release --workspace --quiet
 bin=target/release
 run_dir=$(mktemp -d -t vale-demo.XXXXXX)
 export VALE_RUN_DIR=$run_dir
+ns_tag="vale-demo-$$"
 cleanup() {
     kill "${rx_pid:-}" "${tx_pid:-}" 2>/dev/null || true
+    ip netns del "$ns_tag-1" 2>/dev/null || true
+    ip netns del "$ns_tag-2" 2>/dev/null || true
     [ -n "${valed_pid:-}" ] && kill "$valed_pid" 2>/dev/null
     wait 2>/dev/null || true
     rm -rf "$run_dir"
@@ -34,3 +38,20 @@ for len in 60 1514; do
     $bin/vale-ctl list
     wait "$tx_pid" "$rx_pid"
 done
+
+if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null 2>&1; then
+    echo "== (TAP ports: run as root, with iproute2, to see two namespaces on a switch)"
+    exit 0
+fi
+echo "== two network namespaces on TAP ports vale1:h1 and vale1:h2"
+for i in 1 2; do
+    tap="vdemo$$-$i"
+    tap=${tap:0:15}
+    $bin/vale-ctl attach "vale1:h$i" --tap "$tap"
+    ip netns add "$ns_tag-$i"
+    ip link set "$tap" netns "$ns_tag-$i"
+    ip -n "$ns_tag-$i" addr add "10.99.0.$i/24" dev "$tap"
+    ip -n "$ns_tag-$i" link set "$tap" up
+done
+ip netns exec "$ns_tag-1" ping -c 3 -i 0.2 10.99.0.2
+$bin/vale-ctl list vale1
