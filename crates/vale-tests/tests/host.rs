@@ -384,3 +384,48 @@ fn a_nic_going_down_and_away_shows_down_and_the_switch_keeps_forwarding() {
     assert!(v.log().contains("device down"), "{}", v.log());
     v.ctl_ok(&["detach", "vale0:eth"]);
 }
+
+#[test]
+fn garbage_from_a_container_is_counted_not_fatal() {
+    let net = TapNet::new(&["a", "b", "c"]);
+    net.ns(0).ok("ping -c 1 -W 2 10.77.0.2");
+    // A program in namespace a writes whatever it likes on its interface: 3000 frames of random
+    // length (1..1600 bytes; the kernel pads or refuses some) and random bytes, MACs included.
+    let tap_a = &net.hosts[0].1;
+    let script = format!(
+        "import os, socket, random\n\
+         random.seed(7)\n\
+         s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)\n\
+         s.bind(('{tap_a}', 0))\n\
+         sent = 0\n\
+         for i in range(3000):\n\
+         \x20   n = random.choice([1, 6, 13, 14, 15, 42, 60, 61, 1000, 1514, 1600])\n\
+         \x20   try:\n\
+         \x20       s.send(os.urandom(n)); sent += 1\n\
+         \x20   except OSError:\n\
+         \x20       pass\n\
+         print(sent)\n"
+    );
+    let out = net.ns(0).run(
+        &format!("python3 -c \"{}\"", script.replace('"', "\\\"")),
+        Duration::from_secs(60),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sent: u64 = String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    assert!(sent > 1000, "only {sent} garbage frames went out");
+    // valed is alive, the switch still forwards, and what a sent is accounted for.
+    net.ns(1).ok("ping -c 3 -i 0.2 -W 2 10.77.0.3");
+    let a = net.v.counters("vale0:a");
+    assert!(
+        a.tx_packets + a.bad_input >= sent,
+        "{a:?} after {sent} frames"
+    );
+    assert!(!net.v.log().contains("panicked"), "{}", net.v.log());
+}
