@@ -187,7 +187,7 @@ impl Engine {
     /// Gives the device of TAP or NIC port `name` back; a persistent port stays, empty.
     pub fn detach(&self, name: &str) -> Result<(), String> {
         let port = {
-            let mut sws = self.lock();
+            let sws = self.lock();
             let (sw_name, _) = parse_port(name)?;
             let sw = sws
                 .get(sw_name)
@@ -205,19 +205,10 @@ impl Engine {
                     "port '{name}' has no device to detach (only TAP and NIC ports do)"
                 ));
             }
-            let keep = p.shared.persistent.load(Relaxed).then(|| {
-                Arc::new(Port {
-                    shared: p.shared.clone(),
-                    index: p.index,
-                    attachment: None,
-                })
-            });
-            sw.replace(&p, keep);
-            forget_if_empty(&mut sws, &sw);
             p
         };
-        self.release(&port);
-        tracing::info!(port = name, "host port detached");
+        // Detaching is what a client's going away is for a native port.
+        self.close(&port);
         Ok(())
     }
 

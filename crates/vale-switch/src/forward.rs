@@ -135,6 +135,8 @@ pub struct Pipeline {
     iov: Vec<libc::iovec>,
     /// Does offload work in software for ports that cannot take it.
     resolver: Resolver,
+    /// The allocation of the list of a frame's pieces the resolver reads (see [`recycle`]).
+    pieces: Vec<&'static [u8]>,
     pub notifier: Notifier,
 }
 
@@ -155,6 +157,7 @@ impl Pipeline {
             dst_bufs: Vec::with_capacity(MAX_FRAGS as usize),
             iov: Vec::with_capacity(1 + MAX_FRAGS as usize),
             resolver: Resolver::new(),
+            pieces: Vec::with_capacity(MAX_FRAGS as usize),
             notifier: Notifier::new(epoch),
         }
     }
@@ -432,12 +435,14 @@ impl Pipeline {
             let off = Offload::from_word(f.offload);
             if f.offload != 0 && !att.offload && off.needs_work() {
                 // Slow path: a TSO segment or a partial checksum toward a port that cannot
-                // take it. The pieces list is allocated here, once per such frame.
-                let pieces: Vec<&[u8]> = frags
-                    .iter()
-                    // SAFETY: checked against the source's pool and buffer size in stage 1.
-                    .map(|g| unsafe { std::slice::from_raw_parts(g.ptr, g.len as usize) })
-                    .collect();
+                // take it.
+                let mut pieces: Vec<&[u8]> = std::mem::take(&mut self.pieces);
+                pieces.extend(
+                    frags
+                        .iter()
+                        // SAFETY: checked against the source's pool and buffer size in stage 1.
+                        .map(|g| unsafe { std::slice::from_raw_parts(g.ptr, g.len as usize) }),
+                );
                 let (dst_bufs, mut n, mut b_, mut lost) = (&mut self.dst_bufs, 0u64, 0u64, 0u64);
                 let r = self.resolver.resolve(&pieces, off, |seg| {
                     let frag = [Frag {
@@ -456,6 +461,7 @@ impl Pipeline {
                         }
                     }
                 });
+                self.pieces = recycle(pieces);
                 if r.is_err() {
                     // Headers that contradict the offload request: the sender's fault.
                     src_bad += 1;
@@ -544,6 +550,17 @@ impl Pipeline {
         add(&stats.rx_bytes, bytes);
         add(&stats.rx_drops, dropped);
     }
+}
+
+/// Empties a list of borrowed slices and keeps its allocation for the next list, whatever the
+/// lifetime of its slices: the per-frame lists of pieces cost no allocation once grown.
+/// (Collecting an emptied `Vec` through a map to an item of the same layout reuses its buffer;
+/// a unit test holds that.)
+pub(crate) fn recycle(mut list: Vec<&[u8]>) -> Vec<&'static [u8]> {
+    list.clear();
+    list.into_iter()
+        .map(|_| -> &'static [u8] { unreachable!("the list is empty") })
+        .collect()
 }
 
 /// A destination rx ring being filled, inside its critical section.
@@ -674,4 +691,21 @@ fn prefetch(p: *const u8) {
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::recycle;
+
+    #[test]
+    fn recycle_keeps_the_allocation() {
+        let mut spare: Vec<&'static [u8]> = Vec::with_capacity(512);
+        let buf = spare.as_ptr();
+        let data = [1u8, 2, 3];
+        let mut list: Vec<&[u8]> = std::mem::take(&mut spare);
+        list.extend([&data[..1], &data[1..]]);
+        spare = recycle(list);
+        assert!(spare.is_empty());
+        assert_eq!((spare.as_ptr(), spare.capacity()), (buf, 512));
+    }
 }

@@ -14,17 +14,17 @@ pub use vale_nic::Mode as NicMode;
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::*};
+use std::sync::atomic::{fence, AtomicBool, Ordering::*};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use vale_abi::eventfd;
 use vale_abi::netmap::{NS_MOREFRAG, NS_OFFLOAD};
-use vale_abi::region::PortParams;
+use vale_abi::region::{PortParams, MAX_FRAGS};
 
 use crate::epoll;
-use crate::forward::Pipeline;
+use crate::forward::{recycle, Pipeline};
 use crate::offload::Offload;
 use crate::port::{add, Port};
 use crate::region::Region;
@@ -60,8 +60,6 @@ pub struct HostState {
     pub mode: String,
     /// The device works: false after it went down or away (logged once per change).
     pub up: AtomicBool,
-    /// Times the device was seen going down or away.
-    pub down_events: AtomicU64,
     /// Set, then `stop` written, to end the port's thread.
     stopping: AtomicBool,
     stop: OwnedFd,
@@ -76,7 +74,6 @@ impl HostState {
             device,
             mode,
             up: AtomicBool::new(true),
-            down_events: AtomicU64::new(0),
             stopping: AtomicBool::new(false),
             stop: eventfd::new()?,
             thread: Mutex::new(None),
@@ -98,7 +95,6 @@ impl HostState {
             if up {
                 tracing::info!(port, device = %self.device, "device is up again");
             } else {
-                self.down_events.fetch_add(1, Relaxed);
                 tracing::warn!(port, device = %self.device, "device down: {why}");
             }
         }
@@ -258,6 +254,8 @@ struct HostLoop {
     /// The device is down or away: frames to it are dropped, nothing is read from it, until
     /// it says it is up again.
     paused: bool,
+    /// The allocation of the list of a frame's pieces (see [`crate::forward::recycle`]).
+    pieces: Vec<&'static [u8]>,
 }
 
 const TOKEN_STOP: u64 = 0;
@@ -293,6 +291,7 @@ pub fn start(
         watched,
         blocked: false,
         paused: false,
+        pieces: Vec::with_capacity(MAX_FRAGS as usize),
     };
     let t = std::thread::Builder::new()
         .name(format!("vale-{}", state.kind))
@@ -413,7 +412,7 @@ impl HostLoop {
         let atok = reg.atok(ring);
         let mut head = atok.head.load(Relaxed);
         let tail = reg.ktoa(ring).hwtail.load(Acquire);
-        let mut pieces: Vec<&[u8]> = Vec::new();
+        let mut pieces: Vec<&[u8]> = std::mem::take(&mut self.pieces);
         let (mut sent, mut dropped) = (0usize, 0u64);
         self.blocked = false;
         while head != tail && sent + (dropped as usize) < EGRESS_BURST {
@@ -475,6 +474,7 @@ impl HostLoop {
             atok.head.store(head, Release);
             atok.cur.store(head, Relaxed);
         }
+        self.pieces = recycle(pieces);
         sent + dropped as usize
     }
 

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use vale_abi::region::{MAX_FRAGS, MAX_FRAME_LEN};
 
 use super::{DevError, Device, DirectSink, TxSide};
-use crate::offload::{Offload, F_NEEDS_CSUM, GSO_NONE, VNET_HDR_LEN};
+use crate::offload::{Offload, VNET_HDR_LEN};
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;
@@ -44,10 +44,9 @@ struct IfReq {
 }
 
 pub struct Tap {
-    fd: Arc<OwnedFd>,
+    /// The device's descriptor and state, shared with the switch's threads that write to it.
+    sink: Arc<TapSink>,
     name: String,
-    /// The last write did not fail with EIO (which is what a downed TAP answers).
-    up: Arc<AtomicBool>,
     /// One iovec per slot a frame can take, plus the header's.
     iov: Vec<libc::iovec>,
 }
@@ -127,9 +126,11 @@ impl Tap {
             .unwrap_or(req.name.len());
         let name = String::from_utf8_lossy(&req.name[..len]).into_owned();
         Ok(Tap {
-            fd: Arc::new(fd),
+            sink: Arc::new(TapSink {
+                fd,
+                up: AtomicBool::new(true),
+            }),
             name,
-            up: Arc::new(AtomicBool::new(true)),
             iov: Vec::with_capacity(1 + MAX_FRAGS as usize),
         })
     }
@@ -159,8 +160,10 @@ fn classify(up: &AtomicBool, e: io::Error) -> DevError {
 
 /// Writes frames to a TAP device from any thread.
 pub struct TapSink {
-    fd: Arc<OwnedFd>,
-    up: Arc<AtomicBool>,
+    fd: OwnedFd,
+    /// No read or write has failed since the last that worked (a downed TAP answers writes
+    /// with EIO; a deleted one answers everything with EBADFD).
+    up: AtomicBool,
 }
 
 impl DirectSink for TapSink {
@@ -199,7 +202,7 @@ impl Device for Tap {
     }
 
     fn poll_fds(&self) -> Vec<RawFd> {
-        vec![self.fd.as_raw_fd()]
+        vec![self.sink.fd.as_raw_fd()]
     }
 
     fn ingress(&mut self, ring: &mut TxSide) -> Result<usize, DevError> {
@@ -223,7 +226,7 @@ impl Device for Tap {
             // SAFETY: every iovec points at a live buffer of its length.
             let n = unsafe {
                 libc::readv(
-                    self.fd.as_raw_fd(),
+                    self.sink.fd.as_raw_fd(),
                     self.iov.as_ptr(),
                     self.iov.len() as libc::c_int,
                 )
@@ -236,7 +239,7 @@ impl Device for Tap {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
-                return Err(classify(&self.up, e));
+                return Err(classify(&self.sink.up, e));
             }
             let n = n as usize;
             if n < VNET_HDR_LEN + 14 || n - VNET_HDR_LEN > MAX_FRAME_LEN as usize {
@@ -244,7 +247,7 @@ impl Device for Tap {
                 continue;
             }
             let off = Offload::from_virtio(&hdr);
-            let off = (off.flags & F_NEEDS_CSUM != 0 || off.gso_type != GSO_NONE).then_some(off);
+            let off = off.needs_work().then_some(off);
             ring.commit(n - VNET_HDR_LEN, off);
             moved += 1;
         }
@@ -252,8 +255,8 @@ impl Device for Tap {
     }
 
     fn send(&mut self, pieces: &[&[u8]], off: Offload) -> Result<bool, DevError> {
-        // Only reached if a frame came through the rx ring; the switch normally writes
-        // through `direct`.
+        // Only reached if a frame came through the rx ring; the switch writes through
+        // `direct`.
         self.iov.clear();
         self.iov.push(libc::iovec {
             iov_base: std::ptr::null_mut(),
@@ -265,11 +268,7 @@ impl Device for Tap {
                 iov_len: p.len(),
             });
         }
-        let sink = TapSink {
-            fd: self.fd.clone(),
-            up: self.up.clone(),
-        };
-        sink.send(&mut self.iov, off).map(|()| true)
+        self.sink.send(&mut self.iov, off).map(|()| true)
     }
 
     fn flush(&mut self) -> Result<(), DevError> {
@@ -277,13 +276,10 @@ impl Device for Tap {
     }
 
     fn is_up(&self) -> bool {
-        self.up.load(Relaxed)
+        self.sink.up.load(Relaxed)
     }
 
     fn direct(&self) -> Option<Arc<dyn DirectSink>> {
-        Some(Arc::new(TapSink {
-            fd: self.fd.clone(),
-            up: self.up.clone(),
-        }))
+        Some(self.sink.clone())
     }
 }
