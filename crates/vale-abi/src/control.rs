@@ -19,8 +19,11 @@ use crate::region::PortParams;
 pub const SOCKET_NAME: &str = "valed.sock";
 /// Run directory when neither `--run-dir` nor `VALE_RUN_DIR` says otherwise.
 pub const DEFAULT_RUN_DIR: &str = "/run/vale";
-/// Largest control message, either way.
+/// Largest control message a client accepts (a reply: a `List` of many ports is the largest).
 pub const MAX_MESSAGE: usize = 16 << 20;
+/// Largest request valed accepts: requests are names and a few numbers, so valed never holds
+/// more than this for a connection's unfinished request.
+pub const MAX_REQUEST: usize = 64 << 10;
 /// Most descriptors one message carries (`SCM_MAX_FD` is 253).
 pub const MAX_FDS: usize = 128;
 
@@ -109,6 +112,10 @@ pub struct PortInfo {
     pub persistent: bool,
     /// Pid of the process holding the port, if any.
     pub owner_pid: Option<u32>,
+    /// The user the port belongs to: the uid that opened, created or attached it. Only this
+    /// uid or an administrator may destroy, detach or tune the port, or reopen it once free.
+    #[serde(default)]
+    pub owner_uid: u32,
     pub tx_rings: u32,
     pub rx_rings: u32,
     pub slots: u32,
@@ -136,10 +143,10 @@ pub struct PortCounters {
     pub bad_input: u64,
 }
 
-/// Sends one message with optional descriptors.
-pub fn send<T: Serialize>(sock: &UnixStream, msg: &T, fds: &[RawFd]) -> io::Result<()> {
+/// One message as it goes on the wire: its length, then its JSON.
+pub fn encode<T: Serialize>(msg: &T) -> io::Result<Vec<u8>> {
     let body = serde_json::to_vec(msg).map_err(io::Error::other)?;
-    if body.len() > MAX_MESSAGE || fds.len() > MAX_FDS {
+    if body.len() > MAX_MESSAGE {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "control message too large",
@@ -148,17 +155,47 @@ pub fn send<T: Serialize>(sock: &UnixStream, msg: &T, fds: &[RawFd]) -> io::Resu
     let mut frame = Vec::with_capacity(4 + body.len());
     frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
     frame.extend_from_slice(&body);
+    Ok(frame)
+}
+
+/// A message's body, from JSON.
+pub fn decode<T: DeserializeOwned>(body: &[u8]) -> io::Result<T> {
+    serde_json::from_slice(body).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("bad control message: {e}"),
+        )
+    })
+}
+
+/// Sends one message with optional descriptors.
+pub fn send<T: Serialize>(sock: &UnixStream, msg: &T, fds: &[RawFd]) -> io::Result<()> {
+    if fds.len() > MAX_FDS {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "control message too large",
+        ));
+    }
+    let frame = encode(msg)?;
     // The descriptors ride on the first sendmsg; whatever it did not take follows plainly.
     let sent = if fds.is_empty() {
         0
     } else {
-        send_with_fds(sock.as_raw_fd(), &frame, fds)?
+        send_with_fds(sock.as_raw_fd(), &frame, fds, false)?
     };
     let mut w: &UnixStream = sock;
     w.write_all(&frame[sent..])
 }
 
-fn send_with_fds(fd: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<usize> {
+/// One `sendmsg` of `data` with `fds` attached (`MSG_NOSIGNAL`, and `MSG_DONTWAIT` if
+/// `nonblocking`); how many bytes went. The descriptors go with the first byte.
+pub fn send_with_fds(
+    fd: RawFd,
+    data: &[u8],
+    fds: &[RawFd],
+    nonblocking: bool,
+) -> io::Result<usize> {
+    let flags = libc::MSG_NOSIGNAL | if nonblocking { libc::MSG_DONTWAIT } else { 0 };
     let fd_bytes = std::mem::size_of_val(fds);
     // SAFETY: CMSG_SPACE only computes a size.
     let space = unsafe { libc::CMSG_SPACE(fd_bytes as u32) } as usize;
@@ -172,15 +209,23 @@ fn send_with_fds(fd: RawFd, data: &[u8], fds: &[RawFd]) -> io::Result<usize> {
         let mut msg: libc::msghdr = std::mem::zeroed();
         msg.msg_iov = &mut iov;
         msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
-        msg.msg_controllen = space;
+        if !fds.is_empty() {
+            msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+            msg.msg_controllen = space;
+        }
         let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        (*cmsg).cmsg_level = libc::SOL_SOCKET;
-        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-        (*cmsg).cmsg_len = libc::CMSG_LEN(fd_bytes as u32) as usize;
-        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cmsg) as *mut RawFd, fds.len());
+        if !cmsg.is_null() {
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(fd_bytes as u32) as usize;
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr(),
+                libc::CMSG_DATA(cmsg) as *mut RawFd,
+                fds.len(),
+            );
+        }
         loop {
-            let n = libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL);
+            let n = libc::sendmsg(fd, &msg, flags);
             if n >= 0 {
                 return Ok(n as usize);
             }
@@ -218,16 +263,11 @@ pub fn recv<T: DeserializeOwned>(sock: &UnixStream) -> io::Result<Option<(T, Vec
     let mut body = vec![0u8; len];
     let mut r: &UnixStream = sock;
     r.read_exact(&mut body)?;
-    let msg = serde_json::from_slice(&body).map_err(|e| {
-        io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("bad control message: {e}"),
-        )
-    })?;
-    Ok(Some((msg, fds)))
+    Ok(Some((decode(&body)?, fds)))
 }
 
-fn recv_with_fds(fd: RawFd, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
+/// One `recvmsg` into `buf`; descriptors that came with it are appended to `fds`.
+pub fn recv_with_fds(fd: RawFd, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<usize> {
     // SAFETY: CMSG_SPACE only computes a size.
     let space = unsafe { libc::CMSG_SPACE((MAX_FDS * 4) as u32) } as usize;
     let mut cbuf = vec![0u64; space.div_ceil(8)];

@@ -85,7 +85,9 @@ valeX  lookup MODULE  batch N  ports N\n\n\
 and, under it, a table of its ports:\n\n  \
 NAME       the port, valeX:Y\n  \
 KIND       native: a libvale client\n  \
-OWNER      pid of the process holding the port (valed's own for tap and nic), - if none\n  \
+UID        the user the port belongs to: only it or an administrator may destroy,\n             \
+detach or tune the port, or reopen it once free\n  \
+PID        pid of the process holding the port (valed's own for tap and nic), - if none\n  \
 PERSIST    yes: made by 'vale-ctl create', stays when no client holds it\n  \
 RINGS      tx/rx rings (- while no client holds the port)\n  \
 SLOTS      slots per ring\n  \
@@ -99,7 +101,7 @@ TX-DROP    frames from the port that had nowhere to go\n  \
 BAD        frames refused because the client wrote bad ring values\n\n\
 With no switches, prints nothing. With --json, prints a JSON array of switches (name, \
 lookup, batch, ports), each port with the fields above (name, kind, device, mode, state, \
-persistent, owner_pid, tx_rings, rx_rings, slots, buf_size, moderation_us, counters); for one switch or one port it \
+persistent, owner_pid, owner_uid, tx_rings, rx_rings, slots, buf_size, moderation_us, counters); for one switch or one port it \
 is still an array, of that one switch (with only that port). An unknown NAME is an error."
     )]
     List {
@@ -385,12 +387,13 @@ fn select(switches: Vec<SwitchInfo>, name: Option<&str>) -> Result<Vec<View>, Fa
 }
 
 /// Column titles, and whether each column holds numbers (right-aligned).
-const COLUMNS: [(&str, bool); 17] = [
+const COLUMNS: [(&str, bool); 18] = [
     ("NAME", false),
     ("KIND", false),
     ("DEVICE", false),
     ("STATE", false),
-    ("OWNER", true),
+    ("UID", true),
+    ("PID", true),
     ("PERSIST", false),
     ("RINGS", true),
     ("SLOTS", true),
@@ -419,6 +422,7 @@ fn port_row(p: &PortInfo) -> Vec<String> {
             _ => "-".to_string(),
         },
         if p.state.is_empty() { "-" } else { &p.state }.to_string(),
+        p.owner_uid.to_string(),
         p.owner_pid
             .map_or_else(|| "-".to_string(), |pid| pid.to_string()),
         if p.persistent { "yes" } else { "no" }.to_string(),

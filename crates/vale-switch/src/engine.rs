@@ -12,6 +12,7 @@ use vale_abi::control::{PortInfo, SwitchInfo};
 use vale_abi::name::{parse_port, parse_switch};
 use vale_abi::region::{Layout, PortParams};
 
+use crate::access::{Caller, Usage, UserLimits};
 use crate::host::{self, HostSpec, HOST_PARAMS};
 use crate::lookup;
 use crate::port::{Attachment, Port, PortIndex, PortShared};
@@ -24,6 +25,8 @@ pub struct EngineConfig {
     pub busy_poll: Duration,
     /// Batch size of new switches.
     pub batch: u32,
+    /// What one user that is not an administrator may hold.
+    pub user_limits: UserLimits,
 }
 
 impl Default for EngineConfig {
@@ -32,6 +35,7 @@ impl Default for EngineConfig {
             workers: 1,
             busy_poll: Duration::ZERO,
             batch: DEFAULT_BATCH,
+            user_limits: UserLimits::default(),
         }
     }
 }
@@ -100,24 +104,52 @@ impl Engine {
     }
 
     /// Runs `f` on the switch of port `name`, made if absent, under the engine lock; a switch
-    /// that `f` leaves empty goes.
+    /// that `f` leaves empty goes. `f` also sees every switch, to count what a user holds.
     fn with_switch<T>(
         &self,
         name: &str,
-        f: impl FnOnce(&Arc<Switch>) -> Result<T, String>,
+        f: impl FnOnce(&Switches, &Arc<Switch>) -> Result<T, String>,
     ) -> Result<T, String> {
         let (sw_name, _) = parse_port(name)?;
         let mut sws = self.lock();
         let sw = self.switch_entry(&mut sws, sw_name);
-        let result = f(&sw);
+        let result = f(&sws, &sw);
         forget_if_empty(&mut sws, &sw);
         result
     }
 
-    /// Attaches a client (pid `owner`) to `name`, creating the switch and port if needed.
-    pub fn open(&self, name: &str, params: &PortParams, owner: u32) -> Result<OpenedPort, String> {
+    /// Fails if `caller` may not take port `name` of `sw` with `memory` bytes of port memory:
+    /// it belongs to another user, or the caller's limits would be passed.
+    fn may_take(
+        &self,
+        sws: &Switches,
+        sw: &Switch,
+        name: &str,
+        caller: &Caller,
+        memory: u64,
+    ) -> Result<(), String> {
+        let mut now = usage(sws, caller.uid);
+        if let Some(p) = sw.find(name) {
+            // Taking a port of one's own (`place` sees to that) does not count it twice.
+            if p.shared.owner_uid == caller.uid {
+                now.ports = now.ports.saturating_sub(1);
+            }
+        }
+        self.cfg.user_limits.check(caller, now, memory)
+    }
+
+    /// Attaches a client to `name`, creating the switch and port if needed.
+    pub fn open(
+        &self,
+        name: &str,
+        params: &PortParams,
+        caller: &Caller,
+    ) -> Result<OpenedPort, String> {
         let layout = Layout::new(params)?;
-        self.with_switch(name, |sw| self.attach(sw, name, layout, owner))
+        self.with_switch(name, |sws, sw| {
+            self.may_take(sws, sw, name, caller, layout.region_size)?;
+            self.attach(sw, name, layout, caller)
+        })
     }
 
     fn attach(
@@ -125,9 +157,10 @@ impl Engine {
         sw: &Arc<Switch>,
         name: &str,
         layout: Layout,
-        owner: u32,
+        caller: &Caller,
     ) -> Result<OpenedPort, String> {
-        let (index, shared) = place(sw, name)?;
+        let (index, shared) = place(sw, name, caller)?;
+        let owner = caller.pid;
         let att = Attachment::new(name, layout, owner)
             .map_err(|e| format!("cannot create memory for port '{name}': {e}"))?;
         let port = Arc::new(Port {
@@ -149,9 +182,12 @@ impl Engine {
     }
 
     /// Attaches a host device (TAP or NIC) as port `name`; valed moves its frames.
-    pub fn attach_host(&self, name: &str, spec: &HostSpec) -> Result<(), String> {
+    pub fn attach_host(&self, name: &str, spec: &HostSpec, caller: &Caller) -> Result<(), String> {
+        caller.must_be_admin("attaching a host device")?;
         let layout = Layout::new(&HOST_PARAMS)?;
-        self.with_switch(name, |sw| self.attach_host_to(sw, name, layout, spec))
+        self.with_switch(name, |_, sw| {
+            self.attach_host_to(sw, name, layout, spec, caller)
+        })
     }
 
     fn attach_host_to(
@@ -160,8 +196,9 @@ impl Engine {
         name: &str,
         layout: Layout,
         spec: &HostSpec,
+        caller: &Caller,
     ) -> Result<(), String> {
-        let (index, shared) = place(sw, name)?;
+        let (index, shared) = place(sw, name, caller)?;
         let dev = host::open_device(spec)?;
         let mut att = Attachment::new(name, layout, std::process::id())
             .map_err(|e| format!("cannot create memory for port '{name}': {e}"))?;
@@ -185,7 +222,7 @@ impl Engine {
     }
 
     /// Gives the device of TAP or NIC port `name` back; a persistent port stays, empty.
-    pub fn detach(&self, name: &str) -> Result<(), String> {
+    pub fn detach(&self, name: &str, caller: &Caller) -> Result<(), String> {
         let port = {
             let sws = self.lock();
             let (sw_name, _) = parse_port(name)?;
@@ -196,6 +233,7 @@ impl Engine {
             let p = sw
                 .find(name)
                 .ok_or_else(|| format!("no such port '{name}'"))?;
+            caller.must_own(&p.shared, "detach")?;
             if p.attachment
                 .as_ref()
                 .and_then(|a| a.host.as_ref())
@@ -256,27 +294,30 @@ impl Engine {
     }
 
     /// Creates persistent port `name`, or makes an existing port persistent.
-    pub fn create(&self, name: &str) -> Result<(), String> {
-        let (sw_name, _) = parse_port(name)?;
-        let mut sws = self.lock();
-        let sw = self.switch_entry(&mut sws, sw_name);
-        if let Some(p) = sw.find(name) {
-            p.shared.persistent.store(true, Relaxed);
-            return Ok(());
-        }
-        let Some(index) = sw.free_index() else {
-            return Err(format!("switch '{sw_name}' is full ({MAX_PORTS} ports)"));
-        };
-        sw.install(Arc::new(Port {
-            shared: Arc::new(PortShared::new(name.to_string(), true)),
-            index,
-            attachment: None,
-        }));
-        Ok(())
+    pub fn create(&self, name: &str, caller: &Caller) -> Result<(), String> {
+        self.with_switch(name, |sws, sw| {
+            if let Some(p) = sw.find(name) {
+                caller.must_own(&p.shared, "make persistent")?;
+                p.shared.persistent.store(true, Relaxed);
+                return Ok(());
+            }
+            self.cfg
+                .user_limits
+                .check(caller, usage(sws, caller.uid), 0)?;
+            let Some(index) = sw.free_index() else {
+                return Err(format!("switch '{}' is full ({MAX_PORTS} ports)", sw.name));
+            };
+            sw.install(Arc::new(Port {
+                shared: Arc::new(PortShared::new(name.to_string(), true, caller.uid)),
+                index,
+                attachment: None,
+            }));
+            Ok(())
+        })
     }
 
     /// Removes a port (taking it from its owner, if any) or a whole switch.
-    pub fn destroy(&self, name: &str) -> Result<(), String> {
+    pub fn destroy(&self, name: &str, caller: &Caller) -> Result<(), String> {
         let mut gone = Vec::new();
         {
             let mut sws = self.lock();
@@ -289,6 +330,7 @@ impl Engine {
                 let p = sw
                     .find(name)
                     .ok_or_else(|| format!("no such port '{name}'"))?;
+                caller.must_own(&p.shared, "destroy")?;
                 p.shared.persistent.store(false, Relaxed);
                 sw.replace(&p, None);
                 gone.push(p);
@@ -296,8 +338,16 @@ impl Engine {
             } else {
                 parse_switch(name)?;
                 let sw = sws
-                    .remove(name)
+                    .get(name)
+                    .cloned()
                     .ok_or_else(|| format!("no such switch '{name}'"))?;
+                // A user may remove a switch whose every port is theirs.
+                if !caller.admin {
+                    for p in sw.ports().iter().flatten() {
+                        caller.must_own(&p.shared, "destroy")?;
+                    }
+                }
+                sws.remove(name);
                 for p in sw.ports().iter().flatten() {
                     p.shared.persistent.store(false, Relaxed);
                     sw.replace(p, None);
@@ -313,7 +363,7 @@ impl Engine {
     }
 
     /// Sets a knob: `batch` or `lookup` on a switch, `moderation` (µs) on a port.
-    pub fn set(&self, target: &str, knob: &str, value: &str) -> Result<(), String> {
+    pub fn set(&self, target: &str, knob: &str, value: &str, caller: &Caller) -> Result<(), String> {
         let sws = self.lock();
         let sw_name = if target.contains(':') {
             parse_port(target)?.0
@@ -334,6 +384,7 @@ impl Engine {
             let p = sw
                 .find(target)
                 .ok_or_else(|| format!("no such port '{target}'"))?;
+            caller.must_own(&p.shared, "tune")?;
             match knob {
                 "moderation" => {
                     let us = number(1_000_000)?;
@@ -343,6 +394,7 @@ impl Engine {
                 _ => Err(format!("no port knob '{knob}' (known: moderation)")),
             }
         } else {
+            caller.must_be_admin(&format!("setting '{knob}' of switch '{sw_name}'"))?;
             match knob {
                 "batch" => sw.set_batch(number(u32::MAX as u64)? as u32),
                 "lookup" => {
@@ -367,21 +419,47 @@ impl Engine {
     }
 }
 
-/// Where port `name` goes in `sw`: the index and kept state of an unowned port of that name,
-/// or a free index and fresh state.
-fn place(sw: &Switch, name: &str) -> Result<(PortIndex, Arc<PortShared>), String> {
+/// Where port `name` goes in `sw`: the index and kept state of an unowned port of that name
+/// that `caller` may take, or a free index and fresh state belonging to the caller.
+fn place(
+    sw: &Switch,
+    name: &str,
+    caller: &Caller,
+) -> Result<(PortIndex, Arc<PortShared>), String> {
     match sw.find(name) {
         Some(p) => match &p.attachment {
             Some(a) => Err(in_use(name, a)),
-            None => Ok((p.index, p.shared.clone())),
+            None => {
+                caller.must_own(&p.shared, "open")?;
+                Ok((p.index, p.shared.clone()))
+            }
         },
         None => {
             let i = sw
                 .free_index()
                 .ok_or_else(|| format!("switch '{}' is full ({MAX_PORTS} ports)", sw.name))?;
-            Ok((i, Arc::new(PortShared::new(name.to_string(), false))))
+            Ok((
+                i,
+                Arc::new(PortShared::new(name.to_string(), false, caller.uid)),
+            ))
         }
     }
+}
+
+/// What user `uid` holds: its ports, and the memory of those that are held.
+fn usage(sws: &Switches, uid: u32) -> Usage {
+    let mut u = Usage::default();
+    for sw in sws.values() {
+        for p in sw.ports().iter().flatten() {
+            if p.shared.owner_uid == uid {
+                u.ports += 1;
+                if let Some(a) = &p.attachment {
+                    u.port_memory += a.region.layout().region_size;
+                }
+            }
+        }
+    }
+    u
 }
 
 /// Why a port cannot be opened or attached: it already has an owner.
@@ -408,6 +486,7 @@ fn port_info(p: &Port) -> PortInfo {
         state: state.into(),
         persistent: p.shared.persistent.load(Relaxed),
         owner_pid: p.attachment.as_ref().map(|a| a.owner_pid),
+        owner_uid: p.shared.owner_uid,
         tx_rings: params.map_or(0, |x| x.tx_rings),
         rx_rings: params.map_or(0, |x| x.rx_rings),
         slots: params.map_or(0, |x| x.slots),

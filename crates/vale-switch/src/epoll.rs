@@ -1,5 +1,5 @@
-//! The epoll calls of valed's threads (workers and host ports): each waits for readability of
-//! eventfds and devices, with a token per descriptor.
+//! The epoll calls of valed's threads (workers, host ports, the control socket): each waits on
+//! its descriptors with a token per descriptor.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -16,12 +16,14 @@ pub fn new() -> io::Result<OwnedFd> {
 
 /// Watches `fd` for readability; events on it carry `token`.
 pub fn add(ep: &OwnedFd, fd: RawFd, token: u64) -> io::Result<()> {
-    let mut ev = libc::epoll_event {
-        events: libc::EPOLLIN as u32,
-        u64: token,
-    };
+    watch(ep, fd, libc::EPOLL_CTL_ADD, token, libc::EPOLLIN as u32)
+}
+
+/// `epoll_ctl` operation `op` (add or modify) on `fd` for `events`, carrying `token`.
+pub fn watch(ep: &OwnedFd, fd: RawFd, op: i32, token: u64, events: u32) -> io::Result<()> {
+    let mut ev = libc::epoll_event { events, u64: token };
     // SAFETY: plain syscall with a live event struct.
-    if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+    if unsafe { libc::epoll_ctl(ep.as_raw_fd(), op, fd, &mut ev) } < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())

@@ -1,5 +1,6 @@
 //! The vale forwarding engine.
 //!
+//! - [`access`]: who may do what (callers, owners, administrators) and per-user limits.
 //! - [`region`]: valed's side of a port's shared memory (create, seal, map, initialise).
 //! - [`port`]: a port, its rings, eventfds, counters and knobs.
 //! - [`lookup`]: the lookup-module interface of stage 2 and the learning bridge.
@@ -10,8 +11,9 @@
 //! - [`switch`]: a switch's port table and knobs.
 //! - [`engine`]: every switch and worker; what the control plane calls.
 
+pub mod access;
 pub mod engine;
-mod epoll;
+pub mod epoll;
 pub mod forward;
 pub mod host;
 pub mod lookup;
@@ -21,4 +23,5 @@ pub mod region;
 pub mod switch;
 pub mod worker;
 
+pub use access::{Caller, UserLimits};
 pub use engine::{Engine, EngineConfig, OpenedPort};

@@ -55,12 +55,15 @@ pub struct PortShared {
     pub stats: PortStats,
     /// Interrupt moderation toward the client, nanoseconds (0: immediate).
     pub moderation_ns: AtomicU64,
+    /// The user the port belongs to (see [`crate::access`]).
+    pub owner_uid: u32,
 }
 
 impl PortShared {
-    pub fn new(name: String, persistent: bool) -> PortShared {
+    pub fn new(name: String, persistent: bool, owner_uid: u32) -> PortShared {
         PortShared {
             name,
+            owner_uid,
             persistent: AtomicBool::new(persistent),
             stats: PortStats::default(),
             moderation_ns: AtomicU64::new(0),

@@ -430,7 +430,7 @@ fn vale_ctl_list_in_text_and_json() {
         "{human}"
     );
     for col in [
-        "NAME", "KIND", "OWNER", "PERSIST", "RINGS", "SLOTS", "BUF", "MOD(us)", "TX-PKTS",
+        "NAME", "KIND", "UID", "PID", "PERSIST", "RINGS", "SLOTS", "BUF", "MOD(us)", "TX-PKTS",
         "TX-BYTES", "RX-PKTS", "RX-BYTES", "RX-DROP", "TX-DROP", "BAD",
     ] {
         assert!(lines[1].contains(col), "header lacks {col}: {human}");

@@ -1,159 +1,421 @@
-//! The control socket: one thread per connection. A connection that opened ports owns them;
-//! when it ends, however the client ended, its ports are freed.
+//! The control socket, served by one thread over epoll with bounded resources.
+//!
+//! No thread per connection and no blocking call on a client's socket: a connection is a
+//! small state machine. valed reads at most one request of at most `MAX_REQUEST` bytes at a
+//! time, answers it, and reads the next only once the answer has gone, so a connection holds
+//! at most one unfinished request and one unsent reply. A user that is not an administrator has
+//! a bounded number of connections; root and the administrators always get through, even when
+//! valed is out of descriptors (one is kept spare to accept them).
+//!
+//! A connection that opened ports owns them: when it ends, however the client ended, its ports
+//! are freed.
 
-use std::os::fd::AsRawFd;
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 
-use vale_abi::control::{self, HostDevice, Reply, Request};
+use vale_abi::control::{self, HostDevice, Reply, Request, MAX_REQUEST};
 use vale_abi::region::VALE_ABI_VERSION;
 use vale_switch::host::{HostSpec, NicMode};
 use vale_switch::port::Port;
-use vale_switch::Engine;
+use vale_switch::{epoll, Caller, Engine};
 
-pub fn serve(listener: UnixListener, engine: Arc<Engine>) {
-    for conn in listener.incoming() {
-        match conn {
-            Ok(stream) => {
-                let engine = engine.clone();
-                let spawned = std::thread::Builder::new()
-                    .name("vale-control".into())
-                    .stack_size(256 << 10)
-                    .spawn(move || Connection::new(stream, engine).run());
-                if let Err(e) = spawned {
-                    tracing::error!("cannot serve a control connection: {e}");
-                }
-            }
-            Err(e) => {
-                tracing::warn!("accept failed: {e}");
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-        }
-    }
+use crate::peer;
+
+/// Who may connect how often.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    /// Members of this group are administrators, as root is.
+    pub admin_gid: Option<u32>,
+    /// Connections one user that is not an administrator may hold at once.
+    pub conns_per_user: usize,
+    /// Connections of all users that are not administrators together.
+    pub conns_total: usize,
 }
 
-struct Connection {
-    stream: UnixStream,
+const LISTENER: u64 = u64::MAX;
+
+/// Serves `listener` for ever.
+pub fn serve(listener: UnixListener, engine: Arc<Engine>, policy: Policy) -> io::Result<()> {
+    listener.set_nonblocking(true)?;
+    let ep = epoll::new()?;
+    epoll::add(&ep, listener.as_raw_fd(), LISTENER)?;
+    let mut server = Server {
+        ep,
+        listener,
+        engine,
+        policy,
+        conns: Vec::new(),
+        free: Vec::new(),
+        per_user: HashMap::new(),
+        capped: 0,
+        spare: File::open("/dev/null").ok(),
+    };
+    server.run()
+}
+
+struct Server {
+    ep: OwnedFd,
+    listener: UnixListener,
     engine: Arc<Engine>,
-    pid: u32,
+    policy: Policy,
+    /// Indexed by epoll token.
+    conns: Vec<Option<Conn>>,
+    free: Vec<usize>,
+    /// Connections of each user that is not an administrator.
+    per_user: HashMap<u32, usize>,
+    /// Their sum.
+    capped: usize,
+    /// Kept open so that one more connection can be accepted when valed has no descriptor
+    /// left: an administrator's is then served, anyone else's refused with a message.
+    spare: Option<File>,
+}
+
+struct Conn {
+    stream: UnixStream,
+    caller: Caller,
+    /// The request being read: its 4-byte length, then its body.
+    input: Vec<u8>,
+    output: Option<Outgoing>,
+    /// Close once `output` has gone.
+    closing: bool,
     owned: Vec<Arc<Port>>,
+    /// Events asked of epoll now.
+    interest: i32,
 }
 
-/// The peer's pid from SO_PEERCRED (0 if unknown).
-fn peer_pid(s: &UnixStream) -> u32 {
-    // SAFETY: getsockopt into a correctly sized ucred.
-    unsafe {
-        let mut cred: libc::ucred = std::mem::zeroed();
-        let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
-        let r = libc::getsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            &mut cred as *mut _ as *mut libc::c_void,
-            &mut len,
-        );
-        if r == 0 {
-            cred.pid as u32
-        } else {
-            0
-        }
-    }
+/// A reply on its way out.
+struct Outgoing {
+    bytes: Vec<u8>,
+    sent: usize,
+    /// Whose descriptors ride on the first byte (they live as long as the port).
+    fds_of: Option<Arc<Port>>,
 }
 
-impl Connection {
-    fn new(stream: UnixStream, engine: Arc<Engine>) -> Connection {
-        let pid = peer_pid(&stream);
-        Connection {
-            stream,
-            engine,
-            pid,
-            owned: Vec::new(),
-        }
-    }
+const READ: i32 = libc::EPOLLIN | libc::EPOLLRDHUP;
+const WRITE: i32 = libc::EPOLLOUT;
 
-    fn run(mut self) {
+impl Server {
+    fn run(&mut self) -> ! {
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
         loop {
-            let req = match control::recv::<Request>(&self.stream) {
-                Ok(Some((req, _fds))) => req,
-                Ok(None) => break,
-                Err(e) => {
-                    if e.kind() == std::io::ErrorKind::InvalidData {
-                        let _ = self.reply(
-                            &Reply::Error {
-                                message: e.to_string(),
-                            },
-                            &[],
-                        );
-                    }
-                    break;
+            let n = epoll::wait(&self.ep, &mut events, -1).len();
+            for i in 0..n {
+                let token = events[i].u64;
+                if token == LISTENER {
+                    self.accept_all();
+                } else {
+                    self.service(token as usize);
                 }
+            }
+        }
+    }
+
+    fn accept_all(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, _)) => self.admit(stream),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                    // Out of descriptors: the spare one takes this connection, which is
+                    // served if it is an administrator's and refused otherwise.
+                    let Some(spare) = self.spare.take() else {
+                        tracing::warn!("out of descriptors: a connection waits");
+                        return;
+                    };
+                    drop(spare);
+                    if let Ok((stream, _)) = self.listener.accept() {
+                        self.admit(stream);
+                    }
+                    self.spare = File::open("/dev/null").ok();
+                    if self.spare.is_none() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn admit(&mut self, stream: UnixStream) {
+        let caller = peer::identify(&stream, self.policy.admin_gid);
+        if !caller.admin {
+            let mine = self.per_user.get(&caller.uid).copied().unwrap_or(0);
+            let refusal = if mine >= self.policy.conns_per_user {
+                Some(format!(
+                    "uid {} already has {mine} connections to valed, the most a user may have \
+                     (valed --max-conns-per-user)",
+                    caller.uid
+                ))
+            } else if self.capped >= self.policy.conns_total || self.spare.is_none() {
+                Some(format!(
+                    "valed has {} connections of users, the most it takes (valed --max-conns)",
+                    self.capped
+                ))
+            } else {
+                None
             };
-            if self.handle(req).is_err() {
+            if let Some(message) = refusal {
+                refuse(&stream, message);
+                return;
+            }
+        }
+        if let Err(e) = stream.set_nonblocking(true) {
+            tracing::warn!("cannot serve a control connection: {e}");
+            return;
+        }
+        let token = self.free.pop().unwrap_or_else(|| {
+            self.conns.push(None);
+            self.conns.len() - 1
+        });
+        if let Err(e) = epoll::watch(
+            &self.ep,
+            stream.as_raw_fd(),
+            libc::EPOLL_CTL_ADD,
+            token as u64,
+            READ as u32,
+        ) {
+            tracing::warn!("cannot serve a control connection: {e}");
+            self.free.push(token);
+            return;
+        }
+        if !caller.admin {
+            *self.per_user.entry(caller.uid).or_default() += 1;
+            self.capped += 1;
+        }
+        self.conns[token] = Some(Conn {
+            stream,
+            caller,
+            input: Vec::new(),
+            output: None,
+            closing: false,
+            owned: Vec::new(),
+            interest: READ,
+        });
+    }
+
+    /// Something happened on connection `token`: send what is pending, then read and answer
+    /// requests while replies go out at once.
+    fn service(&mut self, token: usize) {
+        let Some(Some(conn)) = self.conns.get_mut(token) else {
+            return;
+        };
+        let done = match conn.pump(&self.engine) {
+            Ok(()) => conn.closing && conn.output.is_none(),
+            Err(_) => true,
+        };
+        if done {
+            self.close(token);
+            return;
+        }
+        let want = if conn.output.is_some() { WRITE } else { READ };
+        if want != conn.interest {
+            conn.interest = want;
+            let _ = epoll::watch(
+                &self.ep,
+                conn.stream.as_raw_fd(),
+                libc::EPOLL_CTL_MOD,
+                token as u64,
+                want as u32,
+            );
+        }
+    }
+
+    fn close(&mut self, token: usize) {
+        let Some(conn) = self.conns[token].take() else {
+            return;
+        };
+        self.free.push(token);
+        if !conn.caller.admin {
+            if let Some(n) = self.per_user.get_mut(&conn.caller.uid) {
+                *n -= 1;
+                if *n == 0 {
+                    self.per_user.remove(&conn.caller.uid);
+                }
+            }
+            self.capped -= 1;
+        }
+        // Closing the socket takes it out of the epoll set.
+        drop(conn.stream);
+        for p in &conn.owned {
+            self.engine.close(p);
+        }
+    }
+}
+
+impl Conn {
+    /// Sends what is pending, then reads and answers requests while replies go out at once:
+    /// at most a few per wake-up, so one busy client cannot starve the others (what is left
+    /// stays readable and epoll reports it again).
+    fn pump(&mut self, engine: &Engine) -> io::Result<()> {
+        self.flush()?;
+        for _ in 0..16 {
+            if self.output.is_some() || self.closing {
                 break;
             }
+            let Some(body) = self.read_request()? else {
+                break;
+            };
+            let (reply, fds_of) = match control::decode::<Request>(&body) {
+                Ok(req) => handle(engine, &self.caller, req),
+                Err(e) => {
+                    self.closing = true;
+                    let message = e.to_string();
+                    (Reply::Error { message }, None)
+                }
+            };
+            if let Some(p) = &fds_of {
+                self.owned.push(p.clone());
+            }
+            self.output = Some(Outgoing::new(&reply, fds_of));
+            self.flush()?;
         }
-        for p in self.owned.drain(..) {
-            self.engine.close(&p);
+        Ok(())
+    }
+
+    /// Reads toward the next request; its body once whole. Never buffers more than one
+    /// request, and refuses one longer than `MAX_REQUEST` before holding it.
+    fn read_request(&mut self) -> io::Result<Option<Vec<u8>>> {
+        let mut chunk = [0u8; 4096];
+        loop {
+            let need = if self.input.len() < 4 {
+                4 - self.input.len()
+            } else {
+                let len = u32::from_le_bytes(self.input[..4].try_into().expect("4 bytes")) as usize;
+                if len > MAX_REQUEST {
+                    self.closing = true;
+                    self.output = Some(Outgoing::new(
+                        &Reply::Error {
+                            message: format!(
+                                "control request too large: {len} bytes, the limit is {MAX_REQUEST}"
+                            ),
+                        },
+                        None,
+                    ));
+                    return Ok(None);
+                }
+                if self.input.len() == 4 + len {
+                    let body = self.input.split_off(4);
+                    self.input.clear();
+                    return Ok(Some(body));
+                }
+                4 + len - self.input.len()
+            };
+            // Descriptors a client sends along are never wanted: they are closed at once.
+            let mut fds = Vec::new();
+            let want = need.min(chunk.len());
+            match control::recv_with_fds(self.stream.as_raw_fd(), &mut chunk[..want], &mut fds) {
+                Ok(0) => {
+                    self.closing = true;
+                    return Ok(None);
+                }
+                Ok(n) => self.input.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+                Err(e) => return Err(e),
+            }
         }
     }
 
-    fn reply(&self, r: &Reply, fds: &[i32]) -> std::io::Result<()> {
-        control::send(&self.stream, r, fds)
-    }
-
-    fn handle(&mut self, req: Request) -> std::io::Result<()> {
-        let done = |r: Result<(), String>| match r {
-            Ok(()) => Reply::Ok,
-            Err(message) => Reply::Error { message },
+    /// Sends what it can of the pending reply without blocking.
+    fn flush(&mut self) -> io::Result<()> {
+        let Some(out) = &mut self.output else {
+            return Ok(());
         };
-        match req {
-            Request::Open {
-                port,
-                params,
-                abi_version,
-            } => {
-                if abi_version != VALE_ABI_VERSION {
-                    let message = format!(
-                        "client speaks vale ABI version {abi_version}, valed speaks {VALE_ABI_VERSION}"
-                    );
-                    return self.reply(&Reply::Error { message }, &[]);
-                }
-                match self.engine.open(&port, &params, self.pid) {
-                    Ok(opened) => {
-                        let fds = opened.fds();
-                        let r = self.reply(
-                            &Reply::Opened {
-                                port,
-                                fds: fds.len() as u32,
-                            },
-                            &fds,
-                        );
-                        self.owned.push(opened.port);
-                        r
-                    }
-                    Err(message) => self.reply(&Reply::Error { message }, &[]),
-                }
+        while out.sent < out.bytes.len() {
+            let fds = match (&out.fds_of, out.sent) {
+                (Some(p), 0) => p.attachment.as_ref().map(|a| a.client_fds()),
+                _ => None,
+            };
+            let r = control::send_with_fds(
+                self.stream.as_raw_fd(),
+                &out.bytes[out.sent..],
+                fds.as_deref().unwrap_or(&[]),
+                true,
+            );
+            match r {
+                Ok(n) => out.sent += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) => return Err(e),
             }
-            Request::List => self.reply(
-                &Reply::List {
-                    switches: self.engine.list(),
-                },
-                &[],
-            ),
-            Request::Create { port } => self.reply(&done(self.engine.create(&port)), &[]),
-            Request::Attach { port, device } => {
-                let r = host_spec(device).and_then(|spec| self.engine.attach_host(&port, &spec));
-                self.reply(&done(r), &[])
-            }
-            Request::Detach { port } => self.reply(&done(self.engine.detach(&port)), &[]),
-            Request::Destroy { name } => self.reply(&done(self.engine.destroy(&name)), &[]),
-            Request::Set {
-                target,
-                knob,
-                value,
-            } => self.reply(&done(self.engine.set(&target, &knob, &value)), &[]),
+        }
+        self.output = None;
+        Ok(())
+    }
+}
+
+impl Outgoing {
+    fn new(reply: &Reply, fds_of: Option<Arc<Port>>) -> Outgoing {
+        let bytes = control::encode(reply).unwrap_or_else(|e| {
+            control::encode(&Reply::Error {
+                message: format!("cannot send the reply: {e}"),
+            })
+            .expect("a short error encodes")
+        });
+        Outgoing {
+            bytes,
+            sent: 0,
+            fds_of,
         }
     }
+}
+
+/// Tells a refused client why, if its socket takes the message at once, and hangs up.
+fn refuse(stream: &UnixStream, message: String) {
+    tracing::debug!("refusing a connection: {message}");
+    if let Ok(bytes) = control::encode(&Reply::Error { message }) {
+        let _ = control::send_with_fds(stream.as_raw_fd(), &bytes, &[], true);
+    }
+}
+
+/// Carries out one request for `caller`; the reply, and the port whose descriptors go with it.
+fn handle(engine: &Engine, caller: &Caller, req: Request) -> (Reply, Option<Arc<Port>>) {
+    let done = |r: Result<(), String>| match r {
+        Ok(()) => Reply::Ok,
+        Err(message) => Reply::Error { message },
+    };
+    let reply = match req {
+        Request::Open {
+            port,
+            params,
+            abi_version,
+        } => {
+            if abi_version != VALE_ABI_VERSION {
+                let message = format!(
+                    "client speaks vale ABI version {abi_version}, valed speaks {VALE_ABI_VERSION}"
+                );
+                return (Reply::Error { message }, None);
+            }
+            return match engine.open(&port, &params, caller) {
+                Ok(opened) => {
+                    let fds = opened.fds().len() as u32;
+                    (Reply::Opened { port, fds }, Some(opened.port))
+                }
+                Err(message) => (Reply::Error { message }, None),
+            };
+        }
+        Request::List => Reply::List {
+            switches: engine.list(),
+        },
+        Request::Create { port } => done(engine.create(&port, caller)),
+        Request::Attach { port, device } => {
+            done(host_spec(device).and_then(|spec| engine.attach_host(&port, &spec, caller)))
+        }
+        Request::Detach { port } => done(engine.detach(&port, caller)),
+        Request::Destroy { name } => done(engine.destroy(&name, caller)),
+        Request::Set {
+            target,
+            knob,
+            value,
+        } => done(engine.set(&target, &knob, &value, caller)),
+    };
+    (reply, None)
 }
 
 /// The engine's form of a device request.

@@ -1,6 +1,7 @@
 //! valed: the vale daemon.
 
 mod control;
+mod peer;
 
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::PermissionsExt;
@@ -11,7 +12,7 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use clap::Parser;
 use vale_abi::control::{default_run_dir, SOCKET_NAME};
-use vale_switch::{Engine, EngineConfig};
+use vale_switch::{Engine, EngineConfig, UserLimits};
 
 /// The vale daemon: owns every switch and port and forwards between them.
 #[derive(Parser, Debug)]
@@ -47,9 +48,27 @@ struct Args {
     #[arg(long, default_value_t = vale_switch::switch::DEFAULT_BATCH,
           value_parser = clap::value_parser!(u32).range(1..=2048))]
     batch: u32,
-    /// Permissions of the control socket, octal: who may connect, open ports and change them
+    /// Permissions of the control socket, octal: who may connect at all
     #[arg(long, default_value = "660", value_name = "MODE")]
     socket_mode: String,
+    /// Members of GROUP (a name or a gid) are administrators, as root is: they may attach host
+    /// devices, change lookup modules and switch knobs, and act on any user's ports
+    #[arg(long, value_name = "GROUP")]
+    admin_group: Option<String>,
+    /// Control connections one user (not an administrator) may hold at once
+    #[arg(long, default_value_t = 64, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_conns_per_user: u32,
+    /// Control connections of all users that are not administrators together
+    #[arg(long, default_value_t = 1024, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_conns: u32,
+    /// Ports (held, or persistent and free) one user (not an administrator) may have
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    max_ports_per_user: u32,
+    /// Port memory one user (not an administrator) may hold, MiB
+    #[arg(long, default_value_t = 4096, value_name = "MIB")]
+    max_port_memory_per_user: u64,
 }
 
 fn main() {
@@ -77,6 +96,12 @@ fn run() -> anyhow::Result<()> {
                 args.socket_mode
             )
         })?;
+    let admin_gid = args
+        .admin_group
+        .as_deref()
+        .map(|g| peer::group_id(g).with_context(|| format!("no such group '{g}' (--admin-group)")))
+        .transpose()?;
+    raise_descriptor_limit();
     let run_dir = args.run_dir.clone().unwrap_or_else(default_run_dir);
     std::fs::create_dir_all(&run_dir)
         .with_context(|| format!("cannot create run directory {}", run_dir.display()))?;
@@ -102,6 +127,10 @@ fn run() -> anyhow::Result<()> {
         workers: args.workers as usize,
         busy_poll: Duration::from_micros(args.busy_poll_us),
         batch: args.batch,
+        user_limits: UserLimits {
+            ports: args.max_ports_per_user as usize,
+            port_memory: args.max_port_memory_per_user << 20,
+        },
     })
     .context("cannot start workers")?;
 
@@ -112,9 +141,27 @@ fn run() -> anyhow::Result<()> {
 
     tracing::info!(run_dir = %run_dir.display(), workers = args.workers, batch = args.batch,
         busy_poll_us = args.busy_poll_us, pid = std::process::id(), "valed ready");
-    control::serve(listener, engine);
+    let policy = control::Policy {
+        admin_gid,
+        conns_per_user: args.max_conns_per_user as usize,
+        conns_total: args.max_conns as usize,
+    };
+    control::serve(listener, engine, policy).context("control socket")?;
     drop(lock);
     Ok(())
+}
+
+/// Descriptors are valed's scarcest resource (every ring of every port has two): take all the
+/// hard limit allows.
+fn raise_descriptor_limit() {
+    // SAFETY: getrlimit/setrlimit with a live struct.
+    unsafe {
+        let mut lim: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
 }
 
 /// SIGTERM and SIGINT are taken by a thread that removes the socket and exits.

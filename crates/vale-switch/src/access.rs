@@ -1,0 +1,107 @@
+//! Who may do what: the caller of a control operation, the owner of a port, and the bounds on
+//! what one user makes valed hold.
+//!
+//! A port belongs to the uid that opened, created or attached it. Destroying, detaching or
+//! tuning it, or reopening it once free, needs that uid or an administrator. Host devices
+//! (TAP, NIC), lookup modules and switch-wide knobs need an administrator. Administrators are
+//! root and, if valed was started with one, the members of an administrators' group; they are
+//! not bound by the per-user limits, so they always get through.
+
+use crate::port::PortShared;
+
+/// The identity of a control connection's peer (from `SO_PEERCRED`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caller {
+    pub uid: u32,
+    pub pid: u32,
+    /// Root, or a member of the administrators' group.
+    pub admin: bool,
+}
+
+impl Caller {
+    /// valed itself, for what it does on its own behalf.
+    pub fn valed() -> Caller {
+        Caller {
+            // SAFETY: plain syscall without arguments.
+            uid: unsafe { libc::geteuid() },
+            pid: std::process::id(),
+            admin: true,
+        }
+    }
+
+    /// Fails unless the caller is an administrator; `what` names the operation.
+    pub fn must_be_admin(&self, what: &str) -> Result<(), String> {
+        if self.admin {
+            Ok(())
+        } else {
+            Err(format!(
+                "{what} needs an administrator (root or the administrators' group); uid {} is not one",
+                self.uid
+            ))
+        }
+    }
+
+    /// Fails unless the caller owns `port` or is an administrator.
+    pub fn must_own(&self, port: &PortShared, what: &str) -> Result<(), String> {
+        let owner = port.owner_uid;
+        if self.admin || owner == self.uid {
+            Ok(())
+        } else {
+            Err(format!(
+                "cannot {what} port '{}': it belongs to uid {owner}, not to uid {}",
+                port.name, self.uid
+            ))
+        }
+    }
+}
+
+/// Bounds on what one user that is not an administrator makes valed hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UserLimits {
+    /// Ports (held, or persistent and free) belonging to the user.
+    pub ports: usize,
+    /// Bytes of port memory (the regions of the user's held ports) together.
+    pub port_memory: u64,
+}
+
+impl Default for UserLimits {
+    fn default() -> Self {
+        UserLimits {
+            ports: 256,
+            port_memory: 4 << 30,
+        }
+    }
+}
+
+/// What one user holds now.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Usage {
+    pub ports: usize,
+    pub port_memory: u64,
+}
+
+impl UserLimits {
+    /// Fails if `caller` (not an administrator) would go past a limit by taking one more port
+    /// of `memory` bytes (0 for a port that brings no memory).
+    pub fn check(&self, caller: &Caller, now: Usage, memory: u64) -> Result<(), String> {
+        if caller.admin {
+            return Ok(());
+        }
+        if now.ports >= self.ports {
+            return Err(format!(
+                "uid {} already has {} ports, the most a user may have (valed --max-ports-per-user)",
+                caller.uid, now.ports
+            ));
+        }
+        if now.port_memory + memory > self.port_memory {
+            return Err(format!(
+                "uid {} would have {} MiB of port memory, more than the {} MiB a user may have \
+                 (valed --max-port-memory-per-user)",
+                caller.uid,
+                (now.port_memory + memory) >> 20,
+                self.port_memory >> 20
+            ));
+        }
+        Ok(())
+    }
+}
