@@ -76,8 +76,7 @@ impl OpenOptions {
             params: self.params,
             abi_version: VALE_ABI_VERSION,
         };
-        control::send(&ctl, &req, &[])?;
-        let (reply, fds) = control::recv::<Reply>(&ctl)?.ok_or_else(|| {
+        let (reply, fds) = control::exchange(&ctl, &req)?.ok_or_else(|| {
             io::Error::new(io::ErrorKind::UnexpectedEof, "valed closed the connection")
         })?;
         match reply {
@@ -207,8 +206,7 @@ impl Port {
 
     /// This port's counters as valed keeps them (one control round trip; not for a hot loop).
     pub fn counters(&self) -> io::Result<PortCounters> {
-        control::send(&self.ctl, &Request::List, &[])?;
-        match control::recv::<Reply>(&self.ctl)? {
+        match control::exchange(&self.ctl, &Request::List)? {
             Some((Reply::List { switches }, _)) => switches
                 .iter()
                 .flat_map(|s| s.ports.iter())

@@ -187,6 +187,19 @@ pub fn send<T: Serialize>(sock: &UnixStream, msg: &T, fds: &[RawFd]) -> io::Resu
     w.write_all(&frame[sent..])
 }
 
+/// Sends request `req` and receives valed's reply (`None`: valed closed without one). valed
+/// may refuse a connection at once, writing why and hanging up before the request is sent:
+/// that reply is still returned rather than the failed send.
+pub fn exchange(sock: &UnixStream, req: &Request) -> io::Result<Option<(Reply, Vec<OwnedFd>)>> {
+    if let Err(e) = send(sock, req, &[]) {
+        return match recv::<Reply>(sock) {
+            Ok(Some(reply)) => Ok(Some(reply)),
+            _ => Err(e),
+        };
+    }
+    recv::<Reply>(sock)
+}
+
 /// One `sendmsg` of `data` with `fds` attached (`MSG_NOSIGNAL`, and `MSG_DONTWAIT` if
 /// `nonblocking`); how many bytes went. The descriptors go with the first byte.
 pub fn send_with_fds(

@@ -323,8 +323,7 @@ fn connect(run_dir: &Path) -> Result<UnixStream, Failure> {
 
 /// Sends one request and returns valed's reply; `Reply::Error` becomes a refusal.
 fn ask(sock: &UnixStream, req: &Request) -> Result<Reply, Failure> {
-    control::send(sock, req, &[]).context("cannot send the request to valed")?;
-    match control::recv::<Reply>(sock).context("cannot read valed's reply")? {
+    match control::exchange(sock, req).context("cannot exchange a request with valed")? {
         Some((Reply::Error { message }, _)) => Err(Failure::Refused(message)),
         Some((reply, _fds)) => Ok(reply),
         None => Err(anyhow!("valed closed the connection without replying").into()),

@@ -363,7 +363,13 @@ impl Engine {
     }
 
     /// Sets a knob: `batch` or `lookup` on a switch, `moderation` (µs) on a port.
-    pub fn set(&self, target: &str, knob: &str, value: &str, caller: &Caller) -> Result<(), String> {
+    pub fn set(
+        &self,
+        target: &str,
+        knob: &str,
+        value: &str,
+        caller: &Caller,
+    ) -> Result<(), String> {
         let sws = self.lock();
         let sw_name = if target.contains(':') {
             parse_port(target)?.0
@@ -421,11 +427,7 @@ impl Engine {
 
 /// Where port `name` goes in `sw`: the index and kept state of an unowned port of that name
 /// that `caller` may take, or a free index and fresh state belonging to the caller.
-fn place(
-    sw: &Switch,
-    name: &str,
-    caller: &Caller,
-) -> Result<(PortIndex, Arc<PortShared>), String> {
+fn place(sw: &Switch, name: &str, caller: &Caller) -> Result<(PortIndex, Arc<PortShared>), String> {
     match sw.find(name) {
         Some(p) => match &p.attachment {
             Some(a) => Err(in_use(name, a)),

@@ -258,6 +258,28 @@ impl Valed {
         Valed::spawn_in(dir, cmd)
     }
 
+    /// As [`Valed::start_with`], with a descriptor limit (soft and hard) of `nofile`.
+    pub fn start_with_nofile(args: &[&str], nofile: u64) -> Valed {
+        use std::os::unix::process::CommandExt;
+        let dir = TempDir::new("valed");
+        let mut cmd = tool("valed", &dir.0, args);
+        // SAFETY: one async-signal-safe syscall between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let lim = libc::rlimit {
+                    rlim_cur: nofile,
+                    rlim_max: nofile,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+        Valed::spawn_in(dir, cmd)
+    }
+
     /// Starts `cmd`, a valed serving `dir`, logging to `dir/valed.log`.
     fn spawn_in(dir: TempDir, mut cmd: Command) -> Valed {
         let log = std::fs::File::create(dir.0.join("valed.log")).expect("log file");
@@ -327,6 +349,45 @@ impl Valed {
             self.open("vale0:b"),
             self.open("vale0:c"),
         )
+    }
+
+    /// `NAME --run-dir DIR ARGS...` run as user `uid` (group `uid` too, no others) with a
+    /// descriptor limit of `nofile`. The binary is copied into the run directory first, so that
+    /// the user can run it wherever the workspace lies. Needs root; the run directory must let
+    /// the user in (it does: 0755) and the socket must (start valed with `--socket-mode 666`).
+    pub fn tool_as(&self, uid: u32, nofile: u64, name: &str, args: &[&str]) -> Command {
+        use std::os::unix::process::CommandExt;
+        let dir = self.dir.0.join("bin");
+        let copy = dir.join(name);
+        if !copy.exists() {
+            std::fs::create_dir_all(&dir).expect("bin dir");
+            std::fs::copy(bin(name), &copy).expect("copy binary");
+        }
+        let mut c = Command::new(copy);
+        if name != "control-flood" {
+            c.arg("--run-dir").arg(&self.dir.0);
+        }
+        c.args(args);
+        // SAFETY: only async-signal-safe syscalls between fork and exec. The limit is raised
+        // while still root, then the ids dropped.
+        unsafe {
+            c.pre_exec(move || {
+                let lim = libc::rlimit {
+                    rlim_cur: nofile,
+                    rlim_max: nofile,
+                };
+                let ok = libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0
+                    && libc::setgroups(0, std::ptr::null()) == 0
+                    && libc::setgid(uid) == 0
+                    && libc::setuid(uid) == 0;
+                if ok {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+        c
     }
 
     /// `vale-ctl --run-dir DIR ARGS...`

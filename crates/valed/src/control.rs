@@ -53,6 +53,7 @@ pub fn serve(listener: UnixListener, engine: Arc<Engine>, policy: Policy) -> io:
         per_user: HashMap::new(),
         capped: 0,
         spare: File::open("/dev/null").ok(),
+        listening: true,
     };
     server.run()
 }
@@ -72,6 +73,9 @@ struct Server {
     /// Kept open so that one more connection can be accepted when valed has no descriptor
     /// left: an administrator's is then served, anyone else's refused with a message.
     spare: Option<File>,
+    /// False while valed has no descriptor to accept with: the listener is then not watched
+    /// (it would be readable for ever) until a connection closes.
+    listening: bool,
 }
 
 struct Conn {
@@ -103,8 +107,8 @@ impl Server {
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
         loop {
             let n = epoll::wait(&self.ep, &mut events, -1).len();
-            for i in 0..n {
-                let token = events[i].u64;
+            for ev in events.iter().take(n) {
+                let token = ev.u64;
                 if token == LISTENER {
                     self.accept_all();
                 } else {
@@ -124,15 +128,22 @@ impl Server {
                     // Out of descriptors: the spare one takes this connection, which is
                     // served if it is an administrator's and refused otherwise.
                     let Some(spare) = self.spare.take() else {
-                        tracing::warn!("out of descriptors: a connection waits");
+                        tracing::warn!("out of descriptors: new connections wait");
+                        self.listen(false);
                         return;
                     };
                     drop(spare);
-                    if let Ok((stream, _)) = self.listener.accept() {
-                        self.admit(stream);
-                    }
+                    // accept reports EMFILE before it looks at the queue: an empty queue shows
+                    // only now.
+                    let accepted = match self.listener.accept() {
+                        Ok((stream, _)) => {
+                            self.admit(stream);
+                            true
+                        }
+                        Err(_) => false,
+                    };
                     self.spare = File::open("/dev/null").ok();
-                    if self.spare.is_none() {
+                    if !accepted || self.spare.is_none() {
                         return;
                     }
                 }
@@ -154,11 +165,13 @@ impl Server {
                      (valed --max-conns-per-user)",
                     caller.uid
                 ))
-            } else if self.capped >= self.policy.conns_total || self.spare.is_none() {
+            } else if self.capped >= self.policy.conns_total {
                 Some(format!(
                     "valed has {} connections of users, the most it takes (valed --max-conns)",
                     self.capped
                 ))
+            } else if self.spare.is_none() {
+                Some("valed is out of descriptors".to_string())
             } else {
                 None
             };
@@ -244,9 +257,23 @@ impl Server {
         }
         // Closing the socket takes it out of the epoll set.
         drop(conn.stream);
-        for p in &conn.owned {
-            self.engine.close(p);
+        for p in conn.owned {
+            self.engine.close(&p);
         }
+        if self.spare.is_none() {
+            self.spare = File::open("/dev/null").ok();
+        }
+        if !self.listening && self.spare.is_some() {
+            self.listen(true);
+        }
+    }
+
+    /// Watches the listener, or stops watching it.
+    fn listen(&mut self, on: bool) {
+        self.listening = on;
+        let events = if on { libc::EPOLLIN as u32 } else { 0 };
+        let fd = self.listener.as_raw_fd();
+        let _ = epoll::watch(&self.ep, fd, libc::EPOLL_CTL_MOD, LISTENER, events);
     }
 }
 

@@ -26,7 +26,12 @@ example vale-pktgen -i vale0:a) and go away when their last client leaves, unles
 created them persistent. One valed serves one run directory; run several with different \
 run directories to keep them apart.\n\n\
 A client finding no valed for its run directory starts one itself (see VALE_NO_AUTOSTART in \
-libvale), so starting valed by hand is needed only to choose its options.",
+libvale), so starting valed by hand is needed only to choose its options.\n\n\
+Who may do what: the socket's mode decides who may connect. A port belongs to the uid that \
+opened, created or attached it; only that uid or an administrator (root, or a member of \
+--admin-group) may destroy, detach or tune it, or reopen it once free. Host devices, lookup \
+modules and switch knobs need an administrator. Other users are held to the --max-* limits \
+below; administrators always get through.",
     after_help = "ENVIRONMENT:\n  VALE_RUN_DIR   run directory when --run-dir is not given (default /run/vale)\n  \
 VALE_LOG       log filter (tracing syntax, e.g. debug or vale_switch=debug); default info\n\n\
 FILES:\n  <run dir>/valed.sock   control socket (mode from --socket-mode)\n  \

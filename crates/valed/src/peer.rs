@@ -34,8 +34,8 @@ pub fn identify(s: &UnixStream, admin_gid: Option<u32>) -> Caller {
             admin: false,
         };
     };
-    let admin = cred.uid == 0
-        || admin_gid.is_some_and(|g| cred.gid == g || peer_groups(s).contains(&g));
+    let admin =
+        cred.uid == 0 || admin_gid.is_some_and(|g| cred.gid == g || peer_groups(s).contains(&g));
     Caller {
         uid: cred.uid,
         pid: cred.pid as u32,
