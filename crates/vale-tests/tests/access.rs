@@ -260,8 +260,9 @@ fn twenty_thousand_idle_connections_of_one_user_leave_valed_serving() {
         slowest < Duration::from_secs(1),
         "root's list took {slowest:?}"
     );
+    // The 64 connections nobody may keep, root's list, and a few on their way to a refusal.
     assert!(
-        most_fds <= fds_before + 64 + 2,
+        most_fds <= fds_before + 64 + 6,
         "valed held {most_fds} descriptors (before: {fds_before})"
     );
     let rss = v.rss_kib();

@@ -110,7 +110,7 @@ impl Server {
             for ev in events.iter().take(n) {
                 let token = ev.u64;
                 if token == LISTENER {
-                    self.accept_all();
+                    self.accept_some();
                 } else {
                     self.service(token as usize);
                 }
@@ -118,8 +118,10 @@ impl Server {
         }
     }
 
-    fn accept_all(&mut self) {
-        loop {
+    /// Accepts what is queued, up to a bound: a flood of connections must not keep the
+    /// connections already accepted from being served (epoll reports the rest again).
+    fn accept_some(&mut self) {
+        for _ in 0..64 {
             match self.listener.accept() {
                 Ok((stream, _)) => self.admit(stream),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
