@@ -350,6 +350,9 @@ impl Port {
                 format!("ring {i}: head {head} / cur {cur} out of range (slots {n})"),
             ));
         }
+        if self.gone.load(Relaxed) {
+            return Err(gone_error());
+        }
         let atok = self.atok(i);
         let ktoa = self.ktoa(i);
         atok.cur.store(cur, Relaxed);
@@ -374,12 +377,9 @@ impl Port {
         Ok(())
     }
 
-    /// Fails once valed is gone; looks at the control connection at most every
-    /// [`LOOK_EVERY_NS`].
+    /// Looks at the control connection, at most every [`LOOK_EVERY_NS`]; fails if it is
+    /// closed.
     fn check_alive(&self) -> io::Result<()> {
-        if self.gone.load(Relaxed) {
-            return Err(gone_error());
-        }
         let now = coarse_ns();
         if now.wrapping_sub(self.looked_ns.load(Relaxed)) < LOOK_EVERY_NS {
             return Ok(());
