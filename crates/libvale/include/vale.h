@@ -264,7 +264,7 @@ struct vale_region {
 /* "VALE" as the four bytes of the magic field in memory (a little-endian u32). */
 #define VALE_MAGIC 0x454c4156u
 /* Bumped on every incompatible change of the region or of the control protocol. */
-#define VALE_ABI_VERSION 1
+#define VALE_ABI_VERSION 2
 
 #define VALE_REGION_HEADER_SIZE 256
 #define VALE_CSB_RING_SIZE 128 /* bytes of CSB per ring: atok, then ktoa */
@@ -375,10 +375,18 @@ VALE_STATIC_ASSERT(offsetof(struct vale_region, pad) == 144, "vale_region.pad");
  * drives all of them.  vale_open/vale_close may be called from any thread; vale_close must
  * not race with any other call on the same port.
  *
- * Errors: a call that fails returns NULL or -1 and leaves a message for vale_last_error().
+ * Errors: a call that fails returns NULL or -1, sets errno and leaves a message for
+ * vale_last_error().
+ *
+ * valed going away: the port lives as long as its control connection to valed.  When valed
+ * exits or dies, vale_poll() returns -1 at once (even with no timeout), and vale_txsync() and
+ * vale_rxsync() return -1 within about a millisecond of calls that find nothing new; errno
+ * is then ECONNRESET, and every later call on the port fails the same way.  The only thing
+ * left to do with the port is vale_close().
  */
 
-/* An open port (opaque): the control connection, the mapped region and the eventfds. */
+/* An open port (opaque): the control connection, the mapped region and the notification
+ * descriptors (a kick eventfd and an interrupt pipe per ring). */
 struct vale_port;
 
 /* Port geometry and where to find valed.  Always start from vale_open_opts_init(). */
@@ -419,16 +427,18 @@ const struct vale_region *vale_region(const struct vale_port *p);
 /*
  * Publishes ring->head and ring->cur of tx ring `ring` to valed (slots before head are
  * handed over for sending) and refreshes ring->tail with the slots valed has finished with.
- * No system call is made unless valed has asked to be kicked (it sleeps on that ring).
+ * No system call is made unless valed has asked to be kicked (it sleeps on that ring), or,
+ * at most once a millisecond, to see whether valed is still there when nothing moved.
  * Returns 0, or -1 if `ring` is not a tx ring of the port or head/cur lie outside the ring
- * (nothing is published then).
+ * (nothing is published then, errno EIO), or if valed has gone away (errno ECONNRESET).
  */
 int vale_txsync(struct vale_port *p, uint32_t ring);
 
 /*
  * The same for rx ring `ring`: publishes ring->head/cur (slots before head are given back
- * to valed for new frames) and refreshes ring->tail with the frames that arrived.  Never a
- * system call: valed does not need a kick on rx rings.  Returns 0 or -1 as vale_txsync().
+ * to valed for new frames) and refreshes ring->tail with the frames that arrived.  valed
+ * does not need a kick on rx rings: no system call but the millisecond look at valed when
+ * nothing arrived.  Returns 0 or -1 as vale_txsync().
  */
 int vale_rxsync(struct vale_port *p, uint32_t ring);
 
@@ -438,9 +448,10 @@ int vale_rxsync(struct vale_port *p, uint32_t ring);
 /*
  * Waits until one of `events` holds on some ring of the port, or timeout_ms milliseconds
  * pass (< 0: no limit; 0: only look).  Returns the mask of events that hold (a subset of
- * `events`), 0 on timeout, -1 on error.  The rings behind a reported event are synced
- * (their tail is fresh) on return.  The wait is on the rings' interrupt eventfds, with
- * notification enabled only while sleeping, so an idle client costs valed nothing.
+ * `events`), 0 on timeout, -1 on error (errno ECONNRESET: valed went away; the wait watches
+ * the control connection too).  The rings behind a reported event are synced (their tail is
+ * fresh) on return.  The wait is on the rings' interrupt lines, with notification enabled
+ * only while sleeping, so an idle client costs valed nothing.
  */
 int vale_poll(struct vale_port *p, int events, int timeout_ms);
 

@@ -21,7 +21,12 @@ fn fail(msg: impl std::fmt::Display, errno: c_int) {
 }
 
 fn fail_io(e: &std::io::Error) {
-    fail(e, e.raw_os_error().unwrap_or(libc::EIO));
+    let errno = e.raw_os_error().unwrap_or(match e.kind() {
+        // valed went away: the port is gone (vale.h).
+        std::io::ErrorKind::ConnectionReset => libc::ECONNRESET,
+        _ => libc::EIO,
+    });
+    fail(e, errno);
 }
 
 /// `struct vale_open_opts`.

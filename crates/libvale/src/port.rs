@@ -5,14 +5,14 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicU64, Ordering::*};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::*};
 use std::time::{Duration, Instant};
 
 use vale_abi::control::{self, default_run_dir, PortCounters, Reply, Request};
 use vale_abi::csb::{CsbAtok, CsbKtoa};
-use vale_abi::eventfd;
 use vale_abi::netmap::{NetmapIf, NetmapRing, NetmapSlot, RING_SLOTS_OFS};
 use vale_abi::region::{Layout, PortParams, RegionHeader, VALE_ABI_VERSION};
+use vale_abi::{eventfd, pipe};
 
 use crate::connect;
 
@@ -127,6 +127,8 @@ impl OpenOptions {
             kick,
             irq,
             interrupts: AtomicU64::new(0),
+            gone: AtomicBool::new(false),
+            looked_ns: AtomicU64::new(coarse_ns()),
         };
         layout
             .check_header(port.region())
@@ -155,12 +157,45 @@ pub struct Port {
     /// The connection that owns the port: valed frees the port when it closes.
     ctl: UnixStream,
     _memfd: OwnedFd,
-    /// Per region ring (tx, then rx): client-to-valed kick, valed-to-client interrupt.
+    /// Per region ring (tx, then rx): client-to-valed kick (eventfd), valed-to-client
+    /// interrupt (read end of a pipe).
     kick: Vec<OwnedFd>,
     irq: Vec<OwnedFd>,
     /// Interrupts valed raised that `poll` consumed.
     interrupts: AtomicU64,
+    /// The control connection was seen closed: valed is gone, and the port with it.
+    gone: AtomicBool,
+    /// When a sync last looked at the control connection (coarse clock, ns).
+    looked_ns: AtomicU64,
 }
+
+/// How often, at most, a sync that found nothing new looks at the control connection.
+const LOOK_EVERY_NS: u64 = 1_000_000;
+
+/// A clock read without a system call (vDSO), at the kernel's tick resolution.
+fn coarse_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: plain call with a live timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// The error of every call on a port whose valed has gone away.
+fn gone_error() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionReset,
+        "valed went away (its control connection closed); the port is gone",
+    )
+}
+
+/// Most rings a port has (both directions), plus the control connection: what `poll` watches.
+const MAX_POLL_FDS: usize = 2 * vale_abi::region::MAX_RINGS as usize + 1;
+
+/// The poll(2) bits that say a control connection is closed.
+const CLOSED: libc::c_short = libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR | libc::POLLNVAL;
 
 // SAFETY: the mapping is shared memory; rings are used one thread per ring, as documented.
 unsafe impl Send for Port {}
@@ -198,8 +233,9 @@ impl Port {
         &self.name
     }
 
-    /// Interrupts from valed that [`Port::poll`] has consumed so far (each eventfd signal
-    /// counts once; with interrupt moderation, several deliveries share one).
+    /// Interrupts from valed that [`Port::poll`] has consumed so far (each one raised counts
+    /// once; with interrupt moderation, several deliveries share one; a client that leaves
+    /// thousands unread loses the surplus, which changes nothing: it has a wake-up pending).
     pub fn interrupts(&self) -> u64 {
         self.interrupts.load(Relaxed)
     }
@@ -312,6 +348,9 @@ impl Port {
                 format!("ring {i}: head {head} / cur {cur} out of range (slots {n})"),
             ));
         }
+        if self.gone.load(Relaxed) {
+            return Err(gone_error());
+        }
         let atok = self.atok(i);
         let ktoa = self.ktoa(i);
         atok.cur.store(cur, Relaxed);
@@ -326,17 +365,61 @@ impl Port {
             }
         }
         // Acquire: what valed wrote in the slots before hwtail is visible to us.
-        ring.set_tail(ktoa.hwtail.load(Acquire));
+        let tail = ktoa.hwtail.load(Acquire);
+        if tail == ring.tail() {
+            // Nothing new: valed may be gone. Look now and then only, so a busy ring costs
+            // no system call and an idle one about one a millisecond.
+            self.check_alive()?;
+        }
+        ring.set_tail(tail);
+        Ok(())
+    }
+
+    /// Looks at the control connection, at most every [`LOOK_EVERY_NS`]; fails if it is
+    /// closed.
+    fn check_alive(&self) -> io::Result<()> {
+        let now = coarse_ns();
+        if now.wrapping_sub(self.looked_ns.load(Relaxed)) < LOOK_EVERY_NS {
+            return Ok(());
+        }
+        self.looked_ns.store(now, Relaxed);
+        let mut p = self.ctl_pollfd();
+        // SAFETY: one live pollfd, no wait.
+        if unsafe { libc::poll(&mut p, 1, 0) } == 1 {
+            self.note_ctl(p.revents)?;
+        }
+        Ok(())
+    }
+
+    /// The control connection as poll(2) watches it: for its closing only (replies to
+    /// requests are read by whoever sent them).
+    fn ctl_pollfd(&self) -> libc::pollfd {
+        libc::pollfd {
+            fd: self.ctl.as_raw_fd(),
+            events: libc::POLLRDHUP,
+            revents: 0,
+        }
+    }
+
+    /// Records what poll(2) said of the control connection; an error if it is closed.
+    fn note_ctl(&self, revents: libc::c_short) -> io::Result<()> {
+        if revents & CLOSED != 0 {
+            self.gone.store(true, Relaxed);
+            return Err(gone_error());
+        }
         Ok(())
     }
 
     /// Sends what the client queued on tx ring `ring` (slots from the last `head` to the
-    /// new one) and reclaims the slots valed is done with.
+    /// new one) and reclaims the slots valed is done with. Fails with
+    /// [`io::ErrorKind::ConnectionReset`] once valed has gone away (noticed within about a
+    /// millisecond of syncs that find nothing new).
     pub fn txsync(&self, ring: u32) -> io::Result<()> {
         self.sync(self.tx_index(ring)?, true)
     }
 
     /// Returns the slots before `head` of rx ring `ring` to valed and picks up new frames.
+    /// Fails as [`Port::txsync`] once valed has gone away.
     pub fn rxsync(&self, ring: u32) -> io::Result<()> {
         // valed never waits on an rx ring: it reads head when it delivers.
         self.sync(self.rx_index(ring)?, false)
@@ -369,6 +452,8 @@ impl Port {
 
     /// Waits until some rx ring has frames (`readable`) or some tx ring has room
     /// (`writable`), or `timeout` passes (`None`: forever). Syncs the rings it looks at.
+    /// Also watches the control connection: fails with [`io::ErrorKind::ConnectionReset`]
+    /// as soon as valed goes away.
     pub fn poll(&self, want: Events, timeout: Option<Duration>) -> io::Result<Events> {
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
@@ -396,30 +481,36 @@ impl Port {
             let moved = self
                 .wanted(want)
                 .any(|i| self.ktoa(i).hwtail.load(Relaxed) != self.ring(i).tail());
+            let mut closed = Ok(());
             if !moved {
-                let mut pfds: Vec<libc::pollfd> = self
-                    .wanted(want)
-                    .map(|i| libc::pollfd {
+                // The control connection first: it closes when valed dies.
+                let mut pfds = [self.ctl_pollfd(); MAX_POLL_FDS];
+                let mut n = 1;
+                for i in self.wanted(want) {
+                    pfds[n] = libc::pollfd {
                         fd: self.irq[i as usize].as_raw_fd(),
                         events: libc::POLLIN,
                         revents: 0,
-                    })
-                    .collect();
-                // SAFETY: the array outlives the call and its length is passed.
-                let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, left) };
+                    };
+                    n += 1;
+                }
+                // SAFETY: the array outlives the call and holds at least `n` entries.
+                let r = unsafe { libc::poll(pfds.as_mut_ptr(), n as libc::nfds_t, left) };
                 if r < 0 {
                     let e = io::Error::last_os_error();
                     if e.kind() != io::ErrorKind::Interrupted {
                         return Err(e);
                     }
                 }
-                for p in pfds.iter().filter(|p| p.revents != 0) {
-                    self.interrupts.fetch_add(eventfd::drain(&p.fd), Relaxed);
+                closed = self.note_ctl(pfds[0].revents);
+                for p in pfds[1..n].iter().filter(|p| p.revents != 0) {
+                    self.interrupts.fetch_add(pipe::drain(&p.fd), Relaxed);
                 }
             }
             for i in self.wanted(want) {
                 self.atok(i).appl_need_kick.store(0, Relaxed);
             }
+            closed?;
         }
     }
 }

@@ -40,7 +40,7 @@ pub fn default_run_dir() -> PathBuf {
 pub enum Request {
     /// Make this connection the owner of `port` (created with its switch if absent). The reply
     /// is [`Reply::Opened`] with the region memfd, then per ring (tx rings, then rx rings) its
-    /// kick eventfd (client to valed) and its interrupt eventfd (valed to client).
+    /// kick eventfd (client to valed) and the read end of its interrupt pipe (valed to client).
     Open {
         port: String,
         params: PortParams,

@@ -1,5 +1,10 @@
-//! The kick and interrupt lines of every ring are eventfds: signalling one is writing 1,
-//! consuming its signals is reading the counter. Both sides of the ABI use these helpers.
+//! The kick line of every ring is an eventfd: signalling one is writing 1, consuming its signals
+//! is reading the counter. valed also uses eventfds of its own (worker wake-ups) with the same
+//! helpers.
+//!
+//! A kick eventfd is shared with the client by SCM_RIGHTS, so both hold one open file
+//! description and its O_NONBLOCK flag is the client's to clear: valed reads it with
+//! [`drain_nowait`], never with a plain `read`.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -16,7 +21,8 @@ pub fn new() -> io::Result<OwnedFd> {
 }
 
 /// Adds one to the counter, waking whoever polls it. A full counter (never in practice) still
-/// leaves the fd readable, so the wake-up is not lost.
+/// leaves the fd readable, so the wake-up is not lost. Only for an eventfd whose file nobody
+/// else can make blocking.
 #[inline]
 pub fn signal(fd: &impl AsRawFd) {
     let one: u64 = 1;
@@ -24,7 +30,8 @@ pub fn signal(fd: &impl AsRawFd) {
     unsafe { libc::write(fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
 }
 
-/// Resets the counter; returns how many signals it held (0 if none).
+/// Resets the counter; returns how many signals it held (0 if none). Only for an eventfd whose
+/// file nobody else can make blocking.
 #[inline]
 pub fn drain(fd: &impl AsRawFd) -> u64 {
     let mut v: u64 = 0;
@@ -35,4 +42,44 @@ pub fn drain(fd: &impl AsRawFd) -> u64 {
     } else {
         0
     }
+}
+
+/// As [`drain`], but never blocks whatever the file's flags say: for an eventfd another
+/// process holds too (a kick line), which may have cleared O_NONBLOCK and may read the counter
+/// away between our wake-up and our read.
+#[inline]
+pub fn drain_nowait(fd: &impl AsRawFd) -> u64 {
+    let mut v: u64 = 0;
+    let iov = libc::iovec {
+        iov_base: &mut v as *mut u64 as *mut libc::c_void,
+        iov_len: 8,
+    };
+    // SAFETY: one iovec over a live u64; offset -1 is "the current position", which an
+    // eventfd ignores.
+    let n = unsafe {
+        libc::preadv2(
+            fd.as_raw_fd(),
+            &iov as *const libc::iovec,
+            1,
+            -1,
+            libc::RWF_NOWAIT,
+        )
+    };
+    if n == 8 {
+        return v;
+    }
+    if n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP) {
+        // A kernel whose eventfds do not take RWF_NOWAIT: read only what poll says is there.
+        // The window between the two calls is the best this kernel allows.
+        let mut p = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd, no wait.
+        if unsafe { libc::poll(&mut p, 1, 0) } == 1 && p.revents & libc::POLLIN != 0 {
+            return drain(fd);
+        }
+    }
+    0
 }

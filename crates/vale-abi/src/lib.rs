@@ -2,7 +2,8 @@
 //!
 //! - [`netmap`]: the binary layout of netmap's `netmap_if`, `netmap_ring`, `netmap_slot`.
 //! - [`csb`]: the per-ring Communication Status Block (netmap's `nm_csb_atok`/`nm_csb_ktoa`).
-//! - [`eventfd`]: the kick and interrupt lines.
+//! - [`eventfd`]: the kick lines (client to valed).
+//! - [`pipe`]: the interrupt lines (valed to client).
 //! - [`region`]: how one port's shared memory region is laid out, with magic and ABI version.
 //! - [`name`]: the `valeX:Y` naming rules.
 //! - [`control`]: the messages spoken on valed's control socket.
@@ -14,4 +15,5 @@ pub mod csb;
 pub mod eventfd;
 pub mod name;
 pub mod netmap;
+pub mod pipe;
 pub mod region;

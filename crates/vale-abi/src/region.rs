@@ -20,7 +20,7 @@ use crate::netmap::{NetmapSlot, NIFP_RING_OFS, RING_SLOTS_OFS};
 /// "VALE" in memory order.
 pub const VALE_MAGIC: u32 = u32::from_le_bytes(*b"VALE");
 /// Bumped on any incompatible change of the region or the control protocol.
-pub const VALE_ABI_VERSION: u32 = 1;
+pub const VALE_ABI_VERSION: u32 = 2;
 /// Size of [`RegionHeader`].
 pub const REGION_HEADER_SIZE: usize = 256;
 /// Buffers 0 and 1 are reserved, as netmap reserves them; slots start at this index.

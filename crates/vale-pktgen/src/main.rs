@@ -281,6 +281,13 @@ fn tx(
         if limits.count != 0 {
             want = want.min(limits.count - meter.packets);
         }
+        if want == 0 {
+            // No room: only a sync can give the slots valed took back, so wait in poll
+            // (which syncs), whatever the rate allows.
+            port.poll(Events::WRITABLE, Some(limits.wait(now)))?;
+            r = (r + 1) % rings;
+            continue;
+        }
         if args.rate != 0 {
             let allowed = (args.rate as f64 * (now - start).as_secs_f64()) as u64 + 1;
             want = want.min(allowed.saturating_sub(meter.packets));
@@ -288,11 +295,6 @@ fn tx(
                 std::thread::sleep(Duration::from_micros(20));
                 continue;
             }
-        }
-        if want == 0 {
-            port.poll(Events::WRITABLE, Some(limits.wait(now)))?;
-            r = (r + 1) % rings;
-            continue;
         }
         let mut cur = ring.cur();
         for _ in 0..want {

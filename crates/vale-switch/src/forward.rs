@@ -24,7 +24,7 @@ use crate::lookup::{FrameMeta, DEST_DROP, DEST_FLOOD};
 use crate::offload::{Offload, Resolver};
 use crate::port::{add, Irq, Port};
 use crate::switch::{Switch, MAX_BATCH, MAX_PORTS};
-use vale_abi::eventfd;
+use vale_abi::pipe;
 
 const ETH_HLEN: u32 = 14;
 const NIL: u16 = u16::MAX;
@@ -77,14 +77,14 @@ impl Notifier {
         let Some(irq) = line.of(port) else { return };
         let m = port.shared.moderation_ns.load(Relaxed);
         if m == 0 {
-            eventfd::signal(&irq.fd);
+            pipe::signal(&irq.wr);
             return;
         }
         let now = self.now_ns();
         let last = irq.last_ns.load(Relaxed);
         if now.saturating_sub(last) >= m {
             irq.last_ns.store(now, Relaxed);
-            eventfd::signal(&irq.fd);
+            pipe::signal(&irq.wr);
         } else if !irq.pending.swap(true, AcqRel) {
             self.pending.push((last + m, port.clone(), line));
         }
@@ -105,7 +105,7 @@ impl Notifier {
             if let Some(irq) = line.of(port) {
                 irq.pending.store(false, Release);
                 irq.last_ns.store(now, Relaxed);
-                eventfd::signal(&irq.fd);
+                pipe::signal(&irq.wr);
             }
             false
         });

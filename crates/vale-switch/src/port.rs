@@ -1,5 +1,5 @@
 //! A port: what stays across owners ([`PortShared`]: name, counters, knobs) and what one owner
-//! brings ([`Attachment`]: the region, eventfds and per-ring state).
+//! brings ([`Attachment`]: the region, notification lines and per-ring state).
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
@@ -9,7 +9,7 @@ use vale_abi::control::PortCounters;
 use vale_abi::region::Layout;
 
 use crate::region::Region;
-use vale_abi::eventfd;
+use vale_abi::{eventfd, pipe};
 
 /// Index of a port in its switch's table.
 pub type PortIndex = u16;
@@ -73,7 +73,12 @@ impl PortShared {
 
 /// Interrupt line toward the client for one ring, with its moderation state.
 pub struct Irq {
-    pub fd: OwnedFd,
+    /// valed's end of the line: a file of its own that no client holds, so that writing it
+    /// never blocks (see [`vale_abi::pipe`]).
+    pub wr: OwnedFd,
+    /// The client's end, sent at open. Kept open here too, so the line always has a reader
+    /// (a write never meets EPIPE) and a host port's thread can wait on it.
+    pub rd: OwnedFd,
     /// When the last interrupt was raised (engine clock, ns).
     pub last_ns: AtomicU64,
     /// An interrupt is deferred by moderation and queued on some worker.
@@ -123,8 +128,10 @@ impl Attachment {
     pub fn new(name: &str, layout: Layout, owner_pid: u32) -> std::io::Result<Attachment> {
         let region = Region::create(name, layout)?;
         let irq = || -> std::io::Result<Irq> {
+            let (rd, wr) = pipe::new()?;
             Ok(Irq {
-                fd: eventfd::new()?,
+                wr,
+                rd,
                 last_ns: AtomicU64::new(0),
                 pending: AtomicBool::new(false),
             })
@@ -161,14 +168,15 @@ impl Attachment {
         })
     }
 
-    /// The descriptors a client receives: memfd, then per ring (tx, then rx) kick and irq.
+    /// The descriptors a client receives: memfd, then per ring (tx, then rx) kick and the
+    /// read end of the interrupt line.
     pub fn client_fds(&self) -> Vec<RawFd> {
         let mut fds = vec![self.region.memfd().as_raw_fd()];
         for t in self.tx.iter() {
-            fds.extend([t.kick.as_raw_fd(), t.irq.fd.as_raw_fd()]);
+            fds.extend([t.kick.as_raw_fd(), t.irq.rd.as_raw_fd()]);
         }
         for r in self.rx.iter() {
-            fds.extend([r.kick.as_raw_fd(), r.irq.fd.as_raw_fd()]);
+            fds.extend([r.kick.as_raw_fd(), r.irq.rd.as_raw_fd()]);
         }
         fds
     }

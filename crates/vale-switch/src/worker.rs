@@ -208,7 +208,8 @@ impl Loop {
             return;
         };
         let Some(a) = &s.port.attachment else { return };
-        eventfd::drain(&a.tx[s.ring as usize].kick);
+        // The client holds this eventfd's file too and may have made it blocking.
+        eventfd::drain_nowait(&a.tx[s.ring as usize].kick);
         a.region.ktoa(s.ring).kern_need_kick.store(0, Relaxed);
         s.dry_since = None;
         if !s.active {

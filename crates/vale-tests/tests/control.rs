@@ -586,7 +586,8 @@ fn abi_mismatch_and_garbage_are_refused_and_valed_keeps_serving() {
     );
     assert_eq!(fds, 0);
     let m = error_of(r);
-    assert!(m.contains("99") && m.contains('1'), "{m}");
+    let ours = vale_abi::region::VALE_ABI_VERSION.to_string();
+    assert!(m.contains("99") && m.contains(&ours), "{m}");
     assert!(m.contains("version"), "{m}");
     assert!(v.list().is_empty(), "the refused open created something");
     // The same connection goes on working.

@@ -4,7 +4,7 @@
 //! Each host port has one thread. It reads frames from the device straight into the port's tx
 //! ring and forwards them itself (no worker and no kick in between), and it writes what the
 //! switch delivered to the port's rx ring out to the device. With nothing to do it sleeps in
-//! `epoll_wait` on the device and on the rx ring's interrupt eventfd, exactly as a sleeping
+//! `epoll_wait` on the device and on the rx ring's interrupt line, exactly as a sleeping
 //! client would (VALE section 4.1: the host stack as one more port of the switch).
 
 pub mod nic;
@@ -19,9 +19,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use vale_abi::eventfd;
 use vale_abi::netmap::{NS_MOREFRAG, NS_OFFLOAD};
 use vale_abi::region::{PortParams, MAX_FRAGS};
+use vale_abi::{eventfd, pipe};
 
 use crate::epoll;
 use crate::forward::{recycle, Pipeline};
@@ -276,7 +276,7 @@ pub fn start(
     let epoll = epoll::new()?;
     let att = port.attachment.as_ref().expect("host ports are attached");
     epoll::add(&epoll, state.stop.as_raw_fd(), TOKEN_STOP)?;
-    epoll::add(&epoll, att.rx[0].irq.fd.as_raw_fd(), TOKEN_IRQ)?;
+    epoll::add(&epoll, att.rx[0].irq.rd.as_raw_fd(), TOKEN_IRQ)?;
     let watched = dev.poll_fds();
     for &fd in &watched {
         epoll::add(&epoll, fd, TOKEN_DEV)?;
@@ -351,7 +351,7 @@ impl HostLoop {
                 match ev.u64 {
                     TOKEN_STOP => return,
                     TOKEN_IRQ => {
-                        eventfd::drain(&self.att().rx[0].irq.fd);
+                        pipe::drain(&self.att().rx[0].irq.rd);
                     }
                     _ => {}
                 }
