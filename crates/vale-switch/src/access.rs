@@ -4,8 +4,9 @@
 //! A port belongs to the uid that opened, created or attached it. Destroying, detaching or
 //! tuning it, or reopening it once free, needs that uid or an administrator. Host devices
 //! (TAP, NIC), lookup modules and switch-wide knobs need an administrator. Administrators are
-//! root and, if valed was started with one, the members of an administrators' group; they are
-//! not bound by the per-user limits, so they always get through.
+//! root, the user valed runs as and, if valed was started with one, the members of an
+//! administrators' group; they are not bound by the per-user limits, so they always get
+//! through.
 
 use crate::port::PortShared;
 
@@ -35,7 +36,7 @@ impl Caller {
             Ok(())
         } else {
             Err(format!(
-                "{what} needs an administrator (root or the administrators' group); uid {} is not one",
+                "{what} needs an administrator (root, valed's own user or the administrators' group); uid {} is not one",
                 self.uid
             ))
         }
@@ -62,6 +63,9 @@ pub struct UserLimits {
     pub ports: usize,
     /// Bytes of port memory (the regions of the user's held ports) together.
     pub port_memory: u64,
+    /// Descriptors valed holds for the user's held ports together (see
+    /// [`crate::port::descriptors_for`]).
+    pub descriptors: usize,
 }
 
 impl Default for UserLimits {
@@ -69,6 +73,7 @@ impl Default for UserLimits {
         UserLimits {
             ports: 256,
             port_memory: 4 << 30,
+            descriptors: 4096,
         }
     }
 }
@@ -78,12 +83,14 @@ impl Default for UserLimits {
 pub struct Usage {
     pub ports: usize,
     pub port_memory: u64,
+    pub descriptors: usize,
 }
 
 impl UserLimits {
     /// Fails if `caller` (not an administrator) would go past a limit by taking one more port
-    /// of `memory` bytes (0 for a port that brings no memory).
-    pub fn check(&self, caller: &Caller, now: Usage, memory: u64) -> Result<(), String> {
+    /// bringing `more` (memory and descriptors; none for a persistent port nobody holds).
+    pub fn check(&self, caller: &Caller, now: Usage, more: Usage) -> Result<(), String> {
+        let memory = more.port_memory;
         if caller.admin {
             return Ok(());
         }
@@ -100,6 +107,15 @@ impl UserLimits {
                 caller.uid,
                 (now.port_memory + memory) >> 20,
                 self.port_memory >> 20
+            ));
+        }
+        if now.descriptors + more.descriptors > self.descriptors {
+            return Err(format!(
+                "uid {} would have ports holding {} descriptors of valed, more than the {} a \
+                 user may have (valed --max-port-fds-per-user; fewer rings per port take fewer)",
+                caller.uid,
+                now.descriptors + more.descriptors,
+                self.descriptors
             ));
         }
         Ok(())

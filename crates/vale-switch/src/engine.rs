@@ -15,7 +15,7 @@ use vale_abi::region::{Layout, PortParams};
 use crate::access::{Caller, Usage, UserLimits};
 use crate::host::{self, HostSpec, HOST_PARAMS};
 use crate::lookup;
-use crate::port::{Attachment, Port, PortIndex, PortShared};
+use crate::port::{descriptors_for, Attachment, Port, PortIndex, PortShared};
 use crate::switch::{Switch, DEFAULT_BATCH, MAX_PORTS};
 use crate::worker::{Cmd, Worker};
 
@@ -27,6 +27,9 @@ pub struct EngineConfig {
     pub batch: u32,
     /// What one user that is not an administrator may hold.
     pub user_limits: UserLimits,
+    /// Descriptors all ports of users that are not administrators may hold together: what
+    /// valed may spend on ports and still serve its connections.
+    pub descriptor_budget: usize,
 }
 
 impl Default for EngineConfig {
@@ -36,6 +39,7 @@ impl Default for EngineConfig {
             busy_poll: Duration::ZERO,
             batch: DEFAULT_BATCH,
             user_limits: UserLimits::default(),
+            descriptor_budget: usize::MAX,
         }
     }
 }
@@ -118,24 +122,36 @@ impl Engine {
         result
     }
 
-    /// Fails if `caller` may not take port `name` of `sw` with `memory` bytes of port memory:
-    /// it belongs to another user, or the caller's limits would be passed.
+    /// Fails if `caller` may not take port `name` of `sw` with `layout`: the caller's limits,
+    /// or valed's budget of descriptors, would be passed.
     fn may_take(
         &self,
         sws: &Switches,
         sw: &Switch,
         name: &str,
         caller: &Caller,
-        memory: u64,
+        layout: &Layout,
     ) -> Result<(), String> {
-        let mut now = usage(sws, caller.uid);
+        let (mut now, all) = usage(sws, caller.uid);
+        let more = Usage {
+            ports: 1,
+            port_memory: layout.region_size,
+            descriptors: descriptors_for(layout.num_rings()),
+        };
+        if !caller.admin && all.descriptors + more.descriptors > self.cfg.descriptor_budget {
+            return Err(format!(
+                "valed is short of descriptors: its ports hold {} of the {} it may give them \
+                 (raise valed's descriptor limit, or lower its --max-conns)",
+                all.descriptors, self.cfg.descriptor_budget
+            ));
+        }
         if let Some(p) = sw.find(name) {
             // Taking a port of one's own (`place` sees to that) does not count it twice.
             if p.shared.owner_uid == caller.uid {
                 now.ports = now.ports.saturating_sub(1);
             }
         }
-        self.cfg.user_limits.check(caller, now, memory)
+        self.cfg.user_limits.check(caller, now, more)
     }
 
     /// Attaches a client to `name`, creating the switch and port if needed.
@@ -147,7 +163,7 @@ impl Engine {
     ) -> Result<OpenedPort, String> {
         let layout = Layout::new(params)?;
         self.with_switch(name, |sws, sw| {
-            self.may_take(sws, sw, name, caller, layout.region_size)?;
+            self.may_take(sws, sw, name, caller, &layout)?;
             self.attach(sw, name, layout, caller)
         })
     }
@@ -301,9 +317,13 @@ impl Engine {
                 p.shared.persistent.store(true, Relaxed);
                 return Ok(());
             }
+            let more = Usage {
+                ports: 1,
+                ..Usage::default()
+            };
             self.cfg
                 .user_limits
-                .check(caller, usage(sws, caller.uid), 0)?;
+                .check(caller, usage(sws, caller.uid).0, more)?;
             let Some(index) = sw.free_index() else {
                 return Err(format!("switch '{}' is full ({MAX_PORTS} ports)", sw.name));
             };
@@ -448,20 +468,28 @@ fn place(sw: &Switch, name: &str, caller: &Caller) -> Result<(PortIndex, Arc<Por
     }
 }
 
-/// What user `uid` holds: its ports, and the memory of those that are held.
-fn usage(sws: &Switches, uid: u32) -> Usage {
-    let mut u = Usage::default();
+/// What user `uid` holds (its ports, the memory and descriptors of those that are held), and
+/// what every user that is not valed itself holds.
+fn usage(sws: &Switches, uid: u32) -> (Usage, Usage) {
+    let (mut mine, mut all) = (Usage::default(), Usage::default());
     for sw in sws.values() {
         for p in sw.ports().iter().flatten() {
-            if p.shared.owner_uid == uid {
+            let held = p.attachment.as_ref().map(|a| {
+                let layout = a.region.layout();
+                (layout.region_size, descriptors_for(layout.num_rings()))
+            });
+            let (memory, fds) = held.unwrap_or((0, 0));
+            for u in [&mut all]
+                .into_iter()
+                .chain((p.shared.owner_uid == uid).then_some(&mut mine))
+            {
                 u.ports += 1;
-                if let Some(a) = &p.attachment {
-                    u.port_memory += a.region.layout().region_size;
-                }
+                u.port_memory += memory;
+                u.descriptors += fds;
             }
         }
     }
-    u
+    (mine, all)
 }
 
 /// Why a port cannot be opened or attached: it already has an owner.

@@ -171,6 +171,10 @@ impl Attachment {
     /// The descriptors a client receives: memfd, then per ring (tx, then rx) kick and the
     /// read end of the interrupt line.
     pub fn client_fds(&self) -> Vec<RawFd> {
+        debug_assert_eq!(
+            self.tx.len() + self.rx.len(),
+            self.region.layout().num_rings() as usize
+        );
         let mut fds = vec![self.region.memfd().as_raw_fd()];
         for t in self.tx.iter() {
             fds.extend([t.kick.as_raw_fd(), t.irq.rd.as_raw_fd()]);
@@ -180,6 +184,12 @@ impl Attachment {
         }
         fds
     }
+}
+
+/// Descriptors valed holds for a port of `rings` rings: the memfd, and per ring the kick
+/// eventfd and both ends of the interrupt pipe.
+pub fn descriptors_for(rings: u32) -> usize {
+    1 + 3 * rings as usize
 }
 
 /// A port in a switch's table. A new `Port` replaces the old one whenever the owner changes;

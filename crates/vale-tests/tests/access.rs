@@ -173,6 +173,22 @@ fn a_user_has_bounded_connections_and_ports() {
 }
 
 #[test]
+fn a_user_has_bounded_port_descriptors() {
+    if !root() {
+        return;
+    }
+    // A port of one tx and one rx ring holds 7 descriptors of valed: room for two, not three.
+    let v = Valed::start_with(&["--socket-mode", "666", "--max-port-fds-per-user", "20"]);
+    let r = flood_as_nobody(&v, 1024, &["open", "vale0:a", "vale0:b", "vale0:c"], T);
+    assert_eq!(r["opened"], 2, "{r}");
+    let e = r["errors"][0].as_str().unwrap();
+    assert!(
+        e.contains("21 descriptors") && e.contains("--max-port-fds-per-user"),
+        "{e}"
+    );
+}
+
+#[test]
 fn a_user_has_bounded_port_memory() {
     if !root() {
         return;
@@ -341,5 +357,16 @@ fn root_gets_through_when_valed_is_out_of_descriptors() {
     assert!(wait_until(T, || {
         ctl_as_nobody(&v, &["list"]).status.success()
     }));
+    // What is left of valed's descriptors goes to connections, not to users' ports; root's
+    // ports still open.
+    let r = flood_as_nobody(&v, 1024, &["open", "vale0:n"], T);
+    assert_eq!(r["opened"], 0, "{r}");
+    assert!(
+        r["errors"][0]
+            .as_str()
+            .unwrap()
+            .contains("short of descriptors"),
+        "{r}"
+    );
     let _p = v.open("vale0:a");
 }

@@ -28,8 +28,8 @@ run directories to keep them apart.\n\n\
 A client finding no valed for its run directory starts one itself (see VALE_NO_AUTOSTART in \
 libvale), so starting valed by hand is needed only to choose its options.\n\n\
 Who may do what: the socket's mode decides who may connect. A port belongs to the uid that \
-opened, created or attached it; only that uid or an administrator (root, or a member of \
---admin-group) may destroy, detach or tune it, or reopen it once free. Host devices, lookup \
+opened, created or attached it; only that uid or an administrator (root, valed's own user, or \
+a member of --admin-group) may destroy, detach or tune it, or reopen it once free. Host devices, lookup \
 modules and switch knobs need an administrator. Other users are held to the --max-* limits \
 below; administrators always get through.",
     after_help = "ENVIRONMENT:\n  VALE_RUN_DIR   run directory when --run-dir is not given (default /run/vale)\n  \
@@ -74,6 +74,10 @@ struct Args {
     /// Port memory one user (not an administrator) may hold, MiB
     #[arg(long, default_value_t = 4096, value_name = "MIB")]
     max_port_memory_per_user: u64,
+    /// Descriptors of valed that one user's (not an administrator's) ports may hold: 1 per
+    /// port and 3 per ring
+    #[arg(long, default_value_t = 4096, value_name = "N")]
+    max_port_fds_per_user: u32,
 }
 
 fn main() {
@@ -106,7 +110,7 @@ fn run() -> anyhow::Result<()> {
         .as_deref()
         .map(|g| peer::group_id(g).with_context(|| format!("no such group '{g}' (--admin-group)")))
         .transpose()?;
-    raise_descriptor_limit();
+    let nofile = raise_descriptor_limit();
     let run_dir = args.run_dir.clone().unwrap_or_else(default_run_dir);
     std::fs::create_dir_all(&run_dir)
         .with_context(|| format!("cannot create run directory {}", run_dir.display()))?;
@@ -135,7 +139,10 @@ fn run() -> anyhow::Result<()> {
         user_limits: UserLimits {
             ports: args.max_ports_per_user as usize,
             port_memory: args.max_port_memory_per_user << 20,
+            descriptors: args.max_port_fds_per_user as usize,
         },
+        // What is left once every connection allowed and valed's own needs are served.
+        descriptor_budget: nofile.saturating_sub(args.max_conns as usize + DESCRIPTOR_RESERVE),
     })
     .context("cannot start workers")?;
 
@@ -156,16 +163,29 @@ fn run() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Descriptors are valed's scarcest resource (every ring of every port has two): take all the
-/// hard limit allows.
-fn raise_descriptor_limit() {
+/// Descriptors valed keeps for itself (workers, host devices, administrators' connections)
+/// out of what users' ports may take.
+const DESCRIPTOR_RESERVE: usize = 256;
+
+/// Descriptors are valed's scarcest resource (every ring of every port has three): take all
+/// the hard limit allows. Returns the limit now in force.
+fn raise_descriptor_limit() -> usize {
     // SAFETY: getrlimit/setrlimit with a live struct.
     unsafe {
         let mut lim: libc::rlimit = std::mem::zeroed();
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
-            lim.rlim_cur = lim.rlim_max;
-            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 1024;
         }
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim = raised;
+            }
+        }
+        lim.rlim_cur.min(usize::MAX as u64) as usize
     }
 }
 

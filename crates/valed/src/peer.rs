@@ -11,7 +11,8 @@ const SO_PEERGROUPS: libc::c_int = 59;
 /// Most supplementary groups looked at (Linux allows 65536).
 const MAX_GROUPS: usize = 65536;
 
-/// Who is at the other end of `s`. A peer whose credentials cannot be read is nobody in
+/// Who is at the other end of `s`. Root, valed's own user and members of the administrators'
+/// group are administrators. A peer whose credentials cannot be read is nobody in
 /// particular: an unknown uid with no rights beyond any user's.
 pub fn identify(s: &UnixStream, admin_gid: Option<u32>) -> Caller {
     // SAFETY: getsockopt into a correctly sized ucred.
@@ -34,8 +35,11 @@ pub fn identify(s: &UnixStream, admin_gid: Option<u32>) -> Caller {
             admin: false,
         };
     };
-    let admin =
-        cred.uid == 0 || admin_gid.is_some_and(|g| cred.gid == g || peer_groups(s).contains(&g));
+    // SAFETY: plain syscall without arguments.
+    let me = unsafe { libc::geteuid() };
+    let admin = cred.uid == 0
+        || cred.uid == me
+        || admin_gid.is_some_and(|g| cred.gid == g || peer_groups(s).contains(&g));
     Caller {
         uid: cred.uid,
         pid: cred.pid as u32,
