@@ -385,16 +385,31 @@ fn a_nic_going_down_and_away_shows_down_and_the_switch_keeps_forwarding() {
     v.ctl_ok(&["detach", "vale0:eth"]);
 }
 
+/// What the kernel says of frames written on TAP `dev` in `ns` toward valed: how many it handed
+/// to valed (the TAP's tx_packets, counted as valed reads them) and how many it dropped before
+/// valed saw them (tx_dropped: the TAP's queue of txqueuelen frames was full).
+fn tap_kernel_counts(ns: &Netns, dev: &str) -> (u64, u64) {
+    (ns.counter(dev, "tx_packets"), ns.counter(dev, "tx_dropped"))
+}
+
 #[test]
 fn garbage_from_a_container_is_counted_not_fatal() {
     let net = TapNet::new(&["a", "b", "c"]);
     net.ns(0).ok("ping -c 1 -W 2 10.77.0.2");
+    let tap_a = &net.hosts[0].1;
+    // Namespace a sends nothing of its own from now on (no IPv6, no ARP), so every frame the
+    // kernel counts on its TAP is one of the frames below. Its qdisc refuses to the sender what
+    // it cannot queue (fq_codel, a common default, may drop a frame it already accepted), so a
+    // frame the program wrote reached the TAP's queue.
+    net.ns(0).ok(&format!(
+        "sysctl -qw net.ipv6.conf.{tap_a}.disable_ipv6=1 && ip link set {tap_a} arp off && \
+         tc qdisc replace dev {tap_a} root pfifo_fast"
+    ));
     // A program in namespace a writes whatever it likes on its interface: 3000 frames of random
     // length (1..1600 bytes; the kernel pads or refuses some) and random bytes, MACs included.
-    let tap_a = &net.hosts[0].1;
     let script = format!(
-        "import os, socket, random\n\
-         random.seed(7)\n\
+        "import os, socket, random, sys\n\
+         random.seed(int(sys.argv[1]))\n\
          s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)\n\
          s.bind(('{tap_a}', 0))\n\
          sent = 0\n\
@@ -406,26 +421,62 @@ fn garbage_from_a_container_is_counted_not_fatal() {
          \x20       pass\n\
          print(sent)\n"
     );
-    let out = net.ns(0).run(
-        &format!("python3 -c \"{}\"", script.replace('"', "\\\"")),
-        Duration::from_secs(60),
-    );
+    let garbage = |seed: u32| -> u64 {
+        let out = net.ns(0).run(
+            &format!("python3 -c \"{}\" {seed}", script.replace('"', "\\\"")),
+            Duration::from_secs(60),
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .unwrap_or(0)
+    };
+    let (k_read0, k_drop0) = tap_kernel_counts(net.ns(0), tap_a);
+    let v0 = net.v.counters("vale0:a");
+    // Once with valed running; once with valed stopped, as a busy machine may leave it
+    // unscheduled: the TAP's queue fills and the kernel drops the rest (its tx_dropped).
+    let mut sent = garbage(7);
+    {
+        let pid = net.v.pid() as i32;
+        // SAFETY: plain syscalls on valed's pid; the guard resumes valed even if the send fails.
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+        struct Resume(i32);
+        impl Drop for Resume {
+            fn drop(&mut self) {
+                unsafe { libc::kill(self.0, libc::SIGCONT) };
+            }
+        }
+        let _resume = Resume(pid);
+        sent += garbage(8);
+    }
+    assert!(sent > 2000, "only {sent} garbage frames went out");
+    // Nothing lost by valed: each frame the kernel handed over is forwarded or counted as bad
+    // input, once valed has caught up with what was still in flight.
+    let (mut k_read, mut v) = (0, v0);
+    let caught_up = wait_until(T, || {
+        v = net.v.counters("vale0:a");
+        k_read = tap_kernel_counts(net.ns(0), tap_a).0 - k_read0;
+        (v.tx_packets - v0.tx_packets) + (v.bad_input - v0.bad_input) == k_read
+    });
+    let k_drop = tap_kernel_counts(net.ns(0), tap_a).1 - k_drop0;
     assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        caught_up,
+        "the kernel handed {k_read} frames to valed; valed counts {v:?} (before: {v0:?})"
     );
-    let sent: u64 = String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .unwrap_or(0);
-    assert!(sent > 1000, "only {sent} garbage frames went out");
-    // valed is alive, the switch still forwards, and what a sent is accounted for.
+    // And every frame written is one the kernel handed to valed or dropped itself.
+    assert_eq!(
+        k_read + k_drop,
+        sent,
+        "{sent} frames written: the kernel handed {k_read} to valed and dropped {k_drop}"
+    );
+    // The stopped round overflowed the TAP's queue: the kernel's drops were really counted.
+    assert!(k_drop > 0, "no kernel drops while valed was stopped");
+    // valed is alive and the switch still forwards.
     net.ns(1).ok("ping -c 3 -i 0.2 -W 2 10.77.0.3");
-    let a = net.v.counters("vale0:a");
-    assert!(
-        a.tx_packets + a.bad_input >= sent,
-        "{a:?} after {sent} frames"
-    );
     assert!(!net.v.log().contains("panicked"), "{}", net.v.log());
 }
