@@ -8,6 +8,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use vale_abi::control::SOCKET_NAME;
+use vale_abi::rundir::RunDir;
+
+/// Where a valed started by a client logs, in the run directory.
+const LOG_NAME: &str = "valed.log";
 
 /// How long a client waits for a valed it started to listen.
 const START_WAIT: Duration = Duration::from_secs(5);
@@ -42,7 +46,7 @@ pub fn connect(run_dir: &Path, autostart: bool) -> io::Result<UnixStream> {
                     format!(
                         "started valed but it did not answer at {} (see {}): {e}",
                         sock.display(),
-                        run_dir.join("valed.log").display()
+                        run_dir.join(LOG_NAME).display()
                     ),
                 ))
             }
@@ -67,13 +71,12 @@ fn valed_program() -> PathBuf {
 }
 
 /// Starts a detached valed (its own session, logging to `<run dir>/valed.log`). Two clients
-/// racing here are harmless: valed's lock lets one run, the other exits.
+/// racing here are harmless: valed's lock lets one run, the other exits. A run directory that
+/// others could change is refused, as valed refuses it, and the log is opened without
+/// following a planted link.
 fn start_valed(run_dir: &Path) -> io::Result<()> {
-    std::fs::create_dir_all(run_dir)?;
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(run_dir.join("valed.log"))?;
+    let dir = RunDir::open(run_dir)?;
+    let log = dir.open_file(LOG_NAME, libc::O_WRONLY | libc::O_APPEND, 0o644)?;
     let prog = valed_program();
     let mut cmd = Command::new(&prog);
     cmd.arg("--run-dir")

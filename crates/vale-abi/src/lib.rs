@@ -7,6 +7,7 @@
 //! - [`region`]: how one port's shared memory region is laid out, with magic and ABI version.
 //! - [`name`]: the `valeX:Y` naming rules.
 //! - [`control`]: the messages spoken on valed's control socket.
+//! - [`rundir`]: the run directory, opened only when no other user can change its names.
 //!
 //! `docs/abi.md` is the prose version of this crate; keep them in step.
 
@@ -17,3 +18,4 @@ pub mod name;
 pub mod netmap;
 pub mod pipe;
 pub mod region;
+pub mod rundir;

@@ -224,6 +224,9 @@ impl TempDir {
         ));
         let _ = std::fs::remove_dir_all(&p);
         std::fs::create_dir_all(&p).expect("create temp dir");
+        // Whatever the umask: valed refuses a run directory that others may write.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         TempDir(p)
     }
 }

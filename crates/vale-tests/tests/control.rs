@@ -1037,6 +1037,23 @@ fn valed_socket_mode_and_one_valed_per_run_directory() {
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o600);
+    // The mode is the one asked for, whatever the umask valed was started with.
+    let tmp = TempDir::new("mode666");
+    let mut c = tool("valed", &tmp.0, &["--socket-mode", "666"]);
+    // SAFETY: umask is async-signal-safe.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut c, || {
+            libc::umask(0o077);
+            Ok(())
+        });
+    }
+    let open = Kid::spawn(c, "valed --socket-mode 666");
+    let sock = tmp.0.join("valed.sock");
+    assert!(wait_until(T, || UnixStream::connect(&sock).is_ok()));
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o666);
+    open.signal(libc::SIGTERM);
+    assert!(open.finish(T).status.success());
     let _a = v.open("vale0:a");
     // A second valed for the same directory refuses to run, and leaves the first alone.
     let out = valed_refusing(v.run_dir(), &[]);
@@ -1074,4 +1091,121 @@ fn autostart_replaces_a_stale_socket() {
     assert!(o.status.success(), "{}", text(&o.stderr));
     drop(guard);
     assert!(valeds_for(&tmp.0).is_empty());
+}
+
+/// A valed for `dir` that must refuse to start, saying `message`; it leaves no socket there.
+fn valed_refuses_dir(dir: &Path, message: &str) {
+    let out = valed_refusing(dir, &[]);
+    assert_exit(&out, "valed", 1, message);
+    assert_exit(&out, "valed", 1, &dir.display().to_string());
+    assert!(!dir.join("valed.sock").exists());
+}
+
+#[test]
+fn a_planted_lock_link_is_not_followed() {
+    use std::os::unix::fs::PermissionsExt;
+    let _s = serial();
+    let tmp = TempDir::new("lockln");
+    let run = tmp.0.join("run");
+    std::fs::create_dir(&run).unwrap();
+    // valed runs as root: a link planted as its lock file would have it create any file.
+    let target = tmp.0.join("elsewhere");
+    std::os::unix::fs::symlink(&target, run.join("valed.lock")).unwrap();
+    valed_refuses_dir(&run, "valed.lock: it is a symbolic link");
+    assert!(
+        std::fs::symlink_metadata(&target).is_err(),
+        "valed created the link's target"
+    );
+    // A sticky directory others may write (as /tmp): a lock file someone else put there is
+    // refused, not used.
+    std::fs::remove_file(run.join("valed.lock")).unwrap();
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let lock = run.join("valed.lock");
+    std::fs::write(&lock, "").unwrap();
+    std::os::unix::fs::chown(&lock, Some(65534), None).unwrap();
+    // SAFETY: plain geteuid.
+    let me = unsafe { libc::geteuid() };
+    valed_refuses_dir(
+        &run,
+        &format!("valed.lock: it belongs to uid 65534, not to uid {me}"),
+    );
+    // Once it is gone, valed runs there.
+    std::fs::remove_file(&lock).unwrap();
+    let v = Kid::spawn(tool("valed", &run, &[]), "valed");
+    assert!(
+        wait_until(T, || UnixStream::connect(run.join("valed.sock")).is_ok()),
+        "valed did not start in a sticky run directory"
+    );
+    v.signal(libc::SIGTERM);
+    assert!(v.finish(T).status.success());
+}
+
+#[test]
+fn a_run_directory_others_can_write_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let _s = serial();
+    let tmp = TempDir::new("opendir");
+    let dir = &tmp.0;
+    let chmod = |m: u32| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(m)).unwrap();
+    chmod(0o777);
+    valed_refuses_dir(
+        dir,
+        "writable by its group and all users (mode 0777) and not sticky",
+    );
+    assert!(!dir.join("valed.lock").exists());
+    chmod(0o775);
+    valed_refuses_dir(dir, "writable by its group (mode 0775) and not sticky");
+    chmod(0o757);
+    valed_refuses_dir(dir, "writable by all users (mode 0757) and not sticky");
+    // Someone else's directory.
+    chmod(0o755);
+    std::os::unix::fs::chown(dir, Some(65534), None).unwrap();
+    valed_refuses_dir(dir, "it belongs to uid 65534");
+    std::os::unix::fs::chown(dir, Some(0), None).unwrap();
+    // A client's autostart refuses it too, saying why, and starts no valed.
+    let _guard = Autostarted(dir.clone());
+    chmod(0o777);
+    let out = Kid::spawn(
+        pktgen_in(dir, &["-i", "vale0:a", "-f", "tx", "-n", "1"]),
+        "vale-pktgen",
+    )
+    .finish(T);
+    assert_exit(&out, "vale-pktgen", 1, "not sticky");
+    assert_exit(&out, "vale-pktgen", 1, &dir.display().to_string());
+    assert!(valeds_for(dir).is_empty(), "a valed started anyway");
+    assert!(!dir.join("valed.log").exists());
+    // A directory valed makes is its own, not writable by others.
+    let made = dir.join("made");
+    chmod(0o755);
+    let v = Kid::spawn(tool("valed", &made, &[]), "valed");
+    assert!(wait_until(T, || UnixStream::connect(
+        made.join("valed.sock")
+    )
+    .is_ok()));
+    let mode = std::fs::metadata(&made).unwrap().permissions().mode();
+    assert_eq!(mode & 0o7777, 0o755);
+    v.signal(libc::SIGTERM);
+    assert!(v.finish(T).status.success());
+}
+
+#[test]
+fn autostart_does_not_follow_a_planted_log_link() {
+    let _s = serial();
+    let tmp = TempDir::new("logln");
+    let run = tmp.0.join("run");
+    std::fs::create_dir(&run).unwrap();
+    let _guard = Autostarted(run.clone());
+    let target = tmp.0.join("elsewhere");
+    std::os::unix::fs::symlink(&target, run.join("valed.log")).unwrap();
+    let out = Kid::spawn(
+        pktgen_in(&run, &["-i", "vale0:a", "-f", "tx", "-n", "1"]),
+        "vale-pktgen",
+    )
+    .finish(T);
+    assert_exit(&out, "vale-pktgen", 1, "valed.log: it is a symbolic link");
+    assert!(
+        std::fs::symlink_metadata(&target).is_err(),
+        "the autostart created the link's target"
+    );
+    assert!(valeds_for(&run).is_empty(), "a valed started anyway");
 }

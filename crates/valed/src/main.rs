@@ -2,16 +2,14 @@
 
 mod control;
 mod peer;
+mod rundir;
 
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::PermissionsExt;
-use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use clap::Parser;
-use vale_abi::control::{default_run_dir, SOCKET_NAME};
+use vale_abi::control::default_run_dir;
 use vale_switch::{Engine, EngineConfig, UserLimits};
 
 /// The vale daemon: owns every switch and port and forwards between them.
@@ -112,23 +110,10 @@ fn run() -> anyhow::Result<()> {
         .transpose()?;
     let nofile = raise_descriptor_limit();
     let run_dir = args.run_dir.clone().unwrap_or_else(default_run_dir);
-    std::fs::create_dir_all(&run_dir)
-        .with_context(|| format!("cannot create run directory {}", run_dir.display()))?;
-
     // One valed per run directory: the lock is held for the life of the process.
-    let lock_path = run_dir.join("valed.lock");
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .with_context(|| format!("cannot open {}", lock_path.display()))?;
-    // SAFETY: plain syscall on an open file.
-    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        bail!("another valed is running for {}", run_dir.display());
-    }
+    let run = rundir::claim(&run_dir)?;
 
-    let sock_path = run_dir.join(SOCKET_NAME);
+    let sock_path = run.socket_path();
     // Before any thread starts, so that every thread inherits the blocked mask.
     block_signals_and_clean_up_on_exit(sock_path.clone());
     // Workers before the socket: once it exists, clients are served at once.
@@ -146,10 +131,7 @@ fn run() -> anyhow::Result<()> {
     })
     .context("cannot start workers")?;
 
-    let _ = std::fs::remove_file(&sock_path);
-    let listener = UnixListener::bind(&sock_path)
-        .with_context(|| format!("cannot bind {}", sock_path.display()))?;
-    std::fs::set_permissions(&sock_path, std::fs::Permissions::from_mode(mode))?;
+    let listener = run.bind_socket(mode)?;
 
     tracing::info!(run_dir = %run_dir.display(), workers = args.workers, batch = args.batch,
         busy_poll_us = args.busy_poll_us, pid = std::process::id(), "valed ready");
@@ -159,7 +141,7 @@ fn run() -> anyhow::Result<()> {
         conns_total: args.max_conns as usize,
     };
     control::serve(listener, engine, policy).context("control socket")?;
-    drop(lock);
+    drop(run);
     Ok(())
 }
 
