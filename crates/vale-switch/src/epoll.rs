@@ -16,10 +16,18 @@ pub fn new() -> io::Result<OwnedFd> {
 
 /// Watches `fd` for readability; events on it carry `token`.
 pub fn add(ep: &OwnedFd, fd: RawFd, token: u64) -> io::Result<()> {
-    let mut ev = libc::epoll_event {
-        events: libc::EPOLLIN as u32,
-        u64: token,
-    };
+    add_with(ep, fd, token, libc::EPOLLIN as u32)
+}
+
+/// Watches `fd` edge-triggered: an event when it becomes readable or is written again (an
+/// eventfd wakes its watchers on every write), never merely because it stays readable. If
+/// `fd` is readable already, the first event comes at once.
+pub fn add_edge(ep: &OwnedFd, fd: RawFd, token: u64) -> io::Result<()> {
+    add_with(ep, fd, token, (libc::EPOLLIN | libc::EPOLLET) as u32)
+}
+
+fn add_with(ep: &OwnedFd, fd: RawFd, token: u64, events: u32) -> io::Result<()> {
+    let mut ev = libc::epoll_event { events, u64: token };
     // SAFETY: plain syscall with a live event struct.
     if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
         return Err(io::Error::last_os_error());

@@ -1,7 +1,9 @@
 //! One client must not cost another: a MAC flood must not make the learning bridge forget (and
-//! so flood) other ports' stations.
+//! so flood) other ports' stations, and a client that writes its kick eventfd in a loop must
+//! not starve the other rings of its worker.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering::*};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -186,7 +188,11 @@ fn mac_flood_does_not_leak_other_ports_unicast() {
         a.txsync(0).expect("txsync a");
     }
     sent_all.store(true, Release);
-    let stream = join_by("b's receiver", receiver, Instant::now() + Duration::from_secs(20));
+    let stream = join_by(
+        "b's receiver",
+        receiver,
+        Instant::now() + Duration::from_secs(20),
+    );
     let stream_time = t0.elapsed();
     stop.store(true, Release);
     let flooded = join_by("the flooder", flooder, Instant::now() + T);
@@ -196,8 +202,7 @@ fn mac_flood_does_not_leak_other_ports_unicast() {
     eprintln!(
         "mac flood: {flooded} frames from random addresses in {:?} beside {STREAM} frames \
          a->b in {stream_time:?} ({stream:?}); x holds {} addresses, x: {cx:?}",
-        stream_time,
-        xp.learnt
+        stream_time, xp.learnt
     );
     // What reached x while it flooded can only be a's stream, flooded.
     let leaked = cx.rx_packets + cx.rx_drops;
@@ -217,4 +222,144 @@ fn mac_flood_does_not_leak_other_ports_unicast() {
     );
     assert!(xp.learnt <= xp.learn_limit, "{xp:?}");
     assert!(cx.learn_refused > 0, "{cx:?}");
+}
+
+// ---- a kick storm -----------------------------------------------------------------------------
+
+/// Writes 1 into the descriptor `target` names, in a tight loop, until `stop`. Returns how
+/// many writes it made.
+fn write_loop(target: &AtomicI32, stop: &AtomicBool) -> u64 {
+    let one: u64 = 1;
+    let mut n = 0u64;
+    while !stop.load(Relaxed) {
+        let fd = target.load(Relaxed);
+        for _ in 0..64 {
+            // SAFETY: writes 8 bytes from a live u64 to a descriptor the test holds open.
+            unsafe { libc::write(fd, &one as *const u64 as *const libc::c_void, 8) };
+        }
+        n += 64;
+    }
+    n
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).expect("rates are numbers"));
+    v[v.len() / 2]
+}
+
+/// A client that writes its kick eventfd in a tight loop with nothing to send: valed does not
+/// wake up for it, its real kicks are still served, and a pair on the same worker keeps its
+/// rate (compared, in alternating slices of the same run, with the same thread writing an
+/// eventfd valed does not watch: the same load on the CPUs, none of it aimed at valed).
+#[test]
+fn kick_storm_costs_nothing_and_loses_no_kick() {
+    let _s = serial();
+    let mut v = Valed::start();
+    // x first: open_with_kick tells x's kick eventfd from the others by when valed watched it.
+    let (x, x_kick) = open_with_kick(&v, &v.options(), "vale0:x");
+    let b = v.open("vale0:b");
+    // b is learnt, so x's frames below go to b alone.
+    send_and_expect(&b, &x, &test_frame(60, MAC_B, BROADCAST, 0), "b's hello");
+
+    let target = Arc::new(AtomicI32::new(x_kick));
+    let stop = Arc::new(AtomicBool::new(false));
+    let _stop_on_exit = SetOnDrop(stop.clone());
+    let writer = std::thread::spawn({
+        let (target, stop) = (target.clone(), stop.clone());
+        move || write_loop(&target, &stop)
+    });
+
+    // 1. On an idle switch, the storm does not keep valed busy.
+    std::thread::sleep(Duration::from_millis(100));
+    let t0 = v.cpu_ticks();
+    std::thread::sleep(Duration::from_secs(1));
+    let idle_ticks = v.cpu_ticks() - t0;
+    eprintln!(
+        "kick storm on an idle switch: valed used {idle_ticks} ticks in 1 s ({} per s)",
+        ticks_per_second()
+    );
+    assert!(
+        idle_ticks * 100 <= 10 * ticks_per_second(),
+        "a kick storm kept valed busy: {idle_ticks} ticks in 1 s"
+    );
+
+    // 2. A kick with work is served, storm or not (x's txsync kicks: its ring sleeps).
+    for seq in 1..=20 {
+        let f = test_frame(60 + seq as usize, MAC_C, MAC_B, seq);
+        send_and_expect(&x, &b, &f, &format!("x's frame {seq} during its storm"));
+    }
+
+    // 3. A pair a->c beside the storm, in slices that alternate the writer's target.
+    let mac_c = "02:00:00:00:00:0c";
+    let rx = v.pktgen(&[
+        "-i",
+        "vale0:c",
+        "-f",
+        "rx",
+        "-T",
+        "60",
+        "-q",
+        "--json",
+        "--announce",
+        "-S",
+        mac_c,
+    ]);
+    let _rx = v.spawn_client(rx, "vale-pktgen rx", "vale0:c");
+    assert!(
+        wait_until(T, || v.counters("vale0:c").tx_packets == 1),
+        "no announcement from c"
+    );
+    let private = vale_abi::eventfd::new().expect("eventfd");
+    const SLICES: usize = 16;
+    const SLICE: Duration = Duration::from_millis(300);
+    let seconds = ((SLICES as u32 + 2) * SLICE).as_secs() + 1;
+    let tx = v.pktgen(&[
+        "-i",
+        "vale0:a",
+        "-f",
+        "tx",
+        "-l",
+        "60",
+        "-T",
+        &seconds.to_string(),
+        "-D",
+        mac_c,
+        "-q",
+        "--json",
+    ]);
+    let tx = v.spawn_client(tx, "vale-pktgen tx", "vale0:a");
+    let c_rx = || {
+        let c = v.counters("vale0:c");
+        c.rx_packets + c.rx_drops
+    };
+    std::thread::sleep(SLICE);
+    let mut rates = [Vec::new(), Vec::new()];
+    let (mut last, mut at) = (c_rx(), Instant::now());
+    for i in 0..SLICES {
+        let storm = i % 2 == 1;
+        target.store(if storm { x_kick } else { private.as_raw_fd() }, Relaxed);
+        std::thread::sleep(SLICE);
+        let (now, t) = (c_rx(), Instant::now());
+        rates[storm as usize].push((now - last) as f64 / (t - at).as_secs_f64());
+        (last, at) = (now, t);
+    }
+    stop.store(true, Release);
+    let writes = join_by("the writer", writer, Instant::now() + T);
+    report(&tx.finish(Duration::from_secs(30)), "vale-pktgen tx");
+    let (quiet, storm) = (median(rates[0].clone()), median(rates[1].clone()));
+    eprintln!(
+        "kick storm beside a pair: {:.2} Mpps beside the spinner, {:.2} Mpps beside the storm \
+         (ratio {:.2}); {writes} writes; slices {rates:.0?}",
+        quiet / 1e6,
+        storm / 1e6,
+        storm / quiet
+    );
+    assert!(
+        storm >= 0.5 * quiet,
+        "the storm costs the pair {:.0}%",
+        100.0 * (1.0 - storm / quiet)
+    );
+    let cx = v.counters("vale0:x");
+    assert_eq!(cx.tx_packets, 20, "{cx:?}");
+    assert!(v.alive(), "valed died: {}", v.log());
 }
