@@ -344,7 +344,10 @@ fn learn_limit_knob_is_set_listed_and_applied() {
     let p = v.port("vale0:a").unwrap();
     assert_eq!(p.learnt, 4, "{p:?}");
     assert_eq!(p.counters.learn_refused, 6, "{p:?}");
-    assert_eq!(p.counters.tx_packets, 10, "refused sources are still forwarded");
+    assert_eq!(
+        p.counters.tx_packets, 10,
+        "refused sources are still forwarded"
+    );
     let human = v.ctl_ok(&["list", "vale0:a"]);
     assert!(
         human.contains("LEARNT") && human.contains("NOLEARN") && human.contains(" 4/4 "),
