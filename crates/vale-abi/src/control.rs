@@ -58,7 +58,7 @@ pub enum Request {
     Attach { port: String, device: HostDevice },
     /// Give a TAP or NIC port's device back (a persistent port stays, empty).
     Detach { port: String },
-    /// Set a knob of a switch (`batch`, `lookup`) or of a port (`moderation`).
+    /// Set a knob of a switch (`batch`, `lookup`) or of a port (`moderation`, `learn-limit`).
     Set {
         target: String,
         knob: String,
@@ -122,6 +122,13 @@ pub struct PortInfo {
     pub buf_size: u32,
     /// Interrupt moderation interval toward the client, microseconds (0: immediate).
     pub moderation_us: u32,
+    /// Most source addresses the learning bridge keeps for this port.
+    #[serde(default)]
+    pub learn_limit: u32,
+    /// Source addresses the switch's lookup holds for this port now (0 for modules that do
+    /// not learn).
+    #[serde(default)]
+    pub learnt: u32,
     pub counters: PortCounters,
 }
 
@@ -141,6 +148,11 @@ pub struct PortCounters {
     /// Values the client wrote that valed refused: ring indices, buffer indices, lengths,
     /// flags. Each refused frame is dropped.
     pub bad_input: u64,
+    /// Source addresses of frames from this port that the learning bridge did not learn: the
+    /// port held its `learn-limit` of addresses, or the table had no room but other ports'
+    /// live entries. The frames themselves are forwarded.
+    #[serde(default)]
+    pub learn_refused: u64,
 }
 
 /// One message as it goes on the wire: its length, then its JSON.

@@ -3,8 +3,8 @@
 //! helpers.
 //!
 //! A kick eventfd is shared with the client by SCM_RIGHTS, so both hold one open file
-//! description and its O_NONBLOCK flag is the client's to clear: valed reads it with
-//! [`drain_nowait`], never with a plain `read`.
+//! description and its O_NONBLOCK flag is the client's to clear: valed never reads or writes
+//! one (it watches it edge-triggered, see the worker).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -42,44 +42,4 @@ pub fn drain(fd: &impl AsRawFd) -> u64 {
     } else {
         0
     }
-}
-
-/// As [`drain`], but never blocks whatever the file's flags say: for an eventfd another
-/// process holds too (a kick line), which may have cleared O_NONBLOCK and may read the counter
-/// away between our wake-up and our read.
-#[inline]
-pub fn drain_nowait(fd: &impl AsRawFd) -> u64 {
-    let mut v: u64 = 0;
-    let iov = libc::iovec {
-        iov_base: &mut v as *mut u64 as *mut libc::c_void,
-        iov_len: 8,
-    };
-    // SAFETY: one iovec over a live u64; offset -1 is "the current position", which an
-    // eventfd ignores.
-    let n = unsafe {
-        libc::preadv2(
-            fd.as_raw_fd(),
-            &iov as *const libc::iovec,
-            1,
-            -1,
-            libc::RWF_NOWAIT,
-        )
-    };
-    if n == 8 {
-        return v;
-    }
-    if n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::EOPNOTSUPP) {
-        // A kernel whose eventfds do not take RWF_NOWAIT: read only what poll says is there.
-        // The window between the two calls is the best this kernel allows.
-        let mut p = libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one live pollfd, no wait.
-        if unsafe { libc::poll(&mut p, 1, 0) } == 1 && p.revents & libc::POLLIN != 0 {
-            return drain(fd);
-        }
-    }
-    0
 }

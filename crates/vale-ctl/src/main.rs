@@ -38,7 +38,10 @@ status 3. Start valed by hand, or let a libvale client (such as vale-pktgen) sta
     after_help = "KNOBS (vale-ctl set TARGET KNOB VALUE):\n  \
 valeX    batch N          frames gathered from a ring per pass, 1-2048 (default 512)\n  \
 valeX    lookup MODULE    learning: the learning bridge (default); hub: flood everything\n  \
-valeX:Y  moderation US    microseconds between interrupts toward the client, 0 = immediate\n\n\
+valeX:Y  moderation US    microseconds between interrupts toward the client, 0 = immediate\n  \
+valeX:Y  learn-limit N    most source MACs the learning bridge keeps for the port (default 1024)\n\n\
+Switch knobs and learn-limit need an administrator (root, valed's user or valed\n\
+--admin-group); moderation needs the port's owner or an administrator.\n\n\
 EXAMPLES:\n  \
 vale-ctl create vale0:a              persistent port a on switch vale0 (made if absent)\n  \
 vale-ctl list                        every switch and port, with counters\n  \
@@ -46,6 +49,7 @@ vale-ctl ls vale0:a --json           one port, as JSON\n  \
 vale-ctl set vale0 batch 64\n  \
 vale-ctl set vale0 lookup hub\n  \
 vale-ctl set vale0:a moderation 20\n  \
+vale-ctl set vale0:a learn-limit 16  a port with at most 16 stations behind it\n  \
 vale-ctl attach vale0:h1 --tap vtap1 valed creates TAP vtap1; its frames join vale0\n  \
 vale-ctl attach vale0:eth --iface veth0      veth0's frames join vale0 (AF_XDP)\n  \
 vale-ctl detach vale0:eth            veth0 goes back to the kernel\n  \
@@ -93,15 +97,20 @@ RINGS      tx/rx rings (- while no client holds the port)\n  \
 SLOTS      slots per ring\n  \
 BUF        buffer size, bytes\n  \
 MOD(us)    interrupt moderation toward the client, microseconds\n  \
+LEARNT     source MACs the learning bridge holds for the port / its learn-limit\n  \
 TX-PKTS    frames the client sent into the switch (TX-BYTES: their bytes)\n  \
 RX-PKTS    frames the switch delivered to the client (RX-BYTES: their bytes)\n  \
 RX-DROP    frames for the port dropped: its receive ring was full, nobody held it, or\n             \
 its device refused them or was down\n  \
 TX-DROP    frames from the port that had nowhere to go\n  \
-BAD        frames refused because the client wrote bad ring values\n\n\
+BAD        frames refused because the client wrote bad ring values\n  \
+NOLEARN    source MACs of the port's frames not learnt: the port held its learn-limit, or\n             \
+the table had no room but other ports' live entries (the frames are still\n             \
+forwarded)\n\n\
 With no switches, prints nothing. With --json, prints a JSON array of switches (name, \
 lookup, batch, ports), each port with the fields above (name, kind, device, mode, state, \
-persistent, owner_pid, owner_uid, tx_rings, rx_rings, slots, buf_size, moderation_us, counters); for one switch or one port it \
+persistent, owner_pid, owner_uid, tx_rings, rx_rings, slots, buf_size, moderation_us, learn_limit, \
+learnt, counters); for one switch or one port it \
 is still an array, of that one switch (with only that port). An unknown NAME is an error."
     )]
     List {
@@ -188,13 +197,17 @@ broadcast and multicast destinations (default)\n                     \
 hub        floods every frame to every other port\n\n\
 Port knobs:\n  \
 moderation US    microseconds between interrupts toward the client,\n                   \
-0-1000000; 0 = immediate (default)"
+0-1000000; 0 = immediate (default)\n  \
+learn-limit N    most source MACs the learning bridge keeps for the port,\n                   \
+0-1048576 (default 1024; 0: learn none). A port at its limit\n                   \
+learns a new address only in place of one of its own; no port\n                   \
+ever pushes out another port's live entries"
     )]
     Set {
         /// The switch (valeX) or port (valeX:Y)
         #[arg(value_name = "TARGET", value_parser = any_name)]
         target: String,
-        /// batch or lookup (switch); moderation (port)
+        /// batch or lookup (switch); moderation or learn-limit (port)
         #[arg(value_name = "KNOB")]
         knob: String,
         /// The new value
@@ -386,7 +399,7 @@ fn select(switches: Vec<SwitchInfo>, name: Option<&str>) -> Result<Vec<View>, Fa
 }
 
 /// Column titles, and whether each column holds numbers (right-aligned).
-const COLUMNS: [(&str, bool); 18] = [
+const COLUMNS: [(&str, bool); 20] = [
     ("NAME", false),
     ("KIND", false),
     ("DEVICE", false),
@@ -398,6 +411,7 @@ const COLUMNS: [(&str, bool); 18] = [
     ("SLOTS", true),
     ("BUF", true),
     ("MOD(us)", true),
+    ("LEARNT", true),
     ("TX-PKTS", true),
     ("TX-BYTES", true),
     ("RX-PKTS", true),
@@ -405,6 +419,7 @@ const COLUMNS: [(&str, bool); 18] = [
     ("RX-DROP", true),
     ("TX-DROP", true),
     ("BAD", true),
+    ("NOLEARN", true),
 ];
 
 fn port_row(p: &PortInfo) -> Vec<String> {
@@ -429,6 +444,7 @@ fn port_row(p: &PortInfo) -> Vec<String> {
         geometry(p.slots.to_string()),
         geometry(p.buf_size.to_string()),
         p.moderation_us.to_string(),
+        format!("{}/{}", p.learnt, p.learn_limit),
         c.tx_packets.to_string(),
         c.tx_bytes.to_string(),
         c.rx_packets.to_string(),
@@ -436,6 +452,7 @@ fn port_row(p: &PortInfo) -> Vec<String> {
         c.rx_drops.to_string(),
         c.tx_drops.to_string(),
         c.bad_input.to_string(),
+        c.learn_refused.to_string(),
     ]
 }
 

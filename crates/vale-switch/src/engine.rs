@@ -78,6 +78,9 @@ impl OpenedPort {
     }
 }
 
+/// Largest `learn-limit` of a port (a table holds fewer entries anyway).
+const MAX_LEARN_LIMIT: u64 = 1 << 20;
+
 /// Longest a control operation waits for workers to let go of a port.
 const DETACH_WAIT: Duration = Duration::from_secs(5);
 
@@ -382,7 +385,8 @@ impl Engine {
         Ok(())
     }
 
-    /// Sets a knob: `batch` or `lookup` on a switch, `moderation` (µs) on a port.
+    /// Sets a knob: `batch` or `lookup` on a switch, `moderation` (µs) or `learn-limit` on a
+    /// port.
     pub fn set(
         &self,
         target: &str,
@@ -417,7 +421,17 @@ impl Engine {
                     p.shared.moderation_ns.store(us * 1000, Relaxed);
                     Ok(())
                 }
-                _ => Err(format!("no port knob '{knob}' (known: moderation)")),
+                "learn-limit" => {
+                    // The limit protects the other ports' share of the table: not the port
+                    // owner's to raise.
+                    caller.must_be_admin(&format!("setting 'learn-limit' of port '{target}'"))?;
+                    let n = number(MAX_LEARN_LIMIT)?;
+                    p.shared.learn_limit.store(n as u32, Relaxed);
+                    Ok(())
+                }
+                _ => Err(format!(
+                    "no port knob '{knob}' (known: moderation, learn-limit)"
+                )),
             }
         } else {
             caller.must_be_admin(&format!("setting '{knob}' of switch '{sw_name}'"))?;
@@ -439,7 +453,12 @@ impl Engine {
                 name: sw.name.clone(),
                 lookup: sw.lookup().name().to_string(),
                 batch: sw.batch.load(Relaxed),
-                ports: sw.ports().iter().flatten().map(|p| port_info(p)).collect(),
+                ports: sw
+                    .ports()
+                    .iter()
+                    .flatten()
+                    .map(|p| port_info(p, &***sw.lookup()))
+                    .collect(),
             })
             .collect()
     }
@@ -500,7 +519,7 @@ fn in_use(name: &str, a: &Attachment) -> String {
     }
 }
 
-fn port_info(p: &Port) -> PortInfo {
+fn port_info(p: &Port, lookup: &dyn lookup::Lookup) -> PortInfo {
     let params = p.attachment.as_ref().map(|a| a.region.layout().params);
     let host = p.attachment.as_ref().and_then(|a| a.host.as_ref());
     let state = match (&p.attachment, host) {
@@ -522,6 +541,8 @@ fn port_info(p: &Port) -> PortInfo {
         slots: params.map_or(0, |x| x.slots),
         buf_size: params.map_or(0, |x| x.buf_size),
         moderation_us: (p.shared.moderation_ns.load(Relaxed) / 1000) as u32,
+        learn_limit: p.shared.learn_limit.load(Relaxed),
+        learnt: lookup.learnt(p.index).unwrap_or(0),
         counters: p.shared.stats.snapshot(),
     }
 }

@@ -19,6 +19,19 @@ pub fn add(ep: &OwnedFd, fd: RawFd, token: u64) -> io::Result<()> {
     watch(ep, fd, libc::EPOLL_CTL_ADD, token, libc::EPOLLIN as u32)
 }
 
+/// Watches `fd` edge-triggered: an event when it becomes readable or is written again (an
+/// eventfd wakes its watchers on every write), never merely because it stays readable. If
+/// `fd` is readable already, the first event comes at once.
+pub fn add_edge(ep: &OwnedFd, fd: RawFd, token: u64) -> io::Result<()> {
+    watch(
+        ep,
+        fd,
+        libc::EPOLL_CTL_ADD,
+        token,
+        (libc::EPOLLIN | libc::EPOLLET) as u32,
+    )
+}
+
 /// `epoll_ctl` operation `op` (add or modify) on `fd` for `events`, carrying `token`.
 pub fn watch(ep: &OwnedFd, fd: RawFd, op: i32, token: u64, events: u32) -> io::Result<()> {
     let mut ev = libc::epoll_event { events, u64: token };

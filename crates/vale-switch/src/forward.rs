@@ -20,7 +20,7 @@ use vale_abi::netmap::{NetmapSlot, NS_INDIRECT, NS_MOREFRAG, NS_OFFLOAD};
 use vale_abi::region::{FIRST_SLOT_BUF, MAX_FRAGS, MAX_FRAME_LEN};
 
 use crate::host::DirectSink;
-use crate::lookup::{FrameMeta, DEST_DROP, DEST_FLOOD};
+use crate::lookup::{FrameMeta, SourcePort, DEST_DROP, DEST_FLOOD};
 use crate::offload::{Offload, Resolver};
 use crate::port::{add, Irq, Port};
 use crate::switch::{Switch, MAX_BATCH, MAX_PORTS};
@@ -291,7 +291,12 @@ impl Pipeline {
         if !self.frames.is_empty() {
             // Stage 2: lookup, once for the batch.
             let now_s = (self.notifier.now_ns() / 1_000_000_000) as u32;
-            sw.lookup().lookup(src.index, &mut self.frames, now_s);
+            let from = SourcePort {
+                index: src.index,
+                learn_limit: src.shared.learn_limit.load(Relaxed),
+            };
+            let refused = sw.lookup().lookup(from, &mut self.frames, now_s);
+            add(&src.stats().learn_refused, refused);
             // Stage 3: deliver.
             self.deliver_batch(sw, src, ring);
         }

@@ -24,6 +24,7 @@ pub struct PortStats {
     pub rx_drops: AtomicU64,
     pub tx_drops: AtomicU64,
     pub bad_input: AtomicU64,
+    pub learn_refused: AtomicU64,
 }
 
 impl PortStats {
@@ -36,6 +37,7 @@ impl PortStats {
             rx_drops: self.rx_drops.load(Relaxed),
             tx_drops: self.tx_drops.load(Relaxed),
             bad_input: self.bad_input.load(Relaxed),
+            learn_refused: self.learn_refused.load(Relaxed),
         }
     }
 }
@@ -57,6 +59,8 @@ pub struct PortShared {
     pub moderation_ns: AtomicU64,
     /// The user the port belongs to (see [`crate::access`]).
     pub owner_uid: u32,
+    /// Most source addresses a learning lookup keeps for this port (`learn-limit`).
+    pub learn_limit: AtomicU32,
 }
 
 impl PortShared {
@@ -67,6 +71,7 @@ impl PortShared {
             persistent: AtomicBool::new(persistent),
             stats: PortStats::default(),
             moderation_ns: AtomicU64::new(0),
+            learn_limit: AtomicU32::new(crate::lookup::LearningBridge::DEFAULT_LEARN_LIMIT),
         }
     }
 }

@@ -7,6 +7,13 @@
 //! with no active ring sleeps in `epoll_wait` on the kick eventfds: idle ports cost no CPU
 //! (mSwitch). An optional busy-poll interval keeps a dry ring active a little longer, trading
 //! CPU for latency.
+//!
+//! Kicks cost valed no system call: kick eventfds are watched edge-triggered and never read
+//! (each write of the client is an event; the counter just grows). A kick is work only if the
+//! ring's `head` moved while it slept; any other kick (a client kicking in a loop, say) costs
+//! a look at `head`, at most one per ring per pass of the loop. A ring whose kicks keep
+//! bringing nothing is muted for a while (its eventfd leaves the epoll set), so a kick storm
+//! neither wakes the worker nor touches its epoll instance; a muted ring is still looked at.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -72,7 +79,24 @@ struct Source {
     active: bool,
     /// Engine clock when the ring was first seen dry (busy-poll only).
     dry_since: Option<u64>,
+    /// Kicks in a row that found no work (see [`Loop::kicked`]).
+    spurious: u32,
+    /// Mutes in a row, for the back-off; 0 once a kick brings work.
+    mutes: u32,
+    /// While muted: the engine clock when the kick eventfd is watched again.
+    muted_until: Option<u64>,
 }
+
+/// Kicks in a row that bring no work before a ring is muted. A client that follows the
+/// protocol makes at most one such kick per sleep of its ring (it kicked just as valed found
+/// its new `head` by itself), and its next kick brings work.
+const MUTE_AFTER: u32 = 64;
+/// Spurious kicks a ring may make after a mute before the next one.
+const REARM_GRACE: u32 = 4;
+/// First mute, doubled at each mute in a row up to [`MUTE_MAX_NS`]: how long a client that
+/// stormed and then sends real work may wait at worst for an idle worker to notice it.
+const MUTE_MIN_NS: u64 = 1_000_000;
+const MUTE_MAX_NS: u64 = 16_000_000;
 
 const TOKEN_WAKE: u64 = u64::MAX;
 const TOKEN_TIMER: u64 = u64::MAX - 1;
@@ -84,6 +108,8 @@ struct Loop {
     timer: OwnedFd,
     sources: Vec<Option<Source>>,
     active: Vec<usize>,
+    /// Tokens of muted rings (not in the epoll set).
+    muted: Vec<usize>,
     pipe: Pipeline,
     busy_poll_ns: u64,
 }
@@ -114,6 +140,7 @@ impl Loop {
             timer,
             sources: Vec::new(),
             active: Vec::new(),
+            muted: Vec::new(),
             pipe: Pipeline::new(epoch),
             busy_poll_ns: busy_poll.as_nanos() as u64,
         })
@@ -122,8 +149,15 @@ impl Loop {
     fn run(&mut self) {
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
         loop {
-            // Sleep only when no ring is active; otherwise just collect new kicks.
-            let timeout = if self.active.is_empty() { -1 } else { 0 };
+            // Sleep only when no ring is active (and no longer than a mute lasts); otherwise
+            // just collect new kicks.
+            let timeout = if !self.active.is_empty() {
+                0
+            } else if self.muted.is_empty() {
+                -1
+            } else {
+                self.mute_left_ms()
+            };
             let n = epoll::wait(&self.epoll, &mut events, timeout).len();
             for ev in &events[..n] {
                 match ev.u64 {
@@ -136,6 +170,9 @@ impl Loop {
                     }
                     t => self.kicked(t as usize),
                 }
+            }
+            if !self.muted.is_empty() {
+                self.unmute_due();
             }
             self.round();
             let next = self.pipe.notifier.fire_due();
@@ -163,7 +200,7 @@ impl Loop {
                             self.sources.len() - 1
                         }
                     };
-                    if let Err(e) = epoll::add(&self.epoll, kick, token as u64) {
+                    if let Err(e) = epoll::add_edge(&self.epoll, kick, token as u64) {
                         tracing::error!(port = %port.name(), "cannot watch kick eventfd: {e}");
                         continue;
                     }
@@ -173,9 +210,12 @@ impl Loop {
                         ring,
                         active: false,
                         dry_since: None,
+                        spurious: 0,
+                        mutes: 0,
+                        muted_until: None,
                     });
                     // Packets may have been published before the ring was watched.
-                    self.kicked(token);
+                    self.activate(token);
                 }
                 Cmd::Remove { port, done } => {
                     for slot in self.sources.iter_mut() {
@@ -194,6 +234,7 @@ impl Loop {
                     }
                     let sources = &self.sources;
                     self.active.retain(|&t| sources[t].is_some());
+                    self.muted.retain(|&t| sources[t].is_some());
                     self.pipe.notifier.forget(&port);
                     drop(port);
                     let _ = done.send(());
@@ -202,19 +243,103 @@ impl Loop {
         }
     }
 
-    /// A kick arrived (or may have): poll the ring from now on, without kicks.
+    /// A kick arrived: if the ring's `head` moved since it went to sleep, poll it from now on,
+    /// without kicks. Otherwise the kick brought nothing and is ignored: the ring stays asleep
+    /// with `kern_need_kick` set.
+    ///
+    /// No wake-up is lost by ignoring it: a client publishes `head` before it kicks, and the
+    /// kick (a write system call) happens before epoll reports it, so the `head` read here is
+    /// at least the one that kick was for. If it equals `seen_head`, that work was taken
+    /// already (valed looked at the ring with the flag set before it slept); any later
+    /// publication finds the flag set and kicks again, a new event (edge-triggered: every
+    /// write is one).
     fn kicked(&mut self, token: usize) {
         let Some(Some(s)) = self.sources.get_mut(token) else {
             return;
         };
+        if s.active || s.muted_until.is_some() {
+            return;
+        }
         let Some(a) = &s.port.attachment else { return };
-        // The client holds this eventfd's file too and may have made it blocking.
-        eventfd::drain_nowait(&a.tx[s.ring as usize].kick);
+        let head = a.region.atok(s.ring).head.load(Relaxed);
+        if head != a.tx[s.ring as usize].seen_head.load(Relaxed) {
+            s.spurious = 0;
+            s.mutes = 0;
+            self.activate(token);
+            return;
+        }
+        s.spurious = s.spurious.saturating_add(1);
+        if s.spurious < MUTE_AFTER {
+            return;
+        }
+        // Kicks that keep bringing nothing: stop watching the eventfd for a while, so that
+        // they cost this worker nothing at all, not even a wake-up.
+        let period = (MUTE_MIN_NS << s.mutes.min(16)).min(MUTE_MAX_NS);
+        s.mutes += 1;
+        s.muted_until = Some(self.pipe.notifier.now_ns() + period);
+        epoll::del(&self.epoll, a.tx[s.ring as usize].kick.as_raw_fd());
+        self.muted.push(token);
+    }
+
+    /// Polls ring `token` from now on, without kicks.
+    fn activate(&mut self, token: usize) {
+        let Some(Some(s)) = self.sources.get_mut(token) else {
+            return;
+        };
+        let Some(a) = &s.port.attachment else { return };
         a.region.ktoa(s.ring).kern_need_kick.store(0, Relaxed);
         s.dry_since = None;
         if !s.active {
             s.active = true;
             self.active.push(token);
+        }
+    }
+
+    /// Milliseconds until the first muted ring is due, at least 1 (the sleep of `epoll_wait`).
+    fn mute_left_ms(&self) -> i32 {
+        let now = self.pipe.notifier.now_ns();
+        let due = self
+            .muted
+            .iter()
+            .filter_map(|&t| self.sources[t].as_ref()?.muted_until)
+            .min()
+            .unwrap_or(now);
+        (due.saturating_sub(now).div_ceil(1_000_000)).clamp(1, 1000) as i32
+    }
+
+    /// Watches the kick eventfds of muted rings again once their time is up, and wakes a muted
+    /// ring at once if its `head` moved (the worker is awake anyway).
+    ///
+    /// A kick made while the ring was muted is not lost, only delayed: valed never reads a
+    /// kick eventfd, so its counter stays non-zero, and adding it back to the epoll set reports
+    /// it at once (`EPOLL_CTL_ADD` checks readiness); [`Loop::kicked`] then finds the new
+    /// `head`.
+    fn unmute_due(&mut self) {
+        let now = self.pipe.notifier.now_ns();
+        let mut i = 0;
+        while i < self.muted.len() {
+            let token = self.muted[i];
+            let s = self.sources[token].as_mut().expect("muted rings exist");
+            let a = s.port.attachment.as_ref().expect("sources are attached");
+            let txr = &a.tx[s.ring as usize];
+            let moved = a.region.atok(s.ring).head.load(Relaxed) != txr.seen_head.load(Relaxed);
+            if !moved && s.muted_until.is_some_and(|t| now < t) {
+                i += 1;
+                continue;
+            }
+            s.muted_until = None;
+            // The eventfd reports at once (its counter is not zero): a client that stopped
+            // storming stays watched, one that goes on is muted again after a few kicks.
+            s.spurious = MUTE_AFTER - REARM_GRACE;
+            self.muted.swap_remove(i);
+            if let Err(e) = epoll::add_edge(&self.epoll, txr.kick.as_raw_fd(), token as u64) {
+                tracing::error!(port = %s.port.name(), "cannot watch kick eventfd: {e}");
+            }
+            if moved {
+                s.spurious = 0;
+                s.mutes = 0;
+                self.activate(token);
+            }
         }
     }
 

@@ -6,7 +6,9 @@
 //! test command does both).
 
 use std::borrow::BorrowMut;
+use std::collections::HashSet;
 use std::io::Read;
+use std::os::fd::RawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -711,3 +713,97 @@ pub const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 0xa];
 pub const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 0xb];
 pub const MAC_C: [u8; 6] = [2, 0, 0, 0, 0, 0xc];
 pub const BROADCAST: [u8; 6] = [0xff; 6];
+
+// ---- finding a port's kick eventfd
+//
+// libvale keeps the kick eventfds private (a well-behaved client only kicks through txsync,
+// which publishes the ring header's head). A client that wants valed to look at a CSB it
+// wrote by hand has to find the descriptor: the eventfds valed waits on (its epoll sets, in
+// /proc/<valed>/fdinfo) are the same files as some of ours, which eventfd-id identifies.
+
+/// The eventfd-id of the eventfd whose fdinfo file is `fdinfo`.
+pub fn eventfd_id(fdinfo: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(fdinfo).ok()?;
+    s.lines()
+        .find_map(|l| l.strip_prefix("eventfd-id:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// eventfd ids valed's workers wait on.
+pub fn valed_watched_eventfds(pid: u32) -> HashSet<u64> {
+    let mut ids = HashSet::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return ids;
+    };
+    for e in dir.flatten() {
+        let is_epoll = std::fs::read_link(e.path())
+            .map(|l| l.to_string_lossy().contains("eventpoll"))
+            .unwrap_or(false);
+        if !is_epoll {
+            continue;
+        }
+        let fd = e.file_name().to_string_lossy().to_string();
+        let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).unwrap_or_default();
+        for l in info.lines() {
+            let mut w = l.split_whitespace();
+            if w.next() == Some("tfd:") {
+                if let Some(tfd) = w.next() {
+                    if let Some(id) = eventfd_id(&format!("/proc/{pid}/fdinfo/{tfd}")) {
+                        ids.insert(id);
+                    }
+                }
+            }
+        }
+    }
+    ids
+}
+
+/// Our descriptors that are kick eventfds of valed `v` (the tx rings of our ports there).
+pub fn our_kick_fds(v: &Valed) -> HashSet<RawFd> {
+    let watched = valed_watched_eventfds(v.pid());
+    let mut fds = HashSet::new();
+    for e in std::fs::read_dir("/proc/self/fd")
+        .expect("/proc/self/fd")
+        .flatten()
+    {
+        let Ok(fd) = e.file_name().to_string_lossy().parse::<RawFd>() else {
+            continue;
+        };
+        if let Some(id) = eventfd_id(&format!("/proc/self/fdinfo/{fd}")) {
+            if watched.contains(&id) {
+                fds.insert(fd);
+            }
+        }
+    }
+    fds
+}
+
+/// Opens `name` on `v` and finds the kick eventfd of its tx ring 0 (the port must have one
+/// tx ring).
+pub fn open_with_kick(v: &Valed, opts: &vale::OpenOptions, name: &str) -> (vale::Port, RawFd) {
+    let before = our_kick_fds(v);
+    let p = opts
+        .open(name)
+        .unwrap_or_else(|e| panic!("open {name}: {e}"));
+    assert_eq!(p.params().tx_rings, 1);
+    let mut found = HashSet::new();
+    // valed's worker registers the ring shortly after the open reply.
+    let ok = wait_until_every(Duration::from_secs(2), Duration::from_millis(5), || {
+        found = our_kick_fds(v).difference(&before).copied().collect();
+        found.len() == 1
+    });
+    assert!(
+        ok,
+        "cannot find the kick eventfd of {name} (candidates {found:?}); \
+         needs /proc fdinfo with eventfd-id"
+    );
+    (p, found.into_iter().next().expect("one"))
+}
+
+/// Writes 1 into kick eventfd `fd`, as a client kicks valed.
+pub fn kick(fd: RawFd) {
+    let one: u64 = 1;
+    // SAFETY: writes 8 bytes from a live u64 to an eventfd we hold open.
+    let n = unsafe { libc::write(fd, &one as *const u64 as *const libc::c_void, 8) };
+    assert_eq!(n, 8, "kick: {}", std::io::Error::last_os_error());
+}

@@ -230,6 +230,7 @@ fn persistent_port_keeps_its_counters_across_owners() {
         rx_drops: 5,
         tx_drops: 0,
         bad_input: 0,
+        learn_refused: 0,
     };
     assert_eq!(p.counters, want);
     // Frames for it count as drops again, including unicast to the address it had.
@@ -324,6 +325,55 @@ fn destroying_a_switch_takes_every_port_with_it() {
 // ---------------------------------------------------------------------------------------------
 // Knobs
 
+/// `learn-limit`: listed with the port's learnt addresses, set, checked, and applied: a port
+/// that sends from many addresses holds no more than its limit and counts the rest.
+#[test]
+fn learn_limit_knob_is_set_listed_and_applied() {
+    let _s = serial();
+    let v = Valed::start();
+    let a = v.open("vale0:a");
+    let _b = v.open("vale0:b");
+    let p = v.port("vale0:a").unwrap();
+    assert_eq!((p.learn_limit, p.learnt), (1024, 0));
+    assert_eq!(v.ctl_ok(&["set", "vale0:a", "learn-limit", "4"]), "");
+    assert_eq!(v.port("vale0:a").unwrap().learn_limit, 4);
+    let frames: Vec<Vec<u8>> = (0..10u8)
+        .map(|i| test_frame(60, [2, 0, 0, 0, 1, i], BROADCAST, i as u64))
+        .collect();
+    send_all(&a, &frames);
+    let p = v.port("vale0:a").unwrap();
+    assert_eq!(p.learnt, 4, "{p:?}");
+    assert_eq!(p.counters.learn_refused, 6, "{p:?}");
+    assert_eq!(
+        p.counters.tx_packets, 10,
+        "refused sources are still forwarded"
+    );
+    let human = v.ctl_ok(&["list", "vale0:a"]);
+    assert!(
+        human.contains("LEARNT") && human.contains("NOLEARN") && human.contains(" 4/4 "),
+        "{human}"
+    );
+    // Raised: the next addresses are learnt.
+    v.ctl_ok(&["set", "vale0:a", "learn-limit", "1048576"]);
+    send_all(&a, &frames);
+    assert_eq!(v.port("vale0:a").unwrap().learnt, 10);
+
+    let range = "learn-limit must be a number from 0 to 1048576";
+    for value in ["1048577", "-1", "x", ""] {
+        v.ctl_fails(
+            &["set", "vale0:a", "learn-limit", value],
+            1,
+            &format!("{range}, not '{value}'"),
+        );
+    }
+    v.ctl_fails(
+        &["set", "vale0", "learn-limit", "5"],
+        1,
+        "no switch knob 'learn-limit'",
+    );
+    assert_eq!(v.port("vale0:a").unwrap().learn_limit, 1_048_576);
+}
+
 #[test]
 fn moderation_knob_is_set_listed_and_checked() {
     let _s = serial();
@@ -352,7 +402,7 @@ fn moderation_knob_is_set_listed_and_checked() {
             "vale0:a",
             "speed",
             "5",
-            "no port knob 'speed' (known: moderation)",
+            "no port knob 'speed' (known: moderation, learn-limit)",
         ),
         (
             "vale0",
