@@ -115,13 +115,23 @@ pub struct Kid {
 impl Kid {
     /// Starts `cmd` with no input and its output piped; `what` names it in failures.
     pub fn spawn(mut cmd: impl BorrowMut<Command>, what: &str) -> Kid {
-        let child = cmd
+        let cmd = cmd
             .borrow_mut()
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {what}: {e}"));
+            .stderr(Stdio::piped());
+        // A binary just copied may be "busy" for a moment: a process forked elsewhere while the
+        // copy was open for writing holds it until that process execs.
+        let mut tries = 0;
+        let child = loop {
+            match cmd.spawn() {
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) && tries < 100 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                r => break r.unwrap_or_else(|e| panic!("start {what}: {e}")),
+            }
+        };
         Kid {
             child,
             what: what.to_string(),
@@ -356,6 +366,21 @@ impl Valed {
         )
     }
 
+    /// vale0:a and vale0:b (with a deep rx ring, so that it keeps up with a stream without a
+    /// drop), each learnt by the switch: a broadcast from a, then a unicast from b to a.
+    pub fn open_learnt_pair(&self) -> (std::sync::Arc<vale::Port>, std::sync::Arc<vale::Port>) {
+        let a = std::sync::Arc::new(self.open("vale0:a"));
+        let b = std::sync::Arc::new(self.options().slots(4096).open("vale0:b").expect("open b"));
+        send_and_expect(
+            &a,
+            &b,
+            &test_frame(60, MAC_A, BROADCAST, u64::MAX),
+            "a's hello",
+        );
+        send_and_expect(&b, &a, &test_frame(60, MAC_B, MAC_A, u64::MAX), "b's hello");
+        (a, b)
+    }
+
     /// `NAME --run-dir DIR ARGS...` run as user `uid` (group `uid` too, no others) with a
     /// descriptor limit of `nofile`. The binary is copied into the run directory first, so that
     /// the user can run it wherever the workspace lies. Needs root; the run directory must let
@@ -366,7 +391,11 @@ impl Valed {
         let copy = dir.join(name);
         if !copy.exists() {
             std::fs::create_dir_all(&dir).expect("bin dir");
-            std::fs::copy(bin(name), &copy).expect("copy binary");
+            // A hard link where it can be (nothing is written, so nothing can be busy), a copy
+            // across file systems.
+            if std::fs::hard_link(bin(name), &copy).is_err() {
+                std::fs::copy(bin(name), &copy).expect("copy binary");
+            }
         }
         let mut c = Command::new(copy);
         if name != "control-flood" {

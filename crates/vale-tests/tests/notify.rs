@@ -199,15 +199,7 @@ const STALL: Duration = Duration::from_secs(3);
 fn blocking_lines_of_a_client_do_not_stop_valed() {
     let _g = serial();
     let mut v = Valed::start();
-    let a = Arc::new(v.open("vale0:a"));
-    let b = Arc::new(v.options().slots(4096).open("vale0:b").expect("open b"));
-    send_and_expect(
-        &a,
-        &b,
-        &test_frame(60, MAC_A, BROADCAST, u64::MAX),
-        "a's hello",
-    );
-    send_and_expect(&b, &a, &test_frame(60, MAC_B, MAC_A, u64::MAX), "b's hello");
+    let (a, b) = v.open_learnt_pair();
     let fds_before = v.fd_count();
 
     let x = Arc::new(Hostile::open(&v, "vale0:x"));
