@@ -164,6 +164,14 @@ fn find_kit() -> Result<Kit, String> {
         let tmp = cache.join(format!(".initramfs-{}.tmp", std::process::id()));
         std::fs::write(&tmp, cpio).map_err(|e| format!("{}: {e}", tmp.display()))?;
         std::fs::rename(&tmp, &initramfs).map_err(|e| format!("{}: {e}", initramfs.display()))?;
+        // Archives of earlier inputs are of no more use.
+        for e in std::fs::read_dir(&cache).into_iter().flatten().flatten() {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with("initramfs-") && e.path() != initramfs {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
     }
     Ok(Kit {
         qemu,

@@ -58,7 +58,7 @@ fn two_guests_ping_and_talk_tcp_through_the_switch() {
     // host ends up and bind them.
     for (i, t) in taps.iter().enumerate() {
         assert!(
-            wait_until(T, || home
+            wait_until_every(T, Duration::from_millis(50), || home
                 .run(&format!("test -e /sys/class/net/{t}"), T)
                 .status
                 .success()),
