@@ -8,9 +8,10 @@
 //! printed, then a line `@@vale-guest-exit STATUS`. The first serial port is the console,
 //! kept in a file whose tail explains a failed boot.
 //!
-//! QEMU runs under TCG (no KVM here), one vCPU, 256 MiB; a boot takes about 5 s, two side by side about as long. The network
-//! device is a virtio-net-pci on the netdev the caller names (`tap,...` today, `vhost-user,...`
-//! with a shared memory backend later), so the same harness serves every kind of port.
+//! QEMU runs under TCG (no KVM here), one vCPU, 256 MiB; a boot takes 5–15 s, two side by side
+//! about as long as one. The network device is a virtio-net-pci on the netdev the caller names
+//! (`tap,...` today, `vhost-user,...` with a shared memory backend later), so the same harness
+//! serves every kind of port.
 //!
 //! `scripts/test.sh` unpacks the kernel and busybox into `target/guest/root`; an installed
 //! kernel (`/boot`, `/lib/modules`) and a static busybox on the host serve as well. The
