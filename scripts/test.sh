@@ -22,6 +22,33 @@ if ((${#need[@]})); then
         exit 1
     fi
 fi
+# The guest tests: QEMU (TCG) boots Debian's kernel with an initramfs the tests build from
+# busybox and the kernel's virtio modules. Kernel and busybox are unpacked (not installed) into
+# the target dir: no bootloader hooks, and busybox-static would conflict with busybox.
+guest="${CARGO_TARGET_DIR:-target}/guest"
+guest_ok() { compgen -G "$guest/root/boot/vmlinuz-*" >/dev/null && [ -x "$guest/root/bin/busybox" ]; }
+if ! command -v qemu-system-x86_64 >/dev/null 2>&1 || ! guest_ok; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq
+        command -v qemu-system-x86_64 >/dev/null 2>&1 ||
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86
+        if ! guest_ok; then
+            # linux-image-amd64 names the current kernel package; take its image and the
+            # virtio modules only.
+            kpkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-/ {print $2; exit}')
+            debs=$(mktemp -d)
+            (cd "$debs" && apt-get download -qq -o APT::Sandbox::User=root "$kpkg" busybox-static)
+            rm -rf "$guest/root" && mkdir -p "$guest/root"
+            dpkg-deb --fsys-tarfile "$debs/${kpkg}"_*.deb |
+                tar -x -C "$guest/root" --wildcards './boot/vmlinuz-*' '*/drivers/virtio/virtio*.ko' '*/virtio_net.ko' '*failover.ko'
+            dpkg -x "$debs"/busybox-static_*.deb "$guest/root"
+            rm -rf "$debs"
+        fi
+    else
+        echo "test.sh: the guest tests need root to install qemu-system-x86 and a kernel;" \
+            "they will be skipped" >&2
+    fi
+fi
 if ! command -v cargo >/dev/null 2>&1; then
     echo "test.sh: cargo (Rust 1.87 or newer) is needed: see README.md" >&2
     exit 1

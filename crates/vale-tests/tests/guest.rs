@@ -1,0 +1,155 @@
+//! Linux guests under QEMU on a switch. Each guest's network device is a TAP device that QEMU
+//! creates and reads; the host side of that TAP is an ordinary interface, which valed binds as
+//! a NIC port. So every frame between the guests crosses the switch: guest -> QEMU -> TAP ->
+//! NIC port -> switch -> NIC port -> TAP -> QEMU -> guest. (A TAP port of valed's own cannot
+//! serve here: valed and QEMU would both hold the device end of one single-queue TAP.)
+//!
+//! Needs root, iproute2, QEMU, a kernel and busybox (the README's test command installs them);
+//! skipped, saying why, where they are missing outside CI.
+
+use std::time::{Duration, Instant};
+
+use vale_tests::guest::{skip_reason, Guest, GuestConfig};
+use vale_tests::netns::{unique, Netns};
+use vale_tests::*;
+
+const IPS: [&str; 2] = ["10.78.0.1", "10.78.0.2"];
+const MACS: [&str; 2] = ["02:00:00:00:78:01", "02:00:00:00:78:02"];
+
+/// (frames into the switch from the port, frames out of it to the port), of vale0:g1 and
+/// vale0:g2, and (rx, tx) of each TAP as the host kernel counts them.
+fn counts(v: &Valed, home: &Netns, taps: &[String]) -> [(u64, u64); 4] {
+    let c1 = v.counters("vale0:g1");
+    let c2 = v.counters("vale0:g2");
+    let tap = |t: &str| (home.counter(t, "rx_packets"), home.counter(t, "tx_packets"));
+    [
+        (c1.tx_packets, c1.rx_packets),
+        (c2.tx_packets, c2.rx_packets),
+        tap(&taps[0]),
+        tap(&taps[1]),
+    ]
+}
+
+#[test]
+fn two_guests_ping_and_talk_tcp_through_the_switch() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let t0 = Instant::now();
+    let home = Netns::new("g");
+    // No IPv6 on the host ends (the guests boot without it): only the test's frames cross.
+    home.ok("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1");
+    let v = Valed::start_in(&home, &[]);
+    let taps = [unique("vgt"), unique("vgt")];
+    let mut guests: Vec<Guest> = (0..2)
+        .map(|i| {
+            let mut c = GuestConfig::tap(
+                &format!("g{}", i + 1),
+                &taps[i],
+                &format!("{}/24", IPS[i]),
+                MACS[i],
+            );
+            c.netns = Some(home.name.clone());
+            Guest::start(&c)
+        })
+        .collect();
+    // QEMU creates its TAP at once; the guests take seconds to boot, time enough to bring the
+    // host ends up and bind them.
+    for (i, t) in taps.iter().enumerate() {
+        assert!(
+            wait_until_every(T, Duration::from_millis(50), || home
+                .run(&format!("test -e /sys/class/net/{t}"), T)
+                .status
+                .success()),
+            "QEMU did not create {t}"
+        );
+        home.ok(&format!("ip link set {t} up"));
+        v.ctl_ok(&[
+            "attach",
+            &format!("vale0:g{}", i + 1),
+            "--iface",
+            t,
+            "--mode",
+            "packet",
+        ]);
+    }
+    let boots: Vec<Duration> = guests.iter_mut().map(|g| g.wait_ready()).collect();
+    eprintln!("guests ready after {boots:.1?}");
+
+    let limit = Duration::from_secs(20);
+    // The harness hands back what a command printed and its exit status.
+    let a = guests[0].run("echo $((6 * 7)); exit 3", limit);
+    assert_eq!((a.status, a.output.as_str()), (3, "42\n"));
+
+    // Ping both ways; the first round also resolves the addresses.
+    let before = counts(&v, &home, &taps);
+    for (a, b) in [(0, 1), (1, 0)] {
+        let out = guests[a].ok(&format!("ping -c 5 -i 0.2 -W 5 {}", IPS[b]), limit);
+        assert!(
+            out.contains("5 packets received"),
+            "{} -> {}: {out}",
+            guests[a].name,
+            guests[b].name
+        );
+    }
+    // Every frame one guest sent reached the other, and each side counts it alike: the TAP's
+    // rx (from the guest) is the port's tx (into the switch), which is the other port's rx,
+    // which is the other TAP's tx (to its guest).
+    let mut last = [(0, 0); 4];
+    let adds_up = wait_until(T, || {
+        let now = counts(&v, &home, &taps);
+        let d: Vec<(u64, u64)> = (0..4)
+            .map(|i| (now[i].0 - before[i].0, now[i].1 - before[i].1))
+            .collect();
+        last = now;
+        d[0].0 >= 10
+            && d[1].0 >= 10
+            && d[0].0 == d[1].1
+            && d[1].0 == d[0].1
+            && d[2].0 == d[0].0
+            && d[3].0 == d[1].0
+            && d[2].1 == d[0].1
+            && d[3].1 == d[1].1
+    });
+    assert!(
+        adds_up,
+        "counters do not add up: before {before:?}, after {last:?} \
+         ((g1 in, out), (g2 in, out), (tap1 rx, tx), (tap2 rx, tx))"
+    );
+    for p in ["vale0:g1", "vale0:g2"] {
+        let c = v.counters(p);
+        assert_eq!((c.rx_drops, c.tx_drops, c.bad_input), (0, 0, 0), "{p}");
+    }
+
+    // A short TCP run, where the guests have iperf3: 16 MiB through the switch, in frames of
+    // one MTU (the guests have no offloads).
+    if guests[1].run("command -v iperf3", limit).status == 0 {
+        guests[1].ok("iperf3 -s -1 -D", limit);
+        let before = v.counters("vale0:g2");
+        let out = guests[0].ok(
+            &format!(
+                "i=0; until iperf3 -c {} -n 16M -f m; do i=$((i+1)); [ $i -ge 20 ] && exit 1; sleep 0.1; done",
+                IPS[1]
+            ),
+            limit,
+        );
+        eprintln!("iperf3 g1 -> g2:\n{out}");
+        assert!(out.contains("receiver"), "iperf3: {out}");
+        let after = v.counters("vale0:g2");
+        let (frames, bytes) = (
+            after.rx_packets - before.rx_packets,
+            after.rx_bytes - before.rx_bytes,
+        );
+        eprintln!("vale0:g2 took {frames} frames, {bytes} bytes");
+        // iperf3 ends on its control connection, maybe before the last data has landed.
+        assert!(
+            bytes >= 12 << 20,
+            "only {bytes} bytes reached g2 through the switch"
+        );
+        assert!(bytes / frames <= 1514, "{bytes} bytes in {frames} frames");
+        let c = v.counters("vale0:g1");
+        assert_eq!((c.rx_drops, c.tx_drops, c.bad_input), (0, 0, 0), "vale0:g1");
+    }
+    eprintln!("test took {:.1?}", t0.elapsed());
+}
