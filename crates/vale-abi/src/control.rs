@@ -5,6 +5,7 @@
 //! to the first byte of the message they belong to. A connection that opened a port owns it:
 //! when the connection closes (the client exits or is killed), valed frees the port.
 
+use std::collections::BTreeMap;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -53,9 +54,15 @@ pub enum Request {
     /// Remove a port (persistent or not; an owned port is taken from its owner) or a switch
     /// with all its ports.
     Destroy { name: String },
-    /// Attach a host device as port `port` (made with its switch if absent): valed itself
-    /// moves its frames. The port stays until `Detach` or `Destroy`.
-    Attach { port: String, device: HostDevice },
+    /// Attach a device of port kind `kind` (`tap`, `nic`), described by `args`, as port `port`
+    /// (made with its switch if absent): valed itself moves its frames. The port stays until
+    /// `Detach` or `Destroy`.
+    Attach {
+        port: String,
+        kind: String,
+        #[serde(default)]
+        args: BTreeMap<String, String>,
+    },
     /// Give a TAP or NIC port's device back (a persistent port stays, empty).
     Detach { port: String },
     /// Set a knob of a switch (`batch`, `lookup`) or of a port (`moderation`, `learn-limit`).
@@ -64,16 +71,6 @@ pub enum Request {
         knob: String,
         value: String,
     },
-}
-
-/// A device of the host for a port.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum HostDevice {
-    /// TAP device `name`, created, or adopted if it exists; `persist` keeps it after valed.
-    Tap { name: String, persist: bool },
-    /// Network interface `iface`; `mode` `xdp`, `xdp-generic` or `packet`, None: automatic.
-    Nic { iface: String, mode: Option<String> },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -3,6 +3,7 @@
 //! Speaks valed's control protocol ([`vale_abi::control`]) over `<run dir>/valed.sock`: one
 //! request, one reply, per invocation. It never starts valed.
 
+use std::collections::BTreeMap;
 use std::io::{self, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -10,9 +11,7 @@ use std::process::ExitCode;
 
 use anyhow::{anyhow, Context};
 use clap::{Parser, Subcommand};
-use vale_abi::control::{
-    self, default_run_dir, HostDevice, PortInfo, Reply, Request, SwitchInfo, SOCKET_NAME,
-};
+use vale_abi::control::{self, default_run_dir, PortInfo, Reply, Request, SwitchInfo, SOCKET_NAME};
 use vale_abi::name::{parse_port, parse_switch};
 
 /// Exit status when valed refused a request or the conversation failed.
@@ -293,20 +292,28 @@ fn run(cli: &Cli) -> Result<(), Failure> {
             iface,
             mode,
         } => {
-            let device = match (tap, iface) {
-                (Some(name), _) => HostDevice::Tap {
-                    name: name.clone(),
-                    persist: *persist,
-                },
-                (None, Some(iface)) => HostDevice::Nic {
-                    iface: iface.clone(),
-                    mode: mode.clone(),
-                },
+            let mut args = BTreeMap::new();
+            let kind = match (tap, iface) {
+                (Some(name), _) => {
+                    args.insert("name".to_string(), name.clone());
+                    if *persist {
+                        args.insert("persist".to_string(), "yes".to_string());
+                    }
+                    "tap"
+                }
+                (None, Some(iface)) => {
+                    args.insert("iface".to_string(), iface.clone());
+                    if let Some(m) = mode {
+                        args.insert("mode".to_string(), m.clone());
+                    }
+                    "nic"
+                }
                 (None, None) => unreachable!("clap requires --tap or --iface"),
             };
             let req = Request::Attach {
                 port: port.clone(),
-                device,
+                kind: kind.to_string(),
+                args,
             };
             done(cli, ask(&sock, &req)?)
         }

@@ -13,7 +13,7 @@ use vale_abi::name::{parse_port, parse_switch};
 use vale_abi::region::{Layout, PortParams};
 
 use crate::access::{Caller, Usage, UserLimits};
-use crate::host::{self, HostSpec, HOST_PARAMS};
+use crate::host::{self, KindArgs, HOST_PARAMS};
 use crate::lookup;
 use crate::port::{descriptors_for, Attachment, Port, PortIndex, PortShared};
 use crate::switch::{Switch, DEFAULT_BATCH, MAX_PORTS};
@@ -200,31 +200,56 @@ impl Engine {
         Ok(OpenedPort { port })
     }
 
-    /// Attaches a host device (TAP or NIC) as port `name`; valed moves its frames.
-    pub fn attach_host(&self, name: &str, spec: &HostSpec, caller: &Caller) -> Result<(), String> {
+    /// Attaches a device of port kind `kind` (see [`host::KINDS`]) that `args` describe as
+    /// port `name`; valed moves its frames.
+    pub fn attach_host(
+        &self,
+        name: &str,
+        kind: &str,
+        args: &KindArgs,
+        caller: &Caller,
+    ) -> Result<(), String> {
         caller.must_be_admin("attaching a host device")?;
         let layout = Layout::new(&HOST_PARAMS)?;
         self.with_switch(name, |_, sw| {
-            self.attach_host_to(sw, name, layout, spec, caller)
+            place(sw, name, caller)?;
+            let dev = host::open_device(kind, args)?;
+            self.attach_device_to(sw, name, layout, dev, caller)?;
+            tracing::info!(port = name, kind, ?args, "host port attached");
+            Ok(())
         })
     }
 
-    fn attach_host_to(
+    /// Attaches an open device as port `name`: what [`Engine::attach_host`] does once the
+    /// kind's registry has opened it, for a device made elsewhere (embedding, tests).
+    pub fn attach_device(
+        &self,
+        name: &str,
+        dev: Box<dyn host::Device>,
+        caller: &Caller,
+    ) -> Result<(), String> {
+        caller.must_be_admin("attaching a host device")?;
+        let layout = Layout::new(&HOST_PARAMS)?;
+        self.with_switch(name, |_, sw| {
+            self.attach_device_to(sw, name, layout, dev, caller)
+        })
+    }
+
+    fn attach_device_to(
         &self,
         sw: &Arc<Switch>,
         name: &str,
         layout: Layout,
-        spec: &HostSpec,
+        dev: Box<dyn host::Device>,
         caller: &Caller,
     ) -> Result<(), String> {
         let (index, shared) = place(sw, name, caller)?;
-        let dev = host::open_device(spec)?;
         let mut att = Attachment::new(name, layout, std::process::id())
             .map_err(|e| format!("cannot create memory for port '{name}': {e}"))?;
         att.offload = dev.offloads();
         att.direct = dev.direct();
         let state =
-            host::HostState::new(&*dev).map_err(|e| format!("cannot set up port '{name}': {e}"))?;
+            host::state_of(&*dev).map_err(|e| format!("cannot set up port '{name}': {e}"))?;
         att.host = Some(state.clone());
         let port = Arc::new(Port {
             shared,
@@ -236,7 +261,6 @@ impl Engine {
             sw.replace(&port, None);
             return Err(format!("cannot start port '{name}': {e}"));
         }
-        tracing::info!(port = name, device = ?spec, "host port attached");
         Ok(())
     }
 

@@ -19,7 +19,7 @@ use std::time::Instant;
 use vale_abi::netmap::{NetmapSlot, NS_INDIRECT, NS_MOREFRAG, NS_OFFLOAD};
 use vale_abi::region::{FIRST_SLOT_BUF, MAX_FRAGS, MAX_FRAME_LEN};
 
-use crate::host::DirectSink;
+use crate::kind::{DirectSink, OutFrame, OutFrames};
 use crate::lookup::{FrameMeta, SourcePort, DEST_DROP, DEST_FLOOD};
 use crate::offload::{Offload, Resolver};
 use crate::port::{add, Irq, Port};
@@ -523,37 +523,51 @@ impl Pipeline {
 }
 
 impl Pipeline {
-    /// Writes the frames of lists `a` and `b` to a device that takes them from any thread.
-    fn deliver_direct(&mut self, dst: &Port, sink: &dyn DirectSink, mut a: u16, mut b: u16) {
-        let (mut delivered, mut bytes, mut dropped) = (0u64, 0u64, 0u64);
-        while a != NIL || b != NIL {
-            let i = take_next(&self.next, &mut a, &mut b) as usize;
-            let f = &self.frames[i];
-            let (fs, fc) = self.frame_frags[i];
-            self.iov.clear();
-            // The sink's header goes first.
-            self.iov.push(libc::iovec {
-                iov_base: ptr::null_mut(),
-                iov_len: 0,
-            });
-            for g in &self.frags[fs as usize..(fs + fc) as usize] {
-                self.iov.push(libc::iovec {
-                    iov_base: g.ptr as *mut libc::c_void,
-                    iov_len: g.len as usize,
-                });
-            }
-            match sink.send(&mut self.iov, Offload::from_word(f.offload)) {
-                Ok(()) => {
-                    delivered += 1;
-                    bytes += f.len as u64;
-                }
-                Err(_) => dropped += 1,
-            }
-        }
+    /// Hands the frames of lists `a` and `b` to a kind that takes them from any thread, in one
+    /// call for the batch.
+    fn deliver_direct(&mut self, dst: &Port, sink: &dyn DirectSink, a: u16, b: u16) {
+        let mut out = DirectBatch { pipe: self, a, b };
+        let d = sink.send_batch(&mut out);
         let stats = dst.stats();
-        add(&stats.rx_packets, delivered);
-        add(&stats.rx_bytes, bytes);
-        add(&stats.rx_drops, dropped);
+        add(&stats.rx_packets, d.frames);
+        add(&stats.rx_bytes, d.bytes);
+        add(&stats.rx_drops, d.dropped);
+    }
+}
+
+/// The frames of one destination's lists, as a [`DirectSink`] takes them.
+struct DirectBatch<'p> {
+    pipe: &'p mut Pipeline,
+    a: u16,
+    b: u16,
+}
+
+impl OutFrames for DirectBatch<'_> {
+    fn next_frame(&mut self) -> Option<OutFrame<'_>> {
+        if self.a == NIL && self.b == NIL {
+            return None;
+        }
+        let p = &mut *self.pipe;
+        let i = take_next(&p.next, &mut self.a, &mut self.b) as usize;
+        let f = &p.frames[i];
+        let (fs, fc) = p.frame_frags[i];
+        p.iov.clear();
+        // The sink's header goes first.
+        p.iov.push(libc::iovec {
+            iov_base: ptr::null_mut(),
+            iov_len: 0,
+        });
+        for g in &p.frags[fs as usize..(fs + fc) as usize] {
+            p.iov.push(libc::iovec {
+                iov_base: g.ptr as *mut libc::c_void,
+                iov_len: g.len as usize,
+            });
+        }
+        Some(OutFrame {
+            iov: &mut p.iov,
+            offload: Offload::from_word(f.offload),
+            len: f.len,
+        })
     }
 }
 

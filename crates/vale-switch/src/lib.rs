@@ -6,7 +6,8 @@
 //! - [`lookup`]: the lookup-module interface of stage 2 and the learning bridge.
 //! - [`offload`]: virtio-net checksum/segmentation offload, carried or done in software.
 //! - [`forward`]: the three-stage batched pipeline (VALE section 3.3, mSwitch lists).
-//! - [`host`]: TAP and NIC ports, whose client is valed itself.
+//! - [`kind`]: the seam between the core and the kinds of port (no kind named there).
+//! - [`host`]: the kinds whose client is valed itself (TAP, NIC), registered by name.
 //! - [`worker`]: forwarding threads that sleep on kick eventfds when there is no work.
 //! - [`switch`]: a switch's port table and knobs.
 //! - [`engine`]: every switch and worker; what the control plane calls.
@@ -16,6 +17,7 @@ pub mod engine;
 pub mod epoll;
 pub mod forward;
 pub mod host;
+pub mod kind;
 pub mod lookup;
 pub mod offload;
 pub mod port;

@@ -122,9 +122,9 @@ pub struct Attachment {
     /// are; toward other ports the switch does the work in software.
     pub offload: bool,
     /// Set for a port whose client is valed itself (TAP, NIC).
-    pub host: Option<std::sync::Arc<crate::host::HostState>>,
+    pub host: Option<std::sync::Arc<crate::kind::HostState>>,
     /// Frames for the port go straight to this device, not into the rx ring.
-    pub direct: Option<std::sync::Arc<dyn crate::host::DirectSink>>,
+    pub direct: Option<std::sync::Arc<dyn crate::kind::DirectSink>>,
     /// First bad input of this owner is logged; the rest are only counted.
     pub bad_logged: AtomicBool,
 }

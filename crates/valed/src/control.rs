@@ -17,9 +17,8 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 
-use vale_abi::control::{self, HostDevice, Reply, Request, MAX_REQUEST};
+use vale_abi::control::{self, Reply, Request, MAX_REQUEST};
 use vale_abi::region::VALE_ABI_VERSION;
-use vale_switch::host::{HostSpec, NicMode};
 use vale_switch::port::Port;
 use vale_switch::{epoll, Caller, Engine};
 
@@ -433,8 +432,8 @@ fn handle(engine: &Engine, caller: &Caller, req: Request) -> (Reply, Option<Arc<
             switches: engine.list(),
         },
         Request::Create { port } => done(engine.create(&port, caller)),
-        Request::Attach { port, device } => {
-            done(host_spec(device).and_then(|spec| engine.attach_host(&port, &spec, caller)))
+        Request::Attach { port, kind, args } => {
+            done(engine.attach_host(&port, &kind, &args, caller))
         }
         Request::Detach { port } => done(engine.detach(&port, caller)),
         Request::Destroy { name } => done(engine.destroy(&name, caller)),
@@ -445,15 +444,4 @@ fn handle(engine: &Engine, caller: &Caller, req: Request) -> (Reply, Option<Arc<
         } => done(engine.set(&target, &knob, &value, caller)),
     };
     (reply, None)
-}
-
-/// The engine's form of a device request.
-fn host_spec(d: HostDevice) -> Result<HostSpec, String> {
-    Ok(match d {
-        HostDevice::Tap { name, persist } => HostSpec::Tap { name, persist },
-        HostDevice::Nic { iface, mode } => HostSpec::Nic {
-            iface,
-            mode: mode.as_deref().map(NicMode::parse).transpose()?,
-        },
-    })
 }

@@ -10,18 +10,19 @@
 pub mod nic;
 pub mod tap;
 
+pub use crate::kind::{DevError, DirectSink, HostState};
 pub use vale_nic::Mode as NicMode;
 
+use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{fence, AtomicBool, Ordering::*};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::atomic::{fence, Ordering::*};
+use std::sync::Arc;
 use std::time::Instant;
 
 use vale_abi::netmap::{NS_MOREFRAG, NS_OFFLOAD};
+use vale_abi::pipe;
 use vale_abi::region::{PortParams, MAX_FRAGS};
-use vale_abi::{eventfd, pipe};
 
 use crate::epoll;
 use crate::forward::{recycle, Pipeline};
@@ -38,76 +39,60 @@ pub const HOST_PARAMS: PortParams = PortParams {
     buf_size: vale_abi::region::DEFAULT_BUF_SIZE,
 };
 
-/// What a host port is attached to.
-#[derive(Clone, Debug)]
-pub enum HostSpec {
-    /// A TAP device, created or adopted; `persist` keeps it after valed lets go.
-    Tap { name: String, persist: bool },
-    /// A network interface; `mode` None picks the best that binds.
-    Nic {
-        iface: String,
-        mode: Option<NicMode>,
-    },
+/// The arguments of an attach request: what the control protocol carries besides the kind.
+pub type KindArgs = BTreeMap<String, String>;
+
+/// A kind of port whose client is valed itself: its name in the control protocol, and how to
+/// open its device from the request's arguments.
+pub struct Kind {
+    pub name: &'static str,
+    /// The arguments it takes.
+    pub args: &'static [&'static str],
+    pub open: fn(&KindArgs) -> Result<Box<dyn Device>, String>,
 }
 
-/// What the control plane sees of a host port.
-pub struct HostState {
-    /// `tap` or `nic`.
-    pub kind: &'static str,
-    /// The device's name.
-    pub device: String,
-    /// How a NIC is reached (`xdp`, `xdp-generic`, `packet`); empty for TAP.
-    pub mode: String,
-    /// The device works: false after it went down or away (logged once per change).
-    pub up: AtomicBool,
-    /// Set, then `stop` written, to end the port's thread.
-    stopping: AtomicBool,
-    stop: OwnedFd,
-    thread: Mutex<Option<JoinHandle<()>>>,
+/// Every kind valed can attach: a new kind is one module and one entry here.
+pub const KINDS: &[Kind] = &[tap::KIND, nic::KIND];
+
+/// Opens the device of kind `kind` that `args` describe; unknown kinds and arguments are
+/// refused with the list of what is known.
+pub fn open_device(kind: &str, args: &KindArgs) -> Result<Box<dyn Device>, String> {
+    let Some(k) = KINDS.iter().find(|k| k.name == kind) else {
+        let known: Vec<&str> = KINDS.iter().map(|k| k.name).collect();
+        return Err(format!(
+            "no port kind '{kind}' (known: {})",
+            known.join(", ")
+        ));
+    };
+    if let Some(bad) = args.keys().find(|a| !k.args.contains(&a.as_str())) {
+        return Err(format!(
+            "port kind '{kind}' takes no argument '{bad}' (it takes: {})",
+            k.args.join(", ")
+        ));
+    }
+    (k.open)(args)
 }
 
-impl HostState {
-    pub fn new(dev: &dyn Device) -> io::Result<Arc<HostState>> {
-        let (kind, device, mode) = dev.describe();
-        Ok(Arc::new(HostState {
-            kind,
-            device,
-            mode,
-            up: AtomicBool::new(true),
-            stopping: AtomicBool::new(false),
-            stop: eventfd::new()?,
-            thread: Mutex::new(None),
-        }))
-    }
+/// Argument `name` of an attach request, which the kind requires.
+pub fn required<'a>(args: &'a KindArgs, kind: &str, name: &str) -> Result<&'a str, String> {
+    args.get(name)
+        .map(String::as_str)
+        .ok_or_else(|| format!("port kind '{kind}' needs argument '{name}'"))
+}
 
-    /// Stops the port's thread and waits for it (the device is closed when it returns).
-    pub fn stop(&self) {
-        self.stopping.store(true, Relaxed);
-        eventfd::signal(&self.stop);
-        let t = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(t) = t {
-            let _ = t.join();
-        }
-    }
-
-    pub(crate) fn set_up(&self, port: &str, up: bool, why: &dyn std::fmt::Display) {
-        if self.up.swap(up, Relaxed) != up {
-            if up {
-                tracing::info!(port, device = %self.device, "device is up again");
-            } else {
-                tracing::warn!(port, device = %self.device, "device down: {why}");
-            }
-        }
+/// A yes/no argument: absent is no.
+pub fn flag(args: &KindArgs, name: &str) -> Result<bool, String> {
+    match args.get(name).map(String::as_str) {
+        None | Some("no") | Some("false") | Some("0") => Ok(false),
+        Some("yes") | Some("true") | Some("1") => Ok(true),
+        Some(v) => Err(format!("argument '{name}' must be yes or no, not '{v}'")),
     }
 }
 
-/// Why a device operation failed, as the port's thread handles it.
-pub enum DevError {
-    /// This frame was refused (counted as a drop); the device still works.
-    Frame(io::Error),
-    /// The device is down or gone. `pause`: stop using it until it says it is up again
-    /// (its descriptors may stay ready while it is away).
-    Down { err: io::Error, pause: bool },
+/// The control plane's view of the port of `dev`.
+pub fn state_of(dev: &dyn Device) -> io::Result<Arc<HostState>> {
+    let (kind, device, mode) = dev.describe();
+    HostState::new(kind, device, mode)
 }
 
 /// The device side of a host port.
@@ -129,22 +114,6 @@ pub trait Device: Send {
     /// Where switch threads may write frames for this port straight away, if anywhere.
     fn direct(&self) -> Option<Arc<dyn DirectSink>> {
         None
-    }
-}
-
-/// A device that the switch's threads write to directly, instead of through the port's rx ring
-/// and thread: one copy and one wake-up less per burst. It must take concurrent writes and
-/// frames with offload work as they are.
-pub trait DirectSink: Send + Sync {
-    /// Writes one frame: `iov[0]` is the sink's to fill (its header), the rest is the frame.
-    fn send(&self, iov: &mut [libc::iovec], off: Offload) -> Result<(), DevError>;
-}
-
-/// Opens the device a spec names.
-pub fn open_device(spec: &HostSpec) -> Result<Box<dyn Device>, String> {
-    match spec {
-        HostSpec::Tap { name, persist } => Ok(Box::new(tap::Tap::open(name, *persist)?)),
-        HostSpec::Nic { iface, mode } => Ok(Box::new(nic::NicDevice::open(iface, *mode)?)),
     }
 }
 
@@ -504,3 +473,6 @@ impl HostLoop {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

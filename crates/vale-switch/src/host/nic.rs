@@ -81,3 +81,18 @@ impl Device for NicDevice {
         self.nic.is_up()
     }
 }
+
+/// `nic`: `iface` (the interface), `mode` (`xdp`, `xdp-generic` or `packet`; absent: the best
+/// that binds).
+pub const KIND: super::Kind = super::Kind {
+    name: "nic",
+    args: &["iface", "mode"],
+    open: |args| {
+        let iface = super::required(args, "nic", "iface")?;
+        let mode = args
+            .get("mode")
+            .map(|m| vale_nic::Mode::parse(m))
+            .transpose()?;
+        Ok(Box::new(NicDevice::open(iface, mode)?))
+    },
+};

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use vale_abi::region::{MAX_FRAGS, MAX_FRAME_LEN};
 
 use super::{DevError, Device, DirectSink, TxSide};
+use crate::kind::{Delivered, OutFrames};
 use crate::offload::{Offload, VNET_HDR_LEN};
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
@@ -61,6 +62,16 @@ fn ioctl(fd: RawFd, req: libc::c_ulong, arg: libc::c_ulong, what: &str) -> Resul
     }
     Ok(())
 }
+
+/// `tap`: `name` (the device), `persist` (yes: the device stays after valed lets go).
+pub const KIND: super::Kind = super::Kind {
+    name: "tap",
+    args: &["name", "persist"],
+    open: |args| {
+        let name = super::required(args, "tap", "name")?;
+        Ok(Box::new(Tap::open(name, super::flag(args, "persist")?)?))
+    },
+};
 
 impl Tap {
     /// Creates TAP device `name`, or adopts it if a persistent one exists and is free.
@@ -167,6 +178,23 @@ pub struct TapSink {
 }
 
 impl DirectSink for TapSink {
+    fn send_batch(&self, frames: &mut dyn OutFrames) -> Delivered {
+        let mut d = Delivered::default();
+        while let Some(f) = frames.next_frame() {
+            match self.send(f.iov, f.offload) {
+                Ok(()) => {
+                    d.frames += 1;
+                    d.bytes += f.len as u64;
+                }
+                Err(_) => d.dropped += 1,
+            }
+        }
+        d
+    }
+}
+
+impl TapSink {
+    /// Writes one frame, with its virtio-net header, in one `writev`.
     fn send(&self, iov: &mut [libc::iovec], off: Offload) -> Result<(), DevError> {
         let hdr = off.to_virtio();
         iov[0] = libc::iovec {

@@ -1,0 +1,107 @@
+//! The seam between the forwarding core and the kinds of port.
+//!
+//! The core (the pipeline, ports, the engine) knows a port's kind only through what is here:
+//! a [`DirectSink`], the way out of a kind that takes frames from any forwarding thread (called
+//! once per destination per batch), and a [`HostState`], what the control plane sees of a port
+//! whose client is valed itself. The kinds themselves (TAP, NIC, ...) live in [`crate::host`]
+//! and register there; nothing here names one.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use vale_abi::eventfd;
+
+use crate::offload::Offload;
+
+/// What the control plane sees of a port whose client is valed itself (any kind but native),
+/// and the handle that stops its thread.
+pub struct HostState {
+    /// The kind's name (`tap`, `nic`, ...).
+    pub kind: &'static str,
+    /// The device's name.
+    pub device: String,
+    /// How a NIC is reached (`xdp`, `xdp-generic`, `packet`); empty for TAP.
+    pub mode: String,
+    /// The device works: false after it went down or away (logged once per change).
+    pub up: AtomicBool,
+    /// Set, then `stop` written, to end the port's thread.
+    pub(crate) stopping: AtomicBool,
+    pub(crate) stop: OwnedFd,
+    pub(crate) thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl HostState {
+    pub fn new(kind: &'static str, device: String, mode: String) -> io::Result<Arc<HostState>> {
+        Ok(Arc::new(HostState {
+            kind,
+            device,
+            mode,
+            up: AtomicBool::new(true),
+            stopping: AtomicBool::new(false),
+            stop: eventfd::new()?,
+            thread: Mutex::new(None),
+        }))
+    }
+
+    /// Stops the port's thread and waits for it (the device is closed when it returns).
+    pub fn stop(&self) {
+        self.stopping.store(true, Relaxed);
+        eventfd::signal(&self.stop);
+        let t = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(t) = t {
+            let _ = t.join();
+        }
+    }
+
+    pub(crate) fn set_up(&self, port: &str, up: bool, why: &dyn std::fmt::Display) {
+        if self.up.swap(up, Relaxed) != up {
+            if up {
+                tracing::info!(port, device = %self.device, "device is up again");
+            } else {
+                tracing::warn!(port, device = %self.device, "device down: {why}");
+            }
+        }
+    }
+}
+
+/// Why a device operation failed, as the port's thread handles it.
+pub enum DevError {
+    /// This frame was refused (counted as a drop); the device still works.
+    Frame(io::Error),
+    /// The device is down or gone. `pause`: stop using it until it says it is up again
+    /// (its descriptors may stay ready while it is away).
+    Down { err: io::Error, pause: bool },
+}
+
+/// One frame on its way out: `iov[0]` is the sink's to fill (its own header, if any), the rest
+/// are the frame's pieces in the sender's memory.
+pub struct OutFrame<'a> {
+    pub iov: &'a mut [libc::iovec],
+    pub offload: Offload,
+    /// Bytes of the frame (the pieces together).
+    pub len: u32,
+}
+
+/// The frames of one batch for one destination, in batch order.
+pub trait OutFrames {
+    fn next_frame(&mut self) -> Option<OutFrame<'_>>;
+}
+
+/// What became of the frames of a batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Delivered {
+    pub frames: u64,
+    pub bytes: u64,
+    pub dropped: u64,
+}
+
+/// A kind whose device the switch's threads write to directly, instead of through the port's
+/// rx ring and thread: one copy and one wake-up less per burst. It must take concurrent calls
+/// and frames with offload work as they are.
+pub trait DirectSink: Send + Sync {
+    /// Sends every frame of one batch for this port: once per destination per batch.
+    fn send_batch(&self, frames: &mut dyn OutFrames) -> Delivered;
+}
