@@ -94,15 +94,17 @@ pub struct SwitchInfo {
 pub struct PortInfo {
     /// `valeX:Y`.
     pub name: String,
-    /// `native` (a libvale client), `tap` or `nic` (valed moves the frames of a device).
+    /// `native` (a libvale client), `tap`, `nic` or `vhost-user` (valed moves the frames of a
+    /// device).
     pub kind: String,
-    /// TAP and NIC ports: the device.
+    /// TAP and NIC ports: the device; vhost-user ports: the socket.
     #[serde(default)]
     pub device: Option<String>,
-    /// NIC ports: `xdp`, `xdp-generic` or `packet`.
+    /// NIC ports: `xdp`, `xdp-generic` or `packet`; vhost-user ports: `server` or `client`.
     #[serde(default)]
     pub mode: Option<String>,
-    /// `up`; `down` (a TAP or NIC port whose device is down or gone); `free` (a persistent
+    /// `up`; `down` (a TAP or NIC port whose device is down or gone, a vhost-user port with no
+    /// front end); `free` (a persistent
     /// port nobody holds).
     #[serde(default)]
     pub state: String,

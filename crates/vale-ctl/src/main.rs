@@ -51,6 +51,7 @@ vale-ctl set vale0:a moderation 20\n  \
 vale-ctl set vale0:a learn-limit 16  a port with at most 16 stations behind it\n  \
 vale-ctl attach vale0:h1 --tap vtap1 valed creates TAP vtap1; its frames join vale0\n  \
 vale-ctl attach vale0:eth --iface veth0      veth0's frames join vale0 (AF_XDP)\n  \
+vale-ctl attach vale0:vm1 --vhost-user /run/vale/vm1.sock   a VM's virtio-net (QEMU)\n  \
 vale-ctl detach vale0:eth            veth0 goes back to the kernel\n  \
 vale-ctl destroy vale0:a             remove one port (taken from its client, if held)\n  \
 vale-ctl rm vale0                    remove switch vale0 and all its ports\n  \
@@ -90,7 +91,7 @@ NAME       the port, valeX:Y\n  \
 KIND       native: a libvale client\n  \
 UID        the user the port belongs to: only it or an administrator may destroy,\n             \
 detach or tune the port, or reopen it once free\n  \
-PID        pid of the process holding the port (valed's own for tap and nic), - if none\n  \
+PID        pid of the process holding the port (valed's own for tap, nic, vhost-user), - if none\n  \
 PERSIST    yes: made by 'vale-ctl create', stays when no client holds it\n  \
 RINGS      tx/rx rings (- while no client holds the port)\n  \
 SLOTS      slots per ring\n  \
@@ -102,7 +103,8 @@ RX-PKTS    frames the switch delivered to the client (RX-BYTES: their bytes)\n  
 RX-DROP    frames for the port dropped: its receive ring was full, nobody held it, or\n             \
 its device refused them or was down\n  \
 TX-DROP    frames from the port that had nowhere to go\n  \
-BAD        frames refused because the client wrote bad ring values\n  \
+BAD        frames refused because the client wrote bad ring values (a guest: bad\n             \
+descriptors, chains or frames)\n  \
 NOLEARN    source MACs of the port's frames not learnt: the port held its learn-limit, or\n             \
 the table had no room but other ports' live entries (the frames are still\n             \
 forwarded)\n\n\
@@ -140,7 +142,7 @@ to or from it."
         #[arg(value_name = "NAME", value_parser = any_name)]
         name: String,
     },
-    /// Attach a TAP device or a network interface as a port
+    /// Attach a TAP device, a network interface or a vhost-user VM as a port
     #[command(
         long_about = "Attaches a device of the host as port valeX:Y (and makes switch valeX \
 if absent). valed itself moves the device's frames to and from the switch; the port stays \
@@ -153,8 +155,14 @@ With --persist the TAP device outlives valed and the port.\n\n\
 --iface NAME binds network interface NAME (a NIC, a veth): AF_XDP in the driver's XDP mode \
 (xdp) or the kernel's generic mode (xdp-generic), or AF_PACKET (packet). Without --mode \
 valed tries them in that order and keeps the first that binds; 'vale-ctl list' shows which. \
-While attached, the interface's received frames go to the switch instead of the kernel.",
-        group(clap::ArgGroup::new("device").required(true).args(["tap", "iface"]))
+While attached, the interface's received frames go to the switch instead of the kernel.\n\n\
+--vhost-user PATH makes valed the virtio-net device of a virtual machine (QEMU's \
+'-netdev vhost-user', any vhost-user front end) through the Unix socket PATH: valed listens \
+there, and serves one front end after the other (QEMU '-chardev socket,path=PATH,reconnect=1'); \
+with --client valed connects to a front end listening there instead (QEMU \
+'server=on,wait=off'), again after each disconnection. The guest's RAM must be shared memory \
+('-object memory-backend-memfd,...,share=on'). The port is down while no front end is connected.",
+        group(clap::ArgGroup::new("device").required(true).args(["tap", "iface", "vhost_user"]))
     )]
     Attach {
         /// The port, valeX:Y
@@ -172,6 +180,12 @@ While attached, the interface's received frames go to the switch instead of the 
         /// How to bind the interface (default: the first of these that works)
         #[arg(long, requires = "iface", value_parser = ["xdp", "xdp-generic", "packet"])]
         mode: Option<String>,
+        /// A vhost-user socket: valed listens there (connects with --client)
+        #[arg(long, value_name = "PATH")]
+        vhost_user: Option<PathBuf>,
+        /// Connect to a front end listening at the vhost-user socket
+        #[arg(long, requires = "vhost_user")]
+        client: bool,
     },
     /// Give a TAP or NIC port's device back
     #[command(
@@ -291,9 +305,21 @@ fn run(cli: &Cli) -> Result<(), Failure> {
             persist,
             iface,
             mode,
+            vhost_user,
+            client,
         } => {
             let mut args = BTreeMap::new();
             let kind = match (tap, iface) {
+                _ if vhost_user.is_some() => {
+                    // valed resolves no path against our directory: send it absolute.
+                    let path = vhost_user.as_deref().expect("checked");
+                    let path = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+                    args.insert("path".to_string(), path.to_string_lossy().into_owned());
+                    if *client {
+                        args.insert("client".to_string(), "yes".to_string());
+                    }
+                    "vhost-user"
+                }
                 (Some(name), _) => {
                     args.insert("name".to_string(), name.clone());
                     if *persist {
@@ -308,7 +334,7 @@ fn run(cli: &Cli) -> Result<(), Failure> {
                     }
                     "nic"
                 }
-                (None, None) => unreachable!("clap requires --tap or --iface"),
+                (None, None) => unreachable!("clap requires --tap, --iface or --vhost-user"),
             };
             let req = Request::Attach {
                 port: port.clone(),

@@ -264,7 +264,7 @@ impl Engine {
         Ok(())
     }
 
-    /// Gives the device of TAP or NIC port `name` back; a persistent port stays, empty.
+    /// Gives the device of host port `name` back; a persistent port stays, empty.
     pub fn detach(&self, name: &str, caller: &Caller) -> Result<(), String> {
         let port = {
             let sws = self.lock();
@@ -283,7 +283,7 @@ impl Engine {
                 .is_none()
             {
                 return Err(format!(
-                    "port '{name}' has no device to detach (only TAP and NIC ports do)"
+                    "port '{name}' has no device to detach (only TAP, NIC and vhost-user ports do)"
                 ));
             }
             p

@@ -6,8 +6,13 @@
 //! switch delivered to the port's rx ring out to the device. With nothing to do it sleeps in
 //! `epoll_wait` on the device and on the rx ring's interrupt line, exactly as a sleeping
 //! client would (VALE section 4.1: the host stack as one more port of the switch).
+//!
+//! The port's work is two steps ([`Steps`]: ingress, egress) and a driver that calls them. A
+//! kind whose library owns its event loop (vhost-user) brings its own driver and calls the
+//! same steps from its threads.
 
 pub mod nic;
+pub mod vhost_user;
 pub mod tap;
 
 pub use crate::kind::{DevError, DirectSink, HostState};
@@ -52,7 +57,7 @@ pub struct Kind {
 }
 
 /// Every kind valed can attach: a new kind is one module and one entry here.
-pub const KINDS: &[Kind] = &[tap::KIND, nic::KIND];
+pub const KINDS: &[Kind] = &[tap::KIND, nic::KIND, vhost_user::KIND];
 
 /// Opens the device of kind `kind` that `args` describe; unknown kinds and arguments are
 /// refused with the list of what is known.
@@ -113,6 +118,11 @@ pub trait Device: Send {
     fn is_up(&self) -> bool;
     /// Where switch threads may write frames for this port straight away, if anywhere.
     fn direct(&self) -> Option<Arc<dyn DirectSink>> {
+        None
+    }
+    /// A kind whose library runs its own threads drives the port itself (taking the port's
+    /// steps); None: the generic driver calls the methods above.
+    fn own_driver(&mut self) -> Option<Box<dyn Driver>> {
         None
     }
 }
@@ -208,13 +218,245 @@ impl<'r> TxSide<'r> {
     }
 }
 
-/// The thread of one host port.
-struct HostLoop {
+/// Where the egress step writes the frames the switch delivered to a port.
+pub trait Egress {
+    /// Writes one frame: Ok(false) when there is no room now (the frame stays for later).
+    fn send(&mut self, pieces: &[&[u8]], off: Offload) -> Result<bool, DevError>;
+    /// Ends a burst of `send`s (before the ring's slots go back to the switch).
+    fn flush(&mut self) -> Result<(), DevError>;
+}
+
+/// A [`Device`] as the egress step's way out.
+struct DevEgress<'a>(&'a mut dyn Device);
+
+impl Egress for DevEgress<'_> {
+    fn send(&mut self, pieces: &[&[u8]], off: Offload) -> Result<bool, DevError> {
+        self.0.send(pieces, off)
+    }
+    fn flush(&mut self) -> Result<(), DevError> {
+        self.0.flush()
+    }
+}
+
+/// What one egress step did.
+#[derive(Default)]
+pub struct EgressDone {
+    /// Frames taken off the ring (sent or dropped).
+    pub moved: usize,
+    /// The device had no room for a frame: it waits in the ring.
+    pub blocked: bool,
+    /// The device went down on the way (`pause`: frames after it were dropped unsent).
+    pub down: Option<(io::Error, bool)>,
+}
+
+/// The two steps of a host port, for whichever thread drives it: the generic driver below,
+/// or a kind whose library owns its event loop (see [`Device::own_driver`]).
+pub struct Steps {
     sw: Arc<Switch>,
     port: Arc<Port>,
+    pipe: Pipeline,
+    /// The allocation of the list of a frame's pieces (see [`crate::forward::recycle`]).
+    pieces: Vec<&'static [u8]>,
+}
+
+impl Steps {
+    fn new(sw: Arc<Switch>, port: Arc<Port>, epoch: Instant) -> Steps {
+        Steps {
+            sw,
+            port,
+            pipe: Pipeline::new(epoch),
+            pieces: Vec::with_capacity(MAX_FRAGS as usize),
+        }
+    }
+
+    pub fn port_name(&self) -> &str {
+        self.port.name()
+    }
+
+    fn att(&self) -> &crate::port::Attachment {
+        self.port
+            .attachment
+            .as_ref()
+            .expect("host ports are attached")
+    }
+
+    /// Counts frames a device offered that are malformed or hostile.
+    pub fn count_bad_input(&self, n: u64) {
+        add(&self.port.stats().bad_input, n);
+    }
+
+    /// Ingress: `fill` moves frames from the device into the port's tx ring, then this thread
+    /// forwards them. Returns how many moved, or the device's going down.
+    pub fn ingress(
+        &mut self,
+        fill: impl FnOnce(&mut TxSide) -> Result<usize, DevError>,
+    ) -> Result<usize, (io::Error, bool)> {
+        let att = self.att();
+        let hwcur = att.tx[0].hwcur.load(Relaxed);
+        let mut side = TxSide::new(&att.region, hwcur);
+        let r = fill(&mut side);
+        let refused = side.refused;
+        side.publish();
+        if refused != 0 {
+            add(&self.port.stats().bad_input, refused);
+        }
+        let moved = match r {
+            Ok(n) => Ok(n),
+            Err(DevError::Frame(e)) => {
+                tracing::debug!(port = %self.port.name(), "frame from device dropped: {e}");
+                add(&self.port.stats().tx_drops, 1);
+                Ok(1)
+            }
+            Err(DevError::Down { err, pause }) => Err((err, pause)),
+        };
+        while self.pipe.forward(&self.sw, &self.port, 0) != 0 {}
+        moved
+    }
+
+    /// Egress: up to `burst` frames the switch delivered to the port, out through `dev`.
+    /// `paused`: the device is away, frames are dropped unsent (senders see rx_drops grow,
+    /// not a stall).
+    pub fn egress(&mut self, dev: &mut dyn Egress, burst: usize, paused: bool) -> EgressDone {
+        let port = self.port.clone();
+        let att = port.attachment.as_ref().expect("host ports are attached");
+        let reg = &att.region;
+        let l = reg.layout();
+        let ring = l.params.tx_rings;
+        let n = l.params.slots;
+        let mask = n - 1;
+        let atok = reg.atok(ring);
+        let mut head = atok.head.load(Relaxed);
+        let tail = reg.ktoa(ring).hwtail.load(Acquire);
+        let mut pieces: Vec<&[u8]> = std::mem::take(&mut self.pieces);
+        let (mut sent, mut dropped) = (0usize, 0u64);
+        let mut done = EgressDone::default();
+        let mut paused = paused;
+        while head != tail && sent + (dropped as usize) < burst {
+            // A frame: its slots up to the first without MOREFRAG (the switch publishes whole
+            // frames only).
+            pieces.clear();
+            let mut s = head;
+            let mut off = Offload::default();
+            loop {
+                // SAFETY: valed's own region; the deliverer filled these slots and published
+                // them with release before `tail`, which we loaded with acquire.
+                let slot = unsafe { *reg.slot(ring, s) };
+                if pieces.is_empty() && slot.flags & NS_OFFLOAD != 0 {
+                    off = Offload::from_word(slot.ptr);
+                }
+                let len = (slot.len as u32).min(l.params.buf_size) as usize;
+                // SAFETY: buffer of our own region, len clamped to its size.
+                pieces.push(unsafe { std::slice::from_raw_parts(reg.buf(slot.buf_idx), len) });
+                s = (s + 1) & mask;
+                if slot.flags & NS_MOREFRAG == 0 || s == tail {
+                    break;
+                }
+            }
+            let result = if paused {
+                Err(DevError::Frame(io::Error::from_raw_os_error(libc::ENODEV)))
+            } else {
+                dev.send(&pieces, off)
+            };
+            match result {
+                Ok(true) => sent += 1,
+                Ok(false) => {
+                    done.blocked = true;
+                    break;
+                }
+                Err(DevError::Frame(e)) => {
+                    tracing::debug!(port = %port.name(), "frame to device dropped: {e}");
+                    dropped += 1;
+                }
+                Err(DevError::Down { err, pause }) => {
+                    // The frame is lost with the device; the ring keeps draining into drops.
+                    dropped += 1;
+                    paused |= pause;
+                    if done.down.is_none() {
+                        done.down = Some((err, pause));
+                    }
+                }
+            }
+            head = s;
+        }
+        if sent != 0 {
+            match dev.flush() {
+                Ok(()) => {}
+                Err(DevError::Frame(e)) => {
+                    tracing::debug!(port = %port.name(), "device flush: {e}")
+                }
+                Err(DevError::Down { err, pause }) => {
+                    if done.down.is_none() {
+                        done.down = Some((err, pause));
+                    }
+                }
+            }
+        }
+        add(&port.stats().rx_drops, dropped);
+        if head != atok.head.load(Relaxed) {
+            atok.head.store(head, Release);
+            atok.cur.store(head, Relaxed);
+        }
+        self.pieces = recycle(pieces);
+        done.moved = sent + dropped as usize;
+        done
+    }
+
+    /// Frames wait in the port's rx ring.
+    pub fn rx_pending(&self) -> bool {
+        let reg = &self.att().region;
+        let ring = reg.layout().params.tx_rings;
+        reg.atok(ring).head.load(Relaxed) != reg.ktoa(ring).hwtail.load(Acquire)
+    }
+
+    /// Asks the switch for an interrupt on the rx ring's line (true) when it delivers, or for
+    /// none (false, while this thread is busy anyway).
+    pub fn want_irq(&self, on: bool) {
+        let reg = &self.att().region;
+        let rx_ring = reg.layout().params.tx_rings;
+        reg.atok(rx_ring).appl_need_kick.store(on as u32, Relaxed);
+        if on {
+            // Published before the caller looks at the ring once more (see `run`).
+            fence(SeqCst);
+        }
+    }
+
+    /// The read side of the rx ring's interrupt line: readable when the switch delivered.
+    pub fn irq_fd(&self) -> RawFd {
+        self.att().rx[0].irq.rd.as_raw_fd()
+    }
+
+    /// Empties the interrupt line once woken by it.
+    pub fn drain_irq(&self) {
+        pipe::drain(&self.att().rx[0].irq.rd);
+    }
+
+    /// Sends the interrupts this thread deferred (moderation) that are due; the time to the
+    /// next one, if any.
+    pub fn fire_due(&mut self) -> Option<u64> {
+        self.pipe.notifier.fire_due()
+    }
+
+    /// The port's interrupt moderation interval.
+    pub fn moderation_ns(&self) -> u64 {
+        self.port.shared.moderation_ns.load(Relaxed)
+    }
+}
+
+/// A kind whose library owns its event loop: it takes the port's steps and its state, and
+/// returns the thread that drives them, which ends once `state.stop` is signalled.
+pub trait Driver: Send {
+    fn start(
+        self: Box<Self>,
+        steps: Steps,
+        state: Arc<HostState>,
+    ) -> io::Result<std::thread::JoinHandle<()>>;
+}
+
+/// The generic driver: one thread per host port.
+struct HostLoop {
+    steps: Steps,
     state: Arc<HostState>,
     dev: Box<dyn Device>,
-    pipe: Pipeline,
     epoll: OwnedFd,
     /// The device's descriptors, watched unless paused.
     watched: Vec<RawFd>,
@@ -223,8 +465,6 @@ struct HostLoop {
     /// The device is down or away: frames to it are dropped, nothing is read from it, until
     /// it says it is up again.
     paused: bool,
-    /// The allocation of the list of a frame's pieces (see [`crate::forward::recycle`]).
-    pieces: Vec<&'static [u8]>,
 }
 
 const TOKEN_STOP: u64 = 0;
@@ -233,34 +473,36 @@ const TOKEN_DEV: u64 = 2;
 /// Frames written to the device per round before the ingress side gets its turn.
 const EGRESS_BURST: usize = 256;
 
-/// Starts the thread of host port `port` (whose attachment holds `state`); it owns `dev`
-/// from now on.
+/// Starts the driver of host port `port` (whose attachment holds `state`): the kind's own, or
+/// the generic one, which owns `dev` from now on.
 pub fn start(
     sw: Arc<Switch>,
     port: Arc<Port>,
-    dev: Box<dyn Device>,
+    mut dev: Box<dyn Device>,
     state: Arc<HostState>,
     epoch: Instant,
 ) -> io::Result<()> {
+    let steps = Steps::new(sw, port.clone(), epoch);
+    if let Some(driver) = dev.own_driver() {
+        let t = driver.start(steps, state.clone())?;
+        *state.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
+        return Ok(());
+    }
     let epoll = epoll::new()?;
-    let att = port.attachment.as_ref().expect("host ports are attached");
     epoll::add(&epoll, state.stop.as_raw_fd(), TOKEN_STOP)?;
-    epoll::add(&epoll, att.rx[0].irq.rd.as_raw_fd(), TOKEN_IRQ)?;
+    epoll::add(&epoll, steps.irq_fd(), TOKEN_IRQ)?;
     let watched = dev.poll_fds();
     for &fd in &watched {
         epoll::add(&epoll, fd, TOKEN_DEV)?;
     }
     let mut lp = HostLoop {
-        sw,
-        port: port.clone(),
+        steps,
         state: state.clone(),
         dev,
-        pipe: Pipeline::new(epoch),
         epoll,
         watched,
         blocked: false,
         paused: false,
-        pieces: Vec::with_capacity(MAX_FRAGS as usize),
     };
     let t = std::thread::Builder::new()
         .name(format!("vale-{}", state.kind))
@@ -284,16 +526,16 @@ impl HostLoop {
                     self.resume();
                 }
                 self.state
-                    .set_up(self.port.name(), up, &"the device is down or gone");
+                    .set_up(self.steps.port_name(), up, &"the device is down or gone");
             }
-            let due = self.pipe.notifier.fire_due();
+            let due = self.steps.fire_due();
             if moved_in + moved_out != 0 {
                 continue;
             }
             // Moderation: at most one wake-up per interval. Idle early, the thread naps out the
             // rest of the interval and looks again, so frames gather into larger batches
             // instead of each costing a wake-up.
-            let moderation = self.port.shared.moderation_ns.load(Relaxed);
+            let moderation = self.steps.moderation_ns();
             let since = woke_at.elapsed().as_nanos() as u64;
             if since < moderation {
                 std::thread::sleep(std::time::Duration::from_nanos(moderation - since));
@@ -301,11 +543,8 @@ impl HostLoop {
                 continue;
             }
             // Nothing moved: ask for an interrupt, then look once more before sleeping.
-            let reg = &self.att().region;
-            let rx_ring = reg.layout().params.tx_rings;
-            reg.atok(rx_ring).appl_need_kick.store(1, Relaxed);
-            fence(SeqCst);
-            let pending = self.rx_pending();
+            self.steps.want_irq(true);
+            let pending = self.steps.rx_pending();
             let timeout_ms = if pending && !self.blocked {
                 0
             } else if self.blocked || due.is_some() {
@@ -314,25 +553,16 @@ impl HostLoop {
                 1000
             };
             let n = epoll::wait(&self.epoll, &mut events, timeout_ms).len();
-            reg.atok(rx_ring).appl_need_kick.store(0, Relaxed);
+            self.steps.want_irq(false);
             woke_at = Instant::now();
             for ev in &events[..n] {
                 match ev.u64 {
                     TOKEN_STOP => return,
-                    TOKEN_IRQ => {
-                        pipe::drain(&self.att().rx[0].irq.rd);
-                    }
+                    TOKEN_IRQ => self.steps.drain_irq(),
                     _ => {}
                 }
             }
         }
-    }
-
-    fn att(&self) -> &crate::port::Attachment {
-        self.port
-            .attachment
-            .as_ref()
-            .expect("host ports are attached")
     }
 
     /// Frames from the device into the switch, forwarded by this thread.
@@ -340,121 +570,30 @@ impl HostLoop {
         if self.paused {
             return 0;
         }
-        let att = self
-            .port
-            .attachment
-            .as_ref()
-            .expect("host ports are attached");
-        let hwcur = att.tx[0].hwcur.load(Relaxed);
-        let mut side = TxSide::new(&att.region, hwcur);
-        let r = self.dev.ingress(&mut side);
-        let refused = side.refused;
-        side.publish();
-        if refused != 0 {
-            add(&self.port.stats().bad_input, refused);
-        }
-        let moved = match r {
+        let dev = &mut self.dev;
+        match self.steps.ingress(|side| dev.ingress(side)) {
             Ok(n) => n,
-            Err(DevError::Frame(e)) => {
-                tracing::debug!(port = %self.port.name(), "frame from device dropped: {e}");
-                add(&self.port.stats().tx_drops, 1);
-                1
-            }
-            Err(DevError::Down { err, pause }) => {
+            Err((err, pause)) => {
                 self.device_down(err, pause);
                 0
             }
-        };
-        while self.pipe.forward(&self.sw, &self.port, 0) != 0 {}
-        moved
+        }
     }
 
     /// Frames the switch delivered to the port, out to the device.
     fn egress(&mut self) -> usize {
-        let port = self.port.clone();
-        let att = port.attachment.as_ref().expect("host ports are attached");
-        let reg = &att.region;
-        let l = reg.layout();
-        let ring = l.params.tx_rings;
-        let n = l.params.slots;
-        let mask = n - 1;
-        let atok = reg.atok(ring);
-        let mut head = atok.head.load(Relaxed);
-        let tail = reg.ktoa(ring).hwtail.load(Acquire);
-        let mut pieces: Vec<&[u8]> = std::mem::take(&mut self.pieces);
-        let (mut sent, mut dropped) = (0usize, 0u64);
-        self.blocked = false;
-        while head != tail && sent + (dropped as usize) < EGRESS_BURST {
-            // A frame: its slots up to the first without MOREFRAG (the switch publishes whole
-            // frames only).
-            pieces.clear();
-            let mut s = head;
-            let mut off = Offload::default();
-            loop {
-                // SAFETY: valed's own region; the deliverer filled these slots and published
-                // them with release before `tail`, which we loaded with acquire.
-                let slot = unsafe { *reg.slot(ring, s) };
-                if pieces.is_empty() && slot.flags & NS_OFFLOAD != 0 {
-                    off = Offload::from_word(slot.ptr);
-                }
-                let len = (slot.len as u32).min(l.params.buf_size) as usize;
-                // SAFETY: buffer of our own region, len clamped to its size.
-                pieces.push(unsafe { std::slice::from_raw_parts(reg.buf(slot.buf_idx), len) });
-                s = (s + 1) & mask;
-                if slot.flags & NS_MOREFRAG == 0 || s == tail {
-                    break;
-                }
-            }
-            let result = if self.paused {
-                Err(DevError::Frame(io::Error::from_raw_os_error(libc::ENODEV)))
-            } else {
-                self.dev.send(&pieces, off)
-            };
-            match result {
-                Ok(true) => sent += 1,
-                Ok(false) => {
-                    self.blocked = true;
-                    break;
-                }
-                Err(DevError::Frame(e)) => {
-                    tracing::debug!(port = %self.port.name(), "frame to device dropped: {e}");
-                    dropped += 1;
-                }
-                Err(DevError::Down { err, pause }) => {
-                    // The frame is lost with the device; the ring keeps draining into drops
-                    // so senders see the port's rx_drops grow, not a stall.
-                    dropped += 1;
-                    self.device_down(err, pause);
-                }
-            }
-            head = s;
+        let done = self
+            .steps
+            .egress(&mut DevEgress(&mut *self.dev), EGRESS_BURST, self.paused);
+        self.blocked = done.blocked;
+        if let Some((err, pause)) = done.down {
+            self.device_down(err, pause);
         }
-        if sent != 0 {
-            match self.dev.flush() {
-                Ok(()) => {}
-                Err(DevError::Frame(e)) => {
-                    tracing::debug!(port = %self.port.name(), "device flush: {e}")
-                }
-                Err(DevError::Down { err, pause }) => self.device_down(err, pause),
-            }
-        }
-        add(&self.port.stats().rx_drops, dropped);
-        if head != atok.head.load(Relaxed) {
-            atok.head.store(head, Release);
-            atok.cur.store(head, Relaxed);
-        }
-        self.pieces = recycle(pieces);
-        sent + dropped as usize
-    }
-
-    fn rx_pending(&self) -> bool {
-        let reg = &self.att().region;
-        let ring = reg.layout().params.tx_rings;
-        reg.atok(ring).head.load(Relaxed) != reg.ktoa(ring).hwtail.load(Acquire)
+        done.moved
     }
 
     fn device_down(&mut self, err: io::Error, pause: bool) {
-        self.state.set_up(self.port.name(), false, &err);
+        self.state.set_up(self.steps.port_name(), false, &err);
         if pause && !self.paused {
             self.paused = true;
             for &fd in &self.watched {
@@ -468,7 +607,7 @@ impl HostLoop {
         self.paused = false;
         for &fd in &self.watched {
             if let Err(e) = epoll::add(&self.epoll, fd, TOKEN_DEV) {
-                tracing::error!(port = %self.port.name(), "cannot watch the device again: {e}");
+                tracing::error!(port = %self.steps.port_name(), "cannot watch the device again: {e}");
             }
         }
     }

@@ -1,0 +1,701 @@
+//! vhost-user ports: a virtual machine (QEMU's `-netdev vhost-user`, any vhost-user front end)
+//! as a port of the switch, valed being the virtio-net device.
+//!
+//! The protocol and the virtqueues are the rust-vmm crates' (`vhost-user-backend`,
+//! `virtio-queue`, `vm-memory`). The library runs its own threads: one that answers the front
+//! end's messages, and one worker that sleeps on the queues' kick eventfds, on the port's rx
+//! interrupt line and on a timer, and calls [`Net::handle_event`], which runs the port's
+//! [`Steps`] both ways. The port's own driver thread only waits for a front end (listening at
+//! the socket, or connecting to it) and for the end of the connection or of the port.
+//!
+//! This slice negotiates VERSION_1 alone (12-byte header, one queue pair): no offloads, no
+//! merged rx buffers, no event index. Guest memory is reached only through vm-memory's checked
+//! accessors: a descriptor outside the guest's memory, a chain that loops or is cut, a frame
+//! too short or too long, or rx buffers too small cost a counted drop (the port's bad_input)
+//! and one log line per connection, never a crash or a touch of memory outside the guest's.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost::vhost_user::Listener;
+use vhost_user_backend::{VhostUserBackend, VhostUserDaemon, VringMutex, VringState, VringT};
+use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT};
+use vm_memory::{
+    Address, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap,
+};
+use vmm_sys_util::epoll::EventSet;
+use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
+
+use vale_abi::eventfd;
+
+use super::{DevError, Device, Driver, Egress, HostState, Steps, TxSide};
+use crate::epoll;
+use crate::offload::Offload;
+
+/// The virtio-net header of virtio 1.0 (`struct virtio_net_hdr_v1`): 12 bytes.
+const HDR_LEN: usize = 12;
+/// Largest frame taken from a guest: no TSO in this slice, so a jumbo frame at most.
+const MAX_GUEST_FRAME: usize = 9216;
+/// Descriptors per queue a front end may ask for.
+const QUEUE_SIZE: usize = 1024;
+/// Frames moved per step before the other direction gets its turn.
+const BURST: usize = 256;
+
+const RXQ: usize = 0;
+const TXQ: usize = 1;
+const NUM_QUEUES: usize = 2;
+/// Event ids of the worker's own descriptors (0..=NUM_QUEUES are the library's).
+const EV_IRQ: u16 = NUM_QUEUES as u16 + 1;
+const EV_TIMER: u16 = NUM_QUEUES as u16 + 2;
+
+type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
+type Vring = VringMutex<Mem>;
+
+/// `vhost-user`: `path` (the socket), `client` (yes: valed connects to a front end listening
+/// there; no: valed listens there).
+pub const KIND: super::Kind = super::Kind {
+    name: "vhost-user",
+    args: &["path", "client"],
+    open: |args| {
+        let path = super::required(args, "vhost-user", "path")?;
+        Ok(Box::new(VhostUser::open(path, super::flag(args, "client")?)?))
+    },
+};
+
+pub struct VhostUser {
+    path: String,
+    client: bool,
+    /// Server mode: bound at attach time, so a bad path fails the attach.
+    listener: Option<Listener>,
+}
+
+impl VhostUser {
+    pub fn open(path: &str, client: bool) -> Result<VhostUser, String> {
+        if path.is_empty() || path.contains('\0') {
+            return Err(format!("bad vhost-user socket path '{path}'"));
+        }
+        let listener = if client {
+            None
+        } else {
+            let l = Listener::new(path, true)
+                .map_err(|e| format!("cannot listen at '{path}': {e}"))?;
+            l.set_nonblocking(true)
+                .map_err(|e| format!("cannot listen at '{path}': {e}"))?;
+            Some(l)
+        };
+        Ok(VhostUser {
+            path: path.to_string(),
+            client,
+            listener,
+        })
+    }
+}
+
+impl Device for VhostUser {
+    fn describe(&self) -> (&'static str, String, String) {
+        let role = if self.client { "client" } else { "server" };
+        ("vhost-user", self.path.clone(), role.to_string())
+    }
+    fn offloads(&self) -> bool {
+        false
+    }
+    // The methods below belong to the generic driver, which this kind does not use.
+    fn poll_fds(&self) -> Vec<RawFd> {
+        Vec::new()
+    }
+    fn ingress(&mut self, _ring: &mut TxSide) -> Result<usize, DevError> {
+        Ok(0)
+    }
+    fn send(&mut self, _pieces: &[&[u8]], _off: Offload) -> Result<bool, DevError> {
+        Err(DevError::Frame(io::Error::from_raw_os_error(libc::ENODEV)))
+    }
+    fn flush(&mut self) -> Result<(), DevError> {
+        Ok(())
+    }
+    fn is_up(&self) -> bool {
+        false
+    }
+    fn own_driver(&mut self) -> Option<Box<dyn Driver>> {
+        Some(Box::new(Session {
+            path: self.path.clone(),
+            listener: self.listener.take(),
+        }))
+    }
+}
+
+/// The port's driver: one front end after the other, until the port is detached.
+struct Session {
+    path: String,
+    /// None: client mode.
+    listener: Option<Listener>,
+}
+
+const TOKEN_STOP: u64 = 0;
+const TOKEN_OTHER: u64 = 1;
+
+impl Driver for Session {
+    fn start(
+        self: Box<Self>,
+        steps: Steps,
+        state: Arc<HostState>,
+    ) -> io::Result<std::thread::JoinHandle<()>> {
+        let ep = epoll::new()?;
+        epoll::add(&ep, state.stop.as_raw_fd(), TOKEN_STOP)?;
+        if let Some(l) = &self.listener {
+            epoll::add(&ep, l.as_raw_fd(), TOKEN_OTHER)?;
+        }
+        // No front end yet.
+        state.up.store(false, Relaxed);
+        let steps = Arc::new(Mutex::new(steps));
+        std::thread::Builder::new()
+            .name("vale-vhost-user".into())
+            .spawn(move || self.run(ep, steps, state))
+    }
+}
+
+/// Waits on `ep` for `ms` (-1: for ever): true when the port is stopping.
+fn wait_stop(ep: &OwnedFd, ms: i32, state: &HostState) -> bool {
+    let mut events = [libc::epoll_event { events: 0, u64: 0 }; 4];
+    let n = epoll::wait(ep, &mut events, ms).len();
+    state.stopping.load(Relaxed) || events[..n].iter().any(|e| e.u64 == TOKEN_STOP)
+}
+
+impl Session {
+    fn run(mut self, ep: OwnedFd, steps: Arc<Mutex<Steps>>, state: Arc<HostState>) {
+        let name = lock(&steps).port_name().to_string();
+        while !state.stopping.load(Relaxed) {
+            let net = match Net::new(steps.clone()) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::error!(port = %name, "vhost-user: cannot set up the device: {e}");
+                    return;
+                }
+            };
+            let mem = net.0.mem.clone();
+            let mut daemon = match VhostUserDaemon::new("vale-vhost-user".into(), net.clone(), mem)
+            {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::error!(port = %name, "vhost-user: cannot start: {e}");
+                    return;
+                }
+            };
+            // The worker also sleeps on the port's rx interrupt line and on the moderation
+            // timer.
+            let handlers = daemon.get_epoll_handlers();
+            for (fd, ev) in [(net.0.irq_fd, EV_IRQ), (net.0.timer.as_raw_fd(), EV_TIMER)] {
+                if let Err(e) = handlers[0].register_listener(fd, EventSet::IN, ev as u64) {
+                    tracing::error!(port = %name, "vhost-user: cannot watch the port: {e}");
+                    return;
+                }
+            }
+            drop(handlers);
+            // A front end: accept one, or connect to it.
+            let started = loop {
+                if state.stopping.load(Relaxed) {
+                    return;
+                }
+                match &mut self.listener {
+                    Some(l) => {
+                        if wait_stop(&ep, -1, &state) {
+                            return;
+                        }
+                        match daemon.start(l) {
+                            Ok(()) => break true,
+                            Err(e) => {
+                                tracing::warn!(port = %name, "vhost-user: accept: {e}");
+                                if wait_stop(&ep, 100, &state) {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                    None => match daemon.start_client(&self.path) {
+                        Ok(()) => break true,
+                        Err(_) => {
+                            // The front end is not listening yet: try again soon.
+                            if wait_stop(&ep, 200, &state) {
+                                return;
+                            }
+                        }
+                    },
+                }
+            };
+            debug_assert!(started);
+            tracing::info!(port = %name, path = %self.path, "vhost-user front end connected");
+            lock(&steps).want_irq(true);
+            state.set_up(&name, true, &"");
+            let Some(shutdown) = daemon.shutdown_handle() else {
+                continue;
+            };
+            let done = match eventfd::new() {
+                Ok(fd) => Arc::new(fd),
+                Err(e) => {
+                    tracing::error!(port = %name, "vhost-user: {e}");
+                    return;
+                }
+            };
+            let done2 = done.clone();
+            let waiter = std::thread::Builder::new()
+                .name("vale-vhost-wait".into())
+                .spawn(move || {
+                    let r = daemon.wait();
+                    // Dropping the daemon ends and joins the library's worker thread: the
+                    // queues and the guest's memory are let go now.
+                    drop(daemon);
+                    eventfd::signal(&*done2);
+                    r
+                });
+            let waiter = match waiter {
+                Ok(w) => w,
+                Err(e) => {
+                    tracing::error!(port = %name, "vhost-user: {e}");
+                    shutdown.shutdown();
+                    return;
+                }
+            };
+            let wait_ep = match epoll::new() {
+                Ok(w) => w,
+                Err(_) => {
+                    shutdown.shutdown();
+                    let _ = waiter.join();
+                    return;
+                }
+            };
+            let _ = epoll::add(&wait_ep, state.stop.as_raw_fd(), TOKEN_STOP);
+            let _ = epoll::add(&wait_ep, done.as_raw_fd(), TOKEN_OTHER);
+            let stopping = loop {
+                if wait_stop(&wait_ep, 1000, &state) {
+                    break true;
+                }
+                if eventfd::drain(&*done) != 0 {
+                    break false;
+                }
+            };
+            if stopping {
+                shutdown.shutdown();
+            }
+            match waiter.join() {
+                Ok(Ok(())) | Err(_) => {}
+                Ok(Err(e)) => tracing::info!(port = %name, "vhost-user connection ended: {e}"),
+            }
+            drop(net);
+            if stopping {
+                return;
+            }
+            tracing::info!(port = %name, "vhost-user front end went away");
+            state.set_up(&name, false, &"the front end went away");
+            // What the switch delivered for the old guest is dropped, not handed to the next.
+            let mut s = lock(&steps);
+            s.want_irq(false);
+            while s.egress(&mut Nowhere, usize::MAX, true).moved != 0 {}
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Where frames go while no guest is there (never called: the egress step drops them).
+struct Nowhere;
+
+impl Egress for Nowhere {
+    fn send(&mut self, _pieces: &[&[u8]], _off: Offload) -> Result<bool, DevError> {
+        Err(DevError::Frame(io::Error::from_raw_os_error(libc::ENODEV)))
+    }
+    fn flush(&mut self) -> Result<(), DevError> {
+        Ok(())
+    }
+}
+
+/// The virtio-net device of one connection, as the library sees it.
+#[derive(Clone)]
+struct Net(Arc<NetInner>);
+
+struct NetInner {
+    steps: Arc<Mutex<Steps>>,
+    /// The guest's memory, as the library maps it from the front end's table.
+    mem: Mem,
+    irq_fd: RawFd,
+    /// Armed when interrupts toward other ports were deferred (moderation).
+    timer: OwnedFd,
+    /// A hostile or broken guest was reported once on this connection.
+    reported: AtomicBool,
+}
+
+impl Net {
+    fn new(steps: Arc<Mutex<Steps>>) -> io::Result<Net> {
+        let irq_fd = lock(&steps).irq_fd();
+        // SAFETY: plain syscall; the descriptor is owned from here on.
+        let t = unsafe {
+            libc::timerfd_create(
+                libc::CLOCK_MONOTONIC,
+                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+            )
+        };
+        if t < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Net(Arc::new(NetInner {
+            steps,
+            mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
+            irq_fd,
+            // SAFETY: a fresh descriptor, owned by nobody else.
+            timer: unsafe { OwnedFd::from_raw_fd(t) },
+            reported: AtomicBool::new(false),
+        })))
+    }
+
+    /// Counts `n` malformed inputs; the first of a connection is logged.
+    fn bad(&self, steps: &Steps, n: u64, why: &dyn std::fmt::Display) {
+        if n == 0 {
+            return;
+        }
+        steps.count_bad_input(n);
+        if !self.0.reported.swap(true, Relaxed) {
+            tracing::warn!(port = %steps.port_name(), "vhost-user guest: {why} (counted as bad input; further ones are counted only)");
+        }
+    }
+
+    /// Both directions until neither moves.
+    fn pump(&self, vrings: &[Vring]) {
+        let mut steps = lock(&self.0.steps);
+        let mem = self.0.mem.memory();
+        loop {
+            let moved_in = self.guest_tx(&mut steps, &vrings[TXQ], &mem);
+            let moved_out = self.guest_rx(&mut steps, &vrings[RXQ], &mem);
+            if moved_in + moved_out == 0 {
+                break;
+            }
+        }
+        if let Some(ns) = steps.fire_due() {
+            self.arm_timer(ns);
+        }
+    }
+
+    fn arm_timer(&self, ns: u64) {
+        let ns = ns.max(1000);
+        let spec = libc::itimerspec {
+            it_interval: libc::timespec {
+                tv_sec: 0,
+                tv_nsec: 0,
+            },
+            it_value: libc::timespec {
+                tv_sec: (ns / 1_000_000_000) as libc::time_t,
+                tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+            },
+        };
+        // SAFETY: our own timerfd and a valid itimerspec.
+        unsafe { libc::timerfd_settime(self.0.timer.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+    }
+
+    /// Guest transmit: descriptor chains of the tx queue into the port's tx ring, forwarded.
+    fn guest_tx(&self, steps: &mut Steps, vring: &Vring, mem: &GuestMemoryMmap) -> usize {
+        let mut st = vring.get_mut();
+        if !st.is_enabled() || !st.get_queue().ready() {
+            return 0;
+        }
+        let (mut used, mut bad, mut why) = (0usize, 0u64, Bad::None);
+        let r = steps.ingress(|side| {
+            let mut n = 0;
+            let need = side.slots_for(MAX_GUEST_FRAME);
+            while n < BURST && side.room() >= need {
+                let q = st.get_queue_mut();
+                let chain = match q.iter(mem) {
+                    Ok(mut it) => it.next(),
+                    Err(e) => {
+                        bad += 1;
+                        why = Bad::Queue(e.to_string());
+                        break;
+                    }
+                };
+                let Some(chain) = chain else { break };
+                let head = chain.head_index();
+                match copy_from_guest(chain, mem, side) {
+                    Ok(len) => {
+                        side.commit(len, None);
+                        n += 1;
+                    }
+                    Err(b) => {
+                        bad += 1;
+                        why = b;
+                    }
+                }
+                if let Err(e) = q.add_used(mem, head, 0) {
+                    bad += 1;
+                    why = Bad::Queue(e.to_string());
+                    break;
+                }
+                used += 1;
+            }
+            Ok(n)
+        });
+        self.bad(steps, bad, &why);
+        if used != 0 && st.needs_notification().unwrap_or(true) {
+            let _ = st.signal_used_queue();
+        }
+        match r {
+            Ok(n) => n.max(used),
+            Err(_) => used,
+        }
+    }
+
+    /// Guest receive: what the switch delivered to the port, into the rx queue's chains.
+    fn guest_rx(&self, steps: &mut Steps, vring: &Vring, mem: &GuestMemoryMmap) -> usize {
+        let mut st = vring.get_mut();
+        if !st.is_enabled() || !st.get_queue().ready() {
+            return 0;
+        }
+        let mut out = GuestRx {
+            st: &mut st,
+            mem,
+            used: 0,
+            bad: 0,
+            why: Bad::None,
+        };
+        let done = steps.egress(&mut out, BURST, false);
+        let (bad, why) = (out.bad, std::mem::replace(&mut out.why, Bad::None));
+        self.bad(steps, bad, &why);
+        if done.blocked {
+            // The guest has no buffers: its next kick on the rx queue brings us back.
+            return 0;
+        }
+        done.moved
+    }
+}
+
+/// Why a chain was refused.
+enum Bad {
+    None,
+    Queue(String),
+    Memory,
+    Cut,
+    Direction,
+    Runt(usize),
+    TooLong,
+    TooSmall(usize),
+}
+
+impl std::fmt::Display for Bad {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Bad::None => write!(f, "no error"),
+            Bad::Queue(e) => write!(f, "bad queue: {e}"),
+            Bad::Memory => write!(f, "descriptor outside guest memory"),
+            Bad::Cut => write!(f, "descriptor chain loops, is too long or points outside its table"),
+            Bad::Direction => write!(f, "descriptor of the wrong direction in a chain"),
+            Bad::Runt(n) => write!(f, "frame of {n} bytes"),
+            Bad::TooLong => write!(f, "frame longer than {MAX_GUEST_FRAME} bytes"),
+            Bad::TooSmall(n) => write!(f, "receive buffers too small for a frame of {n} bytes"),
+        }
+    }
+}
+
+/// Copies the frame of a tx chain (after its header) into the free buffers of `side`; its
+/// length. Every guest address is checked by vm-memory.
+fn copy_from_guest(
+    chain: DescriptorChain<&GuestMemoryMmap>,
+    mem: &GuestMemoryMmap,
+    side: &mut TxSide,
+) -> Result<usize, Bad> {
+    let bsize = side.buf_size();
+    let mut skip = HDR_LEN;
+    let mut len = 0usize;
+    let mut more = false;
+    for d in chain {
+        more = d.has_next();
+        if d.is_write_only() {
+            return Err(Bad::Direction);
+        }
+        let mut dlen = d.len() as usize;
+        let mut addr = d.addr();
+        let s = skip.min(dlen);
+        skip -= s;
+        dlen -= s;
+        addr = addr.checked_add(s as u64).ok_or(Bad::Memory)?;
+        while dlen != 0 {
+            if len >= MAX_GUEST_FRAME {
+                return Err(Bad::TooLong);
+            }
+            let k = len / bsize;
+            let within = len % bsize;
+            let n = dlen.min(bsize - within).min(MAX_GUEST_FRAME - len);
+            // SAFETY: slot k of the free ones (the caller made room for a frame of
+            // MAX_GUEST_FRAME bytes), `within + n <= bsize`.
+            let dst = unsafe { std::slice::from_raw_parts_mut(side.buf(k as u32).add(within), n) };
+            mem.read_slice(dst, addr).map_err(|_| Bad::Memory)?;
+            addr = addr.checked_add(n as u64).ok_or(Bad::Memory)?;
+            dlen -= n;
+            len += n;
+        }
+    }
+    if more {
+        // The iterator stopped at a descriptor that said more follow.
+        return Err(Bad::Cut);
+    }
+    if len < 14 {
+        return Err(Bad::Runt(len));
+    }
+    Ok(len)
+}
+
+/// The rx queue as the egress step's way out.
+struct GuestRx<'a, 'g> {
+    st: &'a mut std::sync::MutexGuard<'g, VringState<Mem>>,
+    mem: &'a GuestMemoryMmap,
+    used: usize,
+    bad: u64,
+    why: Bad,
+}
+
+impl Egress for GuestRx<'_, '_> {
+    fn send(&mut self, pieces: &[&[u8]], _off: Offload) -> Result<bool, DevError> {
+        let q = self.st.get_queue_mut();
+        let chain = match q.iter(self.mem) {
+            Ok(mut it) => it.next(),
+            Err(e) => {
+                self.bad += 1;
+                self.why = Bad::Queue(e.to_string());
+                return Ok(false);
+            }
+        };
+        let Some(chain) = chain else { return Ok(false) };
+        let head = chain.head_index();
+        let flen: usize = pieces.iter().map(|p| p.len()).sum();
+        // virtio 1.0 header: no offload work, one buffer (num_buffers, little endian, last).
+        let mut hdr = [0u8; HDR_LEN];
+        hdr[10] = 1;
+        let r = copy_to_guest(chain, self.mem, &hdr, pieces, flen);
+        let written = match &r {
+            Ok(n) => *n as u32,
+            Err(_) => 0,
+        };
+        if let Err(e) = q.add_used(self.mem, head, written) {
+            self.bad += 1;
+            self.why = Bad::Queue(e.to_string());
+        }
+        self.used += 1;
+        match r {
+            Ok(_) => Ok(true),
+            Err(b) => {
+                self.bad += 1;
+                self.why = b;
+                Err(DevError::Frame(io::Error::from_raw_os_error(libc::EMSGSIZE)))
+            }
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), DevError> {
+        if self.used != 0 && self.st.needs_notification().unwrap_or(true) {
+            let _ = self.st.signal_used_queue();
+        }
+        self.used = 0;
+        Ok(())
+    }
+}
+
+/// Writes header and frame into the writable descriptors of an rx chain; bytes written.
+fn copy_to_guest(
+    chain: DescriptorChain<&GuestMemoryMmap>,
+    mem: &GuestMemoryMmap,
+    hdr: &[u8],
+    pieces: &[&[u8]],
+    flen: usize,
+) -> Result<usize, Bad> {
+    let total = hdr.len() + flen;
+    let mut srcs = std::iter::once(hdr).chain(pieces.iter().copied());
+    let mut src: &[u8] = &[];
+    let mut written = 0usize;
+    let mut more = false;
+    for d in chain {
+        more = d.has_next();
+        if !d.is_write_only() {
+            return Err(Bad::Direction);
+        }
+        let mut room = d.len() as usize;
+        let mut addr: GuestAddress = d.addr();
+        while room != 0 && written < total {
+            while src.is_empty() {
+                match srcs.next() {
+                    Some(s) => src = s,
+                    None => break,
+                }
+            }
+            let n = room.min(src.len());
+            mem.write_slice(&src[..n], addr).map_err(|_| Bad::Memory)?;
+            addr = addr.checked_add(n as u64).ok_or(Bad::Memory)?;
+            src = &src[n..];
+            room -= n;
+            written += n;
+        }
+        if written == total {
+            return Ok(written);
+        }
+    }
+    if more {
+        return Err(Bad::Cut);
+    }
+    Err(Bad::TooSmall(flen))
+}
+
+impl VhostUserBackend for Net {
+    type Bitmap = ();
+    type Vring = Vring;
+
+    fn num_queues(&self) -> usize {
+        NUM_QUEUES
+    }
+
+    fn max_queue_size(&self) -> usize {
+        QUEUE_SIZE
+    }
+
+    fn features(&self) -> u64 {
+        // No VHOST_USER_F_PROTOCOL_FEATURES: QEMU 7.2 leaves that bit out of SET_FEATURES and
+        // then sends SET_VRING_ENABLE, which the protocol (and the crate) refuse. Without it
+        // the rings are enabled by SET_FEATURES, and QEMU never sends SET_VRING_ENABLE.
+        1 << VIRTIO_F_VERSION_1
+    }
+
+    fn protocol_features(&self) -> VhostUserProtocolFeatures {
+        VhostUserProtocolFeatures::empty()
+    }
+
+    fn set_event_idx(&self, _enabled: bool) {}
+
+    fn update_memory(&self, _mem: Mem) -> io::Result<()> {
+        // The library replaced the table inside `self.0.mem`, the same atomic.
+        Ok(())
+    }
+
+    fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
+        new_event_consumer_and_notifier(EventFlag::NONBLOCK).ok()
+    }
+
+    fn handle_event(
+        &self,
+        device_event: u16,
+        _evset: EventSet,
+        vrings: &[Vring],
+        _thread_id: usize,
+    ) -> io::Result<()> {
+        match device_event {
+            EV_IRQ => lock(&self.0.steps).drain_irq(),
+            EV_TIMER => {
+                let mut v = 0u64;
+                // SAFETY: reads 8 bytes into `v` from our own nonblocking timerfd.
+                unsafe { libc::read(self.0.timer.as_raw_fd(), (&raw mut v).cast(), 8) };
+            }
+            _ => {}
+        }
+        if vrings.len() == NUM_QUEUES {
+            self.pump(vrings);
+        }
+        Ok(())
+    }
+}
