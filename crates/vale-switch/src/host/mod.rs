@@ -12,8 +12,8 @@
 //! same steps from its threads.
 
 pub mod nic;
-pub mod vhost_user;
 pub mod tap;
+pub mod vhost_user;
 
 pub use crate::kind::{DevError, DirectSink, HostState};
 pub use vale_nic::Mode as NicMode;

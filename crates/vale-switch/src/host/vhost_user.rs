@@ -19,7 +19,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
-use vhost::vhost_user::message::VhostUserProtocolFeatures;
+use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost::vhost_user::Listener;
 use vhost_user_backend::{VhostUserBackend, VhostUserDaemon, VringMutex, VringState, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
@@ -28,7 +28,9 @@ use vm_memory::{
     Address, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap,
 };
 use vmm_sys_util::epoll::EventSet;
-use vmm_sys_util::event::{new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier};
+use vmm_sys_util::event::{
+    new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
+};
 
 use vale_abi::eventfd;
 
@@ -62,7 +64,10 @@ pub const KIND: super::Kind = super::Kind {
     args: &["path", "client"],
     open: |args| {
         let path = super::required(args, "vhost-user", "path")?;
-        Ok(Box::new(VhostUser::open(path, super::flag(args, "client")?)?))
+        Ok(Box::new(VhostUser::open(
+            path,
+            super::flag(args, "client")?,
+        )?))
     },
 };
 
@@ -81,8 +86,8 @@ impl VhostUser {
         let listener = if client {
             None
         } else {
-            let l = Listener::new(path, true)
-                .map_err(|e| format!("cannot listen at '{path}': {e}"))?;
+            let l =
+                Listener::new(path, true).map_err(|e| format!("cannot listen at '{path}': {e}"))?;
             l.set_nonblocking(true)
                 .map_err(|e| format!("cannot listen at '{path}': {e}"))?;
             Some(l)
@@ -167,6 +172,7 @@ fn wait_stop(ep: &OwnedFd, ms: i32, state: &HostState) -> bool {
 impl Session {
     fn run(mut self, ep: OwnedFd, steps: Arc<Mutex<Steps>>, state: Arc<HostState>) {
         let name = lock(&steps).port_name().to_string();
+        let mut connections = 0u64;
         while !state.stopping.load(Relaxed) {
             let net = match Net::new(steps.clone()) {
                 Ok(n) => n,
@@ -195,7 +201,7 @@ impl Session {
             }
             drop(handlers);
             // A front end: accept one, or connect to it.
-            let started = loop {
+            let front = loop {
                 if state.stopping.load(Relaxed) {
                     return;
                 }
@@ -204,8 +210,9 @@ impl Session {
                         if wait_stop(&ep, -1, &state) {
                             return;
                         }
-                        match daemon.start(l) {
-                            Ok(()) => break true,
+                        match l.accept() {
+                            Ok(Some(s)) => break s,
+                            Ok(None) => {}
                             Err(e) => {
                                 tracing::warn!(port = %name, "vhost-user: accept: {e}");
                                 if wait_stop(&ep, 100, &state) {
@@ -214,8 +221,8 @@ impl Session {
                             }
                         }
                     }
-                    None => match daemon.start_client(&self.path) {
-                        Ok(()) => break true,
+                    None => match std::os::unix::net::UnixStream::connect(&self.path) {
+                        Ok(s) => break s,
                         Err(_) => {
                             // The front end is not listening yet: try again soon.
                             if wait_stop(&ep, 200, &state) {
@@ -225,17 +232,34 @@ impl Session {
                     },
                 }
             };
-            debug_assert!(started);
+            let _ = front.set_nonblocking(false);
+            connections += 1;
+            let relay = relay::backend_pair(connections).and_then(|(mut l, back)| {
+                daemon
+                    .start(&mut l)
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+                relay::Relay::start(front, back)
+            });
+            let relay = match relay {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(port = %name, "vhost-user: cannot serve the front end: {e}");
+                    continue;
+                }
+            };
             tracing::info!(port = %name, path = %self.path, "vhost-user front end connected");
             lock(&steps).want_irq(true);
             state.set_up(&name, true, &"");
             let Some(shutdown) = daemon.shutdown_handle() else {
+                relay.join();
                 continue;
             };
             let done = match eventfd::new() {
                 Ok(fd) => Arc::new(fd),
                 Err(e) => {
                     tracing::error!(port = %name, "vhost-user: {e}");
+                    shutdown.shutdown();
+                    relay.join();
                     return;
                 }
             };
@@ -255,6 +279,7 @@ impl Session {
                 Err(e) => {
                     tracing::error!(port = %name, "vhost-user: {e}");
                     shutdown.shutdown();
+                    relay.join();
                     return;
                 }
             };
@@ -262,6 +287,7 @@ impl Session {
                 Ok(w) => w,
                 Err(_) => {
                     shutdown.shutdown();
+                    relay.join();
                     let _ = waiter.join();
                     return;
                 }
@@ -279,9 +305,10 @@ impl Session {
             if stopping {
                 shutdown.shutdown();
             }
+            relay.join();
             match waiter.join() {
                 Ok(Ok(())) | Err(_) => {}
-                Ok(Err(e)) => tracing::info!(port = %name, "vhost-user connection ended: {e}"),
+                Ok(Err(e)) => tracing::info!(port = %name, "vhost-user connection: {e}"),
             }
             drop(net);
             if stopping {
@@ -487,7 +514,10 @@ impl std::fmt::Display for Bad {
             Bad::None => write!(f, "no error"),
             Bad::Queue(e) => write!(f, "bad queue: {e}"),
             Bad::Memory => write!(f, "descriptor outside guest memory"),
-            Bad::Cut => write!(f, "descriptor chain loops, is too long or points outside its table"),
+            Bad::Cut => write!(
+                f,
+                "descriptor chain loops, is too long or points outside its table"
+            ),
             Bad::Direction => write!(f, "descriptor of the wrong direction in a chain"),
             Bad::Runt(n) => write!(f, "frame of {n} bytes"),
             Bad::TooLong => write!(f, "frame longer than {MAX_GUEST_FRAME} bytes"),
@@ -585,7 +615,9 @@ impl Egress for GuestRx<'_, '_> {
             Err(b) => {
                 self.bad += 1;
                 self.why = b;
-                Err(DevError::Frame(io::Error::from_raw_os_error(libc::EMSGSIZE)))
+                Err(DevError::Frame(io::Error::from_raw_os_error(
+                    libc::EMSGSIZE,
+                )))
             }
         }
     }
@@ -656,10 +688,9 @@ impl VhostUserBackend for Net {
     }
 
     fn features(&self) -> u64 {
-        // No VHOST_USER_F_PROTOCOL_FEATURES: QEMU 7.2 leaves that bit out of SET_FEATURES and
-        // then sends SET_VRING_ENABLE, which the protocol (and the crate) refuse. Without it
-        // the rings are enabled by SET_FEATURES, and QEMU never sends SET_VRING_ENABLE.
-        1 << VIRTIO_F_VERSION_1
+        // QEMU's vhost-user net needs protocol features (it enables rings with them); see
+        // `relay` for what it gets wrong about them.
+        (1 << VIRTIO_F_VERSION_1) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
@@ -697,5 +728,217 @@ impl VhostUserBackend for Net {
             self.pump(vrings);
         }
         Ok(())
+    }
+}
+
+/// Between a front end and the library, valed passes every message through, but for one habit
+/// of QEMU (7.2) that the library refuses and that would end the connection: QEMU sends
+/// SET_VRING_ENABLE before SET_FEATURES has acked VHOST_USER_F_PROTOCOL_FEATURES (at every
+/// device reset), and counts on it afterwards. Such a message is held, the latest per ring,
+/// and passed on right after a SET_FEATURES that acks protocol features (without them the
+/// rings are enabled by SET_FEATURES itself, and the held ones are dropped).
+mod relay {
+    use std::io::{self, Write};
+    use std::net::Shutdown;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+    use std::os::unix::net::UnixStream;
+    use std::thread::JoinHandle;
+
+    const SET_FEATURES: u32 = 2;
+    const SET_VRING_ENABLE: u32 = 18;
+    const NEED_REPLY: u32 = 0x8;
+    const PROTOCOL_FEATURES: u64 = 1 << 30;
+    /// Largest message body taken (the protocol's own bound is far lower for what we accept).
+    const MAX_BODY: usize = 64 << 10;
+    /// Early ring enables kept (one per ring index).
+    const MAX_EARLY: usize = 64;
+    /// Most descriptors one message may carry (the protocol's bound).
+    const MAX_FDS: usize = 8;
+
+    /// The two threads of one connection; joined by [`Relay::join`].
+    pub struct Relay {
+        threads: [JoinHandle<()>; 2],
+    }
+
+    impl Relay {
+        pub fn start(front: UnixStream, back: UnixStream) -> io::Result<Relay> {
+            let (f2, b2) = (front.try_clone()?, back.try_clone()?);
+            let down = std::thread::Builder::new()
+                .name("vale-vhost-relay".into())
+                .spawn(move || {
+                    let _ = to_backend(&front, &back);
+                    let _ = front.shutdown(Shutdown::Both);
+                    let _ = back.shutdown(Shutdown::Both);
+                })?;
+            let up = std::thread::Builder::new()
+                .name("vale-vhost-relay".into())
+                .spawn(move || {
+                    let (mut b, mut f) = (&b2, &f2);
+                    let _ = io::copy(&mut b, &mut f);
+                    let _ = f2.shutdown(Shutdown::Both);
+                    let _ = b2.shutdown(Shutdown::Both);
+                })?;
+            Ok(Relay {
+                threads: [down, up],
+            })
+        }
+
+        pub fn join(self) {
+            for t in self.threads {
+                let _ = t.join();
+            }
+        }
+    }
+
+    /// Receives into `buf` (all of it), with the descriptors that come along.
+    fn recv_exact(s: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<bool> {
+        let mut got = 0;
+        while got < buf.len() {
+            let mut iov = libc::iovec {
+                iov_base: buf[got..].as_mut_ptr().cast(),
+                iov_len: buf.len() - got,
+            };
+            let mut cbuf = [0u64; 16];
+            // SAFETY: a zeroed msghdr pointing at live buffers of the given lengths.
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cbuf.as_mut_ptr().cast();
+            msg.msg_controllen = std::mem::size_of_val(&cbuf);
+            // SAFETY: see above; MSG_CMSG_CLOEXEC keeps the descriptors from children.
+            let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            // SAFETY: walking the control messages recvmsg filled in.
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(&msg);
+                while !c.is_null() {
+                    if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                        let data = libc::CMSG_DATA(c) as *const RawFd;
+                        let len = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                        for i in 0..len / std::mem::size_of::<RawFd>() {
+                            fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
+                        }
+                    }
+                    c = libc::CMSG_NXTHDR(&msg, c);
+                }
+            }
+            if n == 0 {
+                return Ok(false);
+            }
+            got += n as usize;
+        }
+        Ok(true)
+    }
+
+    /// Sends `buf` with `fds` attached to its first byte.
+    fn send_all(s: &UnixStream, buf: &[u8], fds: &[OwnedFd]) -> io::Result<()> {
+        if fds.is_empty() {
+            let mut w = s;
+            return w.write_all(buf);
+        }
+        let mut cbuf = [0u64; 16];
+        let mut iov = libc::iovec {
+            iov_base: buf.as_ptr() as *mut _,
+            iov_len: buf.len(),
+        };
+        let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        let bytes = std::mem::size_of_val(raw.as_slice());
+        // SAFETY: a zeroed msghdr whose control buffer holds one SCM_RIGHTS message of at most
+        // MAX_FDS descriptors (checked by the caller), well within `cbuf`.
+        let n = unsafe {
+            let mut msg: libc::msghdr = std::mem::zeroed();
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cbuf.as_mut_ptr().cast();
+            msg.msg_controllen = libc::CMSG_SPACE(bytes as u32) as usize;
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_SOCKET;
+            (*c).cmsg_type = libc::SCM_RIGHTS;
+            (*c).cmsg_len = libc::CMSG_LEN(bytes as u32) as usize;
+            std::ptr::copy_nonoverlapping(
+                raw.as_ptr(),
+                libc::CMSG_DATA(c) as *mut RawFd,
+                raw.len(),
+            );
+            libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if (n as usize) < buf.len() {
+            let mut w = s;
+            w.write_all(&buf[n as usize..])?;
+        }
+        Ok(())
+    }
+
+    fn to_backend(front: &UnixStream, back: &UnixStream) -> io::Result<()> {
+        let mut protocol = false;
+        let mut early: Vec<[u8; 20]> = Vec::new();
+        let mut buf = vec![0u8; 12 + MAX_BODY];
+        let mut fds = Vec::with_capacity(MAX_FDS);
+        loop {
+            fds.clear();
+            if !recv_exact(front, &mut buf[..12], &mut fds)? {
+                return Ok(());
+            }
+            let word = |i: usize| u32::from_le_bytes(buf[i..i + 4].try_into().unwrap());
+            let (req, flags, size) = (word(0), word(4), word(8) as usize);
+            if size > MAX_BODY || fds.len() > MAX_FDS {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("front end message {req} of {size} bytes, {} fds", fds.len()),
+                ));
+            }
+            if size != 0 && !recv_exact(front, &mut buf[12..12 + size], &mut fds)? {
+                return Ok(());
+            }
+            match req {
+                SET_FEATURES if size == 8 => {
+                    let v = u64::from_le_bytes(buf[12..20].try_into().unwrap());
+                    protocol = v & PROTOCOL_FEATURES != 0;
+                    send_all(back, &buf[..12 + size], &fds)?;
+                    if protocol {
+                        // Now the library takes them: the enables QEMU sent too early.
+                        for m in early.drain(..) {
+                            send_all(back, &m, &[])?;
+                        }
+                    }
+                    early.clear();
+                    continue;
+                }
+                // Before protocol features are acked SET_VRING_ENABLE has no meaning yet (the
+                // library would end the connection); QEMU counts on it once they are.
+                SET_VRING_ENABLE if !protocol && flags & NEED_REPLY == 0 && size == 8 => {
+                    let index = &buf[12..16];
+                    early.retain(|m| &m[12..16] != index);
+                    if early.len() < MAX_EARLY {
+                        early.push(buf[..20].try_into().unwrap());
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            send_all(back, &buf[..12 + size], &fds)?;
+        }
+    }
+
+    /// A connected pair: the front end's side goes to the relay, the other to the library
+    /// (through a listener of its own at an address nobody else knows).
+    pub fn backend_pair(id: u64) -> io::Result<(vhost::vhost_user::Listener, UnixStream)> {
+        use std::os::linux::net::SocketAddrExt;
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(format!(
+            "vale-vhost-{}-{id}",
+            std::process::id()
+        ))?;
+        let l = std::os::unix::net::UnixListener::bind_addr(&addr)?;
+        let c = UnixStream::connect_addr(&addr)?;
+        Ok((vhost::vhost_user::Listener::from(l), c))
     }
 }
