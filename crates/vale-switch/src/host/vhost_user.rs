@@ -248,7 +248,12 @@ impl Session {
                 }
             };
             tracing::info!(port = %name, path = %self.path, "vhost-user front end connected");
-            lock(&steps).want_irq(true);
+            {
+                // Frames delivered while nobody was there are stale: dropped, not handed over.
+                let mut s = lock(&steps);
+                while s.egress(&mut Nowhere, usize::MAX, true).moved != 0 {}
+                s.want_irq(true);
+            }
             state.set_up(&name, true, &"");
             let Some(shutdown) = daemon.shutdown_handle() else {
                 relay.join();
