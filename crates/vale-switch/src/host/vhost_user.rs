@@ -172,7 +172,6 @@ fn wait_stop(ep: &OwnedFd, ms: i32, state: &HostState) -> bool {
 impl Session {
     fn run(mut self, ep: OwnedFd, steps: Arc<Mutex<Steps>>, state: Arc<HostState>) {
         let name = lock(&steps).port_name().to_string();
-        let mut connections = 0u64;
         while !state.stopping.load(Relaxed) {
             let net = match Net::new(steps.clone()) {
                 Ok(n) => n,
@@ -233,8 +232,7 @@ impl Session {
                 }
             };
             let _ = front.set_nonblocking(false);
-            connections += 1;
-            let relay = relay::backend_pair(connections).and_then(|(mut l, back)| {
+            let relay = relay::backend_pair().and_then(|(mut l, back, _dir)| {
                 daemon
                     .start(&mut l)
                     .map_err(|e| io::Error::other(e.to_string()))?;
@@ -934,16 +932,35 @@ mod relay {
         }
     }
 
+    /// A private directory (mode 0700, made by `mkdtemp`) for the library's listener: only
+    /// valed's user can reach it. Removed when dropped.
+    pub struct PrivateDir(std::path::PathBuf);
+
+    impl Drop for PrivateDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
     /// A connected pair: the front end's side goes to the relay, the other to the library
-    /// (through a listener of its own at an address nobody else knows).
-    pub fn backend_pair(id: u64) -> io::Result<(vhost::vhost_user::Listener, UnixStream)> {
-        use std::os::linux::net::SocketAddrExt;
-        let addr = std::os::unix::net::SocketAddr::from_abstract_name(format!(
-            "vale-vhost-{}-{id}",
-            std::process::id()
-        ))?;
-        let l = std::os::unix::net::UnixListener::bind_addr(&addr)?;
-        let c = UnixStream::connect_addr(&addr)?;
-        Ok((vhost::vhost_user::Listener::from(l), c))
+    /// through a listener of its own in a private directory; drop the directory once the
+    /// library has accepted.
+    pub fn backend_pair() -> io::Result<(vhost::vhost_user::Listener, UnixStream, PrivateDir)> {
+        use std::os::unix::ffi::OsStringExt;
+        let mut tmpl = std::env::temp_dir()
+            .join("vale-vhost-XXXXXX")
+            .into_os_string()
+            .into_vec();
+        tmpl.push(0);
+        // SAFETY: a NUL-terminated template that mkdtemp fills in place.
+        if unsafe { libc::mkdtemp(tmpl.as_mut_ptr().cast()) }.is_null() {
+            return Err(io::Error::last_os_error());
+        }
+        tmpl.pop();
+        let dir = PrivateDir(std::ffi::OsString::from_vec(tmpl).into());
+        let path = dir.0.join("backend.sock");
+        let l = std::os::unix::net::UnixListener::bind(&path)?;
+        let c = UnixStream::connect(&path)?;
+        Ok((vhost::vhost_user::Listener::from(l), c, dir))
     }
 }
