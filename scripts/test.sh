@@ -50,7 +50,7 @@ if ! command -v qemu-system-x86_64 >/dev/null 2>&1 || ! guest_ok; then
     fi
 fi
 if ! command -v cargo >/dev/null 2>&1; then
-    echo "test.sh: cargo (Rust 1.87 or newer) is needed: see README.md" >&2
+    echo "test.sh: cargo (Rust 1.89 or newer) is needed: see README.md" >&2
     exit 1
 fi
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
