@@ -72,3 +72,37 @@ pub fn wait<'a>(
     };
     &events[..n.max(0) as usize]
 }
+
+/// A non-blocking, close-on-exec timerfd on the monotonic clock, for a thread to wait on
+/// beside its other descriptors.
+pub fn new_timer() -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall, checked before the descriptor is owned.
+    let fd = unsafe {
+        libc::timerfd_create(
+            libc::CLOCK_MONOTONIC,
+            libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Makes `timer` fire once, `ns` nanoseconds from now (at least 1).
+pub fn arm_timer(timer: &OwnedFd, ns: u64) {
+    let ns = ns.max(1);
+    let spec = libc::itimerspec {
+        it_interval: libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        },
+        it_value: libc::timespec {
+            tv_sec: (ns / 1_000_000_000) as libc::time_t,
+            tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+        },
+    };
+    // SAFETY: plain syscall with a live struct.
+    unsafe { libc::timerfd_settime(timer.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+}

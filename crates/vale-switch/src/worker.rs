@@ -16,7 +16,7 @@
 //! neither wakes the worker nor touches its epoll instance; a muted ring is still looked at.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{fence, Ordering::*};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -114,24 +114,10 @@ struct Loop {
     busy_poll_ns: u64,
 }
 
-fn check(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
-
 impl Loop {
     fn new(me: Arc<Worker>, busy_poll: Duration, epoch: Instant) -> io::Result<Loop> {
         let epoll = epoll::new()?;
-        // SAFETY: plain syscall; the result is checked before it is owned.
-        let timer = unsafe {
-            OwnedFd::from_raw_fd(check(libc::timerfd_create(
-                libc::CLOCK_MONOTONIC,
-                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
-            ))?)
-        };
+        let timer = epoll::new_timer()?;
         epoll::add(&epoll, me.wake.as_raw_fd(), TOKEN_WAKE)?;
         epoll::add(&epoll, timer.as_raw_fd(), TOKEN_TIMER)?;
         Ok(Loop {
@@ -380,19 +366,8 @@ impl Loop {
     }
 
     fn arm_timer(&self, next_ns: Option<u64>) {
-        let Some(ns) = next_ns else { return };
-        let ns = ns.max(1);
-        let spec = libc::itimerspec {
-            it_interval: libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            },
-            it_value: libc::timespec {
-                tv_sec: (ns / 1_000_000_000) as libc::time_t,
-                tv_nsec: (ns % 1_000_000_000) as libc::c_long,
-            },
-        };
-        // SAFETY: plain syscall with a live struct.
-        unsafe { libc::timerfd_settime(self.timer.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+        if let Some(ns) = next_ns {
+            epoll::arm_timer(&self.timer, ns);
+        }
     }
 }

@@ -15,7 +15,7 @@
 //! and one log line per connection, never a crash or a touch of memory outside the guest's.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
@@ -361,22 +361,12 @@ struct NetInner {
 impl Net {
     fn new(steps: Arc<Mutex<Steps>>) -> io::Result<Net> {
         let irq_fd = lock(&steps).irq_fd();
-        // SAFETY: plain syscall; the descriptor is owned from here on.
-        let t = unsafe {
-            libc::timerfd_create(
-                libc::CLOCK_MONOTONIC,
-                libc::TFD_NONBLOCK | libc::TFD_CLOEXEC,
-            )
-        };
-        if t < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let timer = epoll::new_timer()?;
         Ok(Net(Arc::new(NetInner {
             steps,
             mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
             irq_fd,
-            // SAFETY: a fresh descriptor, owned by nobody else.
-            timer: unsafe { OwnedFd::from_raw_fd(t) },
+            timer,
             reported: AtomicBool::new(false),
         })))
     }
@@ -409,19 +399,8 @@ impl Net {
     }
 
     fn arm_timer(&self, ns: u64) {
-        let ns = ns.max(1000);
-        let spec = libc::itimerspec {
-            it_interval: libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            },
-            it_value: libc::timespec {
-                tv_sec: (ns / 1_000_000_000) as libc::time_t,
-                tv_nsec: (ns % 1_000_000_000) as libc::c_long,
-            },
-        };
-        // SAFETY: our own timerfd and a valid itimerspec.
-        unsafe { libc::timerfd_settime(self.0.timer.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };
+        // At least 1 µs: a moderation deadline due now is served by the next event anyway.
+        epoll::arm_timer(&self.0.timer, ns.max(1000));
     }
 
     /// Guest transmit: descriptor chains of the tx queue into the port's tx ring, forwarded.
@@ -743,9 +722,11 @@ impl VhostUserBackend for Net {
 mod relay {
     use std::io::{self, Write};
     use std::net::Shutdown;
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+    use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+
     use std::os::unix::net::UnixStream;
     use std::thread::JoinHandle;
+    use vale_abi::control;
 
     const SET_FEATURES: u32 = 2;
     const SET_VRING_ENABLE: u32 = 18;
@@ -797,88 +778,24 @@ mod relay {
     fn recv_exact(s: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<bool> {
         let mut got = 0;
         while got < buf.len() {
-            let mut iov = libc::iovec {
-                iov_base: buf[got..].as_mut_ptr().cast(),
-                iov_len: buf.len() - got,
-            };
-            let mut cbuf = [0u64; 16];
-            // SAFETY: a zeroed msghdr pointing at live buffers of the given lengths.
-            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = cbuf.as_mut_ptr().cast();
-            msg.msg_controllen = std::mem::size_of_val(&cbuf);
-            // SAFETY: see above; MSG_CMSG_CLOEXEC keeps the descriptors from children.
-            let n = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e);
+            match control::recv_with_fds(s.as_raw_fd(), &mut buf[got..], fds)? {
+                0 => return Ok(false),
+                n => got += n,
             }
-            // SAFETY: walking the control messages recvmsg filled in.
-            unsafe {
-                let mut c = libc::CMSG_FIRSTHDR(&msg);
-                while !c.is_null() {
-                    if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                        let data = libc::CMSG_DATA(c) as *const RawFd;
-                        let len = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                        for i in 0..len / std::mem::size_of::<RawFd>() {
-                            fds.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
-                        }
-                    }
-                    c = libc::CMSG_NXTHDR(&msg, c);
-                }
-            }
-            if n == 0 {
-                return Ok(false);
-            }
-            got += n as usize;
         }
         Ok(true)
     }
 
     /// Sends `buf` with `fds` attached to its first byte.
     fn send_all(s: &UnixStream, buf: &[u8], fds: &[OwnedFd]) -> io::Result<()> {
-        if fds.is_empty() {
-            let mut w = s;
-            return w.write_all(buf);
-        }
-        let mut cbuf = [0u64; 16];
-        let mut iov = libc::iovec {
-            iov_base: buf.as_ptr() as *mut _,
-            iov_len: buf.len(),
-        };
         let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
-        let bytes = std::mem::size_of_val(raw.as_slice());
-        // SAFETY: a zeroed msghdr whose control buffer holds one SCM_RIGHTS message of at most
-        // MAX_FDS descriptors (checked by the caller), well within `cbuf`.
-        let n = unsafe {
-            let mut msg: libc::msghdr = std::mem::zeroed();
-            msg.msg_iov = &mut iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = cbuf.as_mut_ptr().cast();
-            msg.msg_controllen = libc::CMSG_SPACE(bytes as u32) as usize;
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(bytes as u32) as usize;
-            std::ptr::copy_nonoverlapping(
-                raw.as_ptr(),
-                libc::CMSG_DATA(c) as *mut RawFd,
-                raw.len(),
-            );
-            libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL)
+        let sent = if raw.is_empty() {
+            0
+        } else {
+            control::send_with_fds(s.as_raw_fd(), buf, &raw, false)?
         };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        if (n as usize) < buf.len() {
-            let mut w = s;
-            w.write_all(&buf[n as usize..])?;
-        }
-        Ok(())
+        let mut w = s;
+        w.write_all(&buf[sent..])
     }
 
     fn to_backend(front: &UnixStream, back: &UnixStream) -> io::Result<()> {
