@@ -33,7 +33,11 @@ below; administrators always get through.",
     after_help = "ENVIRONMENT:\n  VALE_RUN_DIR   run directory when --run-dir is not given (default /run/vale)\n  \
 VALE_LOG       log filter (tracing syntax, e.g. debug or vale_switch=debug); default info\n\n\
 FILES:\n  <run dir>/valed.sock   control socket (mode from --socket-mode)\n  \
-<run dir>/valed.lock   held while valed runs: one valed per run directory\n\n\
+<run dir>/valed.lock   held while valed runs: one valed per run directory\n  \
+The run directory must be one no other user can change names in: valed refuses one\n  \
+that belongs to another user (root's is fine), or that its group or everyone may\n  \
+write unless it is sticky (as /tmp is). A missing one is created with mode 0755.\n  \
+valed.lock is never followed through a symbolic link.\n\n\
 EXAMPLES:\n  valed --run-dir /tmp/v &\n  valed --workers 2 --busy-poll-us 50\n\n\
 SIGNALS:\n  SIGTERM, SIGINT   remove the socket and exit; clients see their ports' connection close"
 )]
