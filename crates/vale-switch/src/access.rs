@@ -86,6 +86,14 @@ pub struct Usage {
     pub descriptors: usize,
 }
 
+impl Usage {
+    pub fn add(&mut self, more: Usage) {
+        self.ports += more.ports;
+        self.port_memory += more.port_memory;
+        self.descriptors += more.descriptors;
+    }
+}
+
 impl UserLimits {
     /// Fails if `caller` (not an administrator) would go past a limit by taking one more port
     /// bringing `more` (memory and descriptors; none for a persistent port nobody holds).

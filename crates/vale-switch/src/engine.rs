@@ -27,8 +27,8 @@ pub struct EngineConfig {
     pub batch: u32,
     /// What one user that is not an administrator may hold.
     pub user_limits: UserLimits,
-    /// Descriptors all ports of users that are not administrators may hold together: what
-    /// valed may spend on ports and still serve its connections.
+    /// Descriptors all ports together may hold before users that are not administrators are
+    /// refused more: what valed may spend on ports and still serve its connections.
     pub descriptor_budget: usize,
 }
 
@@ -212,6 +212,7 @@ impl Engine {
         caller.must_be_admin("attaching a host device")?;
         let layout = Layout::new(&HOST_PARAMS)?;
         self.with_switch(name, |_, sw| {
+            // Before the device is opened: a refused attach must not create one (a TAP, say).
             place(sw, name, caller)?;
             let dev = host::open_device(kind, args)?;
             self.attach_device_to(sw, name, layout, dev, caller)?;
@@ -512,23 +513,28 @@ fn place(sw: &Switch, name: &str, caller: &Caller) -> Result<(PortIndex, Arc<Por
 }
 
 /// What user `uid` holds (its ports, the memory and descriptors of those that are held), and
-/// what every user that is not valed itself holds.
+/// what all ports together hold.
 fn usage(sws: &Switches, uid: u32) -> (Usage, Usage) {
     let (mut mine, mut all) = (Usage::default(), Usage::default());
     for sw in sws.values() {
         for p in sw.ports().iter().flatten() {
-            let held = p.attachment.as_ref().map(|a| {
-                let layout = a.region.layout();
-                (layout.region_size, descriptors_for(layout.num_rings()))
-            });
-            let (memory, fds) = held.unwrap_or((0, 0));
-            for u in [&mut all]
-                .into_iter()
-                .chain((p.shared.owner_uid == uid).then_some(&mut mine))
-            {
-                u.ports += 1;
-                u.port_memory += memory;
-                u.descriptors += fds;
+            let port = match &p.attachment {
+                Some(a) => {
+                    let layout = a.region.layout();
+                    Usage {
+                        ports: 1,
+                        port_memory: layout.region_size,
+                        descriptors: descriptors_for(layout.num_rings()),
+                    }
+                }
+                None => Usage {
+                    ports: 1,
+                    ..Usage::default()
+                },
+            };
+            all.add(port);
+            if p.shared.owner_uid == uid {
+                mine.add(port);
             }
         }
     }

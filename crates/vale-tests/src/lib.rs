@@ -331,6 +331,13 @@ impl Valed {
         self.child.id()
     }
 
+    /// Sends `sig` to valed.
+    pub fn signal(&self, sig: libc::c_int) {
+        // SAFETY: plain kill(2) of our own child.
+        let r = unsafe { libc::kill(self.pid() as libc::pid_t, sig) };
+        assert_eq!(r, 0, "kill: {}", std::io::Error::last_os_error());
+    }
+
     /// Whether valed is still running.
     pub fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))

@@ -168,9 +168,7 @@ fn sigterm_exits_cleanly_and_clients_survive() {
     let sock = v.run_dir().join(vale_abi::control::SOCKET_NAME);
     assert!(sock.exists());
 
-    // SAFETY: plain kill(2) on our own child.
-    let r = unsafe { libc::kill(v.pid() as libc::pid_t, libc::SIGTERM) };
-    assert_eq!(r, 0, "kill: {}", std::io::Error::last_os_error());
+    v.signal(libc::SIGTERM);
     let t0 = Instant::now();
     let exited = wait_until_every(Duration::from_secs(2), Duration::from_millis(5), || {
         !v.alive()

@@ -377,11 +377,6 @@ fn blocking_lines_of_a_client_do_not_stop_valed() {
 
 // ---- 2. valed dies under its clients --------------------------------------------------------
 
-fn kill_valed(v: &Valed) {
-    // SAFETY: plain kill(2) of our own child.
-    unsafe { libc::kill(v.pid() as libc::pid_t, libc::SIGKILL) };
-}
-
 /// How long a client may take to notice that valed is gone.
 const NOTICE: Duration = Duration::from_secs(3);
 
@@ -406,7 +401,7 @@ fn pktgen_says_valed_went_away() {
         "vale0:c",
     );
     std::thread::sleep(Duration::from_millis(300));
-    kill_valed(&v);
+    v.signal(libc::SIGKILL);
     for (kid, what) in [(tx, "tx"), (rx, "rx"), (slow, "tx -R 1000")] {
         let out = kid.finish(NOTICE);
         assert_exit(&out, &format!("vale-pktgen {what}"), 1, "valed went away");
@@ -453,7 +448,7 @@ fn libvale_clients_notice_valed_death() {
         "poll(None) returned with nothing to read"
     );
     let killed = Instant::now();
-    kill_valed(&v);
+    v.signal(libc::SIGKILL);
     let deadline = killed + NOTICE;
     let (r, at) = join_by("the client in poll(None)", polling, deadline);
     let e = r.expect_err("poll after valed died");
@@ -533,7 +528,7 @@ fn c_client_in_vale_poll_notices_valed_death() {
         !waiter.is_finished(),
         "vale_poll(-1) returned with nothing to read"
     );
-    kill_valed(&v);
+    v.signal(libc::SIGKILL);
     let (r, errno, msg, again) = join_by("vale_poll(-1)", waiter, Instant::now() + NOTICE);
     assert_eq!(r, -1);
     assert_eq!(errno, libc::ECONNRESET, "{msg}");

@@ -100,8 +100,9 @@ pub fn state_of(dev: &dyn Device) -> io::Result<Arc<HostState>> {
     HostState::new(kind, device, mode)
 }
 
-/// The device side of a host port.
-pub trait Device: Send {
+/// The device side of a host port. Its way out ([`Egress`]) is where the egress step writes
+/// what the switch delivered to the port.
+pub trait Device: Egress + Send {
     /// `kind`, name and mode for [`HostState`].
     fn describe(&self) -> (&'static str, String, String);
     /// Whether frames to the port carry offload work (TSO, partial checksums) as they are.
@@ -110,10 +111,6 @@ pub trait Device: Send {
     fn poll_fds(&self) -> Vec<RawFd>;
     /// Moves frames from the device into `ring`, at most until it is full; returns how many.
     fn ingress(&mut self, ring: &mut TxSide) -> Result<usize, DevError>;
-    /// Writes one frame to the device: Ok(false) when it has no room now.
-    fn send(&mut self, pieces: &[&[u8]], off: Offload) -> Result<bool, DevError>;
-    /// Ends a burst of `send`s.
-    fn flush(&mut self) -> Result<(), DevError>;
     /// The device's own view of its state, looked at about once a second.
     fn is_up(&self) -> bool;
     /// Where switch threads may write frames for this port straight away, if anywhere.
@@ -224,18 +221,6 @@ pub trait Egress {
     fn send(&mut self, pieces: &[&[u8]], off: Offload) -> Result<bool, DevError>;
     /// Ends a burst of `send`s (before the ring's slots go back to the switch).
     fn flush(&mut self) -> Result<(), DevError>;
-}
-
-/// A [`Device`] as the egress step's way out.
-struct DevEgress<'a>(&'a mut dyn Device);
-
-impl Egress for DevEgress<'_> {
-    fn send(&mut self, pieces: &[&[u8]], off: Offload) -> Result<bool, DevError> {
-        self.0.send(pieces, off)
-    }
-    fn flush(&mut self) -> Result<(), DevError> {
-        self.0.flush()
-    }
 }
 
 /// What one egress step did.
@@ -482,33 +467,47 @@ pub fn start(
     state: Arc<HostState>,
     epoch: Instant,
 ) -> io::Result<()> {
-    let steps = Steps::new(sw, port.clone(), epoch);
-    if let Some(driver) = dev.own_driver() {
-        let t = driver.start(steps, state.clone())?;
-        *state.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
-        return Ok(());
-    }
-    let epoll = epoll::new()?;
-    epoll::add(&epoll, state.stop.as_raw_fd(), TOKEN_STOP)?;
-    epoll::add(&epoll, steps.irq_fd(), TOKEN_IRQ)?;
-    let watched = dev.poll_fds();
-    for &fd in &watched {
-        epoll::add(&epoll, fd, TOKEN_DEV)?;
-    }
-    let mut lp = HostLoop {
-        steps,
-        state: state.clone(),
-        dev,
-        epoll,
-        watched,
-        blocked: false,
-        paused: false,
+    let steps = Steps::new(sw, port, epoch);
+    let driver = match dev.own_driver() {
+        Some(own) => own,
+        None => Box::new(Generic(dev)),
     };
-    let t = std::thread::Builder::new()
-        .name(format!("vale-{}", state.kind))
-        .spawn(move || lp.run())?;
+    let t = driver.start(steps, state.clone())?;
     *state.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
     Ok(())
+}
+
+/// The generic driver of a device: a [`HostLoop`] thread.
+struct Generic(Box<dyn Device>);
+
+impl Driver for Generic {
+    fn start(
+        self: Box<Self>,
+        steps: Steps,
+        state: Arc<HostState>,
+    ) -> io::Result<std::thread::JoinHandle<()>> {
+        let dev = self.0;
+        let epoll = epoll::new()?;
+        epoll::add(&epoll, state.stop.as_raw_fd(), TOKEN_STOP)?;
+        epoll::add(&epoll, steps.irq_fd(), TOKEN_IRQ)?;
+        let watched = dev.poll_fds();
+        for &fd in &watched {
+            epoll::add(&epoll, fd, TOKEN_DEV)?;
+        }
+        let name = format!("vale-{}", state.kind);
+        let mut lp = HostLoop {
+            steps,
+            state,
+            dev,
+            epoll,
+            watched,
+            blocked: false,
+            paused: false,
+        };
+        std::thread::Builder::new()
+            .name(name)
+            .spawn(move || lp.run())
+    }
 }
 
 impl HostLoop {
@@ -582,9 +581,7 @@ impl HostLoop {
 
     /// Frames the switch delivered to the port, out to the device.
     fn egress(&mut self) -> usize {
-        let done = self
-            .steps
-            .egress(&mut DevEgress(&mut *self.dev), EGRESS_BURST, self.paused);
+        let done = self.steps.egress(&mut *self.dev, EGRESS_BURST, self.paused);
         self.blocked = done.blocked;
         if let Some((err, pause)) = done.down {
             self.device_down(err, pause);

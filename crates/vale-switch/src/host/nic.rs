@@ -4,7 +4,7 @@
 use std::io;
 use std::os::fd::RawFd;
 
-use super::{DevError, Device, TxSide};
+use super::{DevError, Device, Egress, TxSide};
 use crate::offload::Offload;
 
 /// Largest frame taken from an interface (a jumbo frame; AF_XDP frames are smaller still).
@@ -68,6 +68,12 @@ impl Device for NicDevice {
             .map_err(classify)
     }
 
+    fn is_up(&self) -> bool {
+        self.nic.is_up()
+    }
+}
+
+impl Egress for NicDevice {
     fn send(&mut self, pieces: &[&[u8]], _off: Offload) -> Result<bool, DevError> {
         // Frames toward a NIC never carry offload work: the switch finished it.
         self.nic.send(pieces).map_err(classify)
@@ -75,10 +81,6 @@ impl Device for NicDevice {
 
     fn flush(&mut self) -> Result<(), DevError> {
         self.nic.flush().map_err(classify)
-    }
-
-    fn is_up(&self) -> bool {
-        self.nic.is_up()
     }
 }
 

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use vale_abi::region::{MAX_FRAGS, MAX_FRAME_LEN};
 
-use super::{DevError, Device, DirectSink, TxSide};
+use super::{DevError, Device, DirectSink, Egress, TxSide};
 use crate::kind::{Delivered, OutFrames};
 use crate::offload::{Offload, VNET_HDR_LEN};
 
@@ -282,6 +282,16 @@ impl Device for Tap {
         Ok(moved)
     }
 
+    fn is_up(&self) -> bool {
+        self.sink.up.load(Relaxed)
+    }
+
+    fn direct(&self) -> Option<Arc<dyn DirectSink>> {
+        Some(self.sink.clone())
+    }
+}
+
+impl Egress for Tap {
     fn send(&mut self, pieces: &[&[u8]], off: Offload) -> Result<bool, DevError> {
         // Only reached if a frame came through the rx ring; the switch writes through
         // `direct`.
@@ -301,13 +311,5 @@ impl Device for Tap {
 
     fn flush(&mut self) -> Result<(), DevError> {
         Ok(())
-    }
-
-    fn is_up(&self) -> bool {
-        self.sink.up.load(Relaxed)
-    }
-
-    fn direct(&self) -> Option<Arc<dyn DirectSink>> {
-        Some(self.sink.clone())
     }
 }

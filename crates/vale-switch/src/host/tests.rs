@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use vale_abi::eventfd;
 
-use super::{DevError, Device, TxSide};
+use super::{DevError, Device, Egress, TxSide};
 use crate::access::Caller;
 use crate::engine::{Engine, EngineConfig};
 use crate::kind::{Delivered, DirectSink, OutFrames};
@@ -56,18 +56,21 @@ impl Device for FakeDevice {
         }
         Ok(n)
     }
+    fn is_up(&self) -> bool {
+        true
+    }
+    fn direct(&self) -> Option<Arc<dyn DirectSink>> {
+        self.sink.clone().map(|s| s as Arc<dyn DirectSink>)
+    }
+}
+
+impl Egress for FakeDevice {
     fn send(&mut self, pieces: &[&[u8]], _off: Offload) -> Result<bool, DevError> {
         self.wire.from_switch.lock().unwrap().push(pieces.concat());
         Ok(true)
     }
     fn flush(&mut self) -> Result<(), DevError> {
         Ok(())
-    }
-    fn is_up(&self) -> bool {
-        true
-    }
-    fn direct(&self) -> Option<Arc<dyn DirectSink>> {
-        self.sink.clone().map(|s| s as Arc<dyn DirectSink>)
     }
 }
 
