@@ -146,7 +146,8 @@ to or from it."
     #[command(
         long_about = "Attaches a device of the host as port valeX:Y (and makes switch valeX \
 if absent). valed itself moves the device's frames to and from the switch; the port stays \
-until 'vale-ctl detach' or 'vale-ctl destroy', whoever asked for it.\n\n\
+until 'vale-ctl detach' or 'vale-ctl destroy'. Attaching needs an administrator (root, \
+valed's own user, or a member of valed --admin-group); the port then belongs to the caller.\n\n\
 --tap NAME creates TAP device NAME, or adopts it if a persistent TAP of that name exists and \
 nobody has it open. The TAP carries TSO segments and partial checksums as they are to other \
 TAP ports; toward other ports valed segments and checksums in software. Move the TAP into a \
