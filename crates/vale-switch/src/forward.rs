@@ -352,18 +352,22 @@ impl Pipeline {
             }
             self.dst_tail[d] = i;
         }
+        if flood_head != NIL && !table.iter().flatten().any(|p| p.index != src.index) {
+            // The sender is alone on the switch: flooded frames have nowhere to go.
+            tx_drops += flooded;
+        }
+        // Counted before delivery, so that no one who sees these frames arrive reads a
+        // sender's counters without them.
+        let stats = src.stats();
+        add(&stats.tx_packets, self.frames.len() as u64);
+        add(&stats.tx_bytes, tx_bytes);
+        add(&stats.tx_drops, tx_drops);
         if flood_head != NIL {
-            let mut reached = false;
             for p in table.iter().flatten() {
                 if p.index != src.index {
                     let own = self.dst_head[p.index as usize];
                     self.deliver(src, p, ring, own, flood_head);
-                    reached = true;
                 }
-            }
-            if !reached {
-                // The sender is alone on the switch: flooded frames had nowhere to go.
-                tx_drops += flooded;
             }
         } else {
             for k in 0..self.active.len() {
@@ -377,10 +381,6 @@ impl Pipeline {
             self.dst_head[d as usize] = NIL;
         }
         self.active.clear();
-        let stats = src.stats();
-        add(&stats.tx_packets, self.frames.len() as u64);
-        add(&stats.tx_bytes, tx_bytes);
-        add(&stats.tx_drops, tx_drops);
     }
 
     /// Delivers the frames of list `a` merged with list `b` (in batch order) to `dst`, in one
@@ -490,6 +490,9 @@ impl Pipeline {
             }
         }
         let tail = out.tail;
+        // Counted before the client can see the frames (the tail store below).
+        add(&stats.rx_packets, delivered);
+        add(&stats.rx_bytes, bytes);
         if delivered != 0 {
             *hwtail = tail;
             // Release: the slots and payloads written above are visible before the new tail.
@@ -499,8 +502,6 @@ impl Pipeline {
             ktoa.hwcur.store(head, Relaxed);
         }
         drop(hwtail);
-        add(&stats.rx_packets, delivered);
-        add(&stats.rx_bytes, bytes);
         add(&stats.rx_drops, dropped);
         if bad != 0 {
             add(&stats.bad_input, bad);

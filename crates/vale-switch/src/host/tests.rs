@@ -189,8 +189,14 @@ fn frames_cross_the_seam_both_ways() {
     });
     assert_eq!(*wire_a.from_switch.lock().unwrap(), to_a);
 
-    let list = engine.list();
-    let port = |n: &str| list[0].ports.iter().find(|p| p.name == n).unwrap().clone();
+    let port = |n: &str| {
+        let list = engine.list();
+        list[0].ports.iter().find(|p| p.name == n).unwrap().clone()
+    };
+    // A direct sink's deliveries are counted once its call returns, after the frames left.
+    wait_for("b's rx counter", || {
+        port("vale0:b").counters.rx_packets == 300
+    });
     let (a, b) = (port("vale0:a"), port("vale0:b"));
     assert_eq!((a.kind.as_str(), a.device.as_deref()), ("fake", Some("a")));
     assert_eq!((a.counters.tx_packets, a.counters.rx_packets), (300, 200));
