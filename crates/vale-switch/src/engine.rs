@@ -247,7 +247,7 @@ impl Engine {
         let (index, shared) = place(sw, name, caller)?;
         let mut att = Attachment::new(name, layout, std::process::id())
             .map_err(|e| format!("cannot create memory for port '{name}': {e}"))?;
-        att.offload = dev.offloads();
+        att.caps = dev.caps().0.into();
         att.direct = dev.direct();
         let state =
             host::state_of(&*dev).map_err(|e| format!("cannot set up port '{name}': {e}"))?;

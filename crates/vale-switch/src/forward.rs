@@ -21,7 +21,7 @@ use vale_abi::region::{FIRST_SLOT_BUF, MAX_FRAGS, MAX_FRAME_LEN};
 
 use crate::kind::{DirectSink, OutFrame, OutFrames};
 use crate::lookup::{FrameMeta, SourcePort, DEST_DROP, DEST_FLOOD};
-use crate::offload::{Offload, Resolver};
+use crate::offload::{Caps, Offload, Resolver};
 use crate::port::{add, Irq, Port};
 use crate::switch::{Switch, MAX_BATCH, MAX_PORTS};
 use vale_abi::pipe;
@@ -224,7 +224,9 @@ impl Pipeline {
                 cur = (cur + 1) & mask;
                 if count == 0 {
                     first_flags = slot.flags;
-                    if slot.flags & NS_OFFLOAD != 0 && att.offload {
+                    // Only valed's own ports (a device's header, checked as it was read)
+                    // bring offload work; a native client's NS_OFFLOAD is ignored.
+                    if slot.flags & NS_OFFLOAD != 0 && att.host.is_some() {
                         offload = slot.ptr;
                     }
                 }
@@ -397,8 +399,10 @@ impl Pipeline {
             return;
         };
         if let Some(sink) = &att.direct {
+            // Sinks (TAP) take every kind of offload work valed's ports produce.
             return self.deliver_direct(dst, &**sink, a, b);
         }
+        let caps = Caps(att.caps.load(Relaxed));
         let r = src_ring % att.rx.len() as u32;
         let rxr = &att.rx[r as usize];
         let reg = &att.region;
@@ -430,7 +434,7 @@ impl Pipeline {
             num_bufs,
             tail: *hwtail,
             free,
-            offload: att.offload,
+            caps,
         };
         while a != NIL || b != NIL {
             let i = take_next(&self.next, &mut a, &mut b) as usize;
@@ -438,7 +442,7 @@ impl Pipeline {
             let (fs, fc) = self.frame_frags[i];
             let frags = &self.frags[fs as usize..(fs + fc) as usize];
             let off = Offload::from_word(f.offload);
-            if f.offload != 0 && !att.offload && off.needs_work() {
+            if f.offload != 0 && !off.fits(caps) {
                 // Slow path: a TSO segment or a partial checksum toward a port that cannot
                 // take it.
                 let mut pieces: Vec<&[u8]> = std::mem::take(&mut self.pieces);
@@ -592,8 +596,8 @@ struct DstRing<'a> {
     num_bufs: u32,
     tail: u32,
     free: u32,
-    /// The port takes offload work as it is.
-    offload: bool,
+    /// The offload work the port takes as it is.
+    caps: Caps,
 }
 
 enum Put {
@@ -642,7 +646,7 @@ impl DstRing<'_> {
             let chunk = (len - k * self.bsize).min(self.bsize);
             let mut flags = if k + 1 < need { NS_MOREFRAG } else { 0 };
             let s = self.reg.slot(self.ring, (self.tail + k) & self.mask);
-            if k == 0 && offload != 0 && self.offload {
+            if k == 0 && offload != 0 && !self.caps.is_empty() {
                 flags |= NS_OFFLOAD;
                 // SAFETY: slot inside the region.
                 unsafe { ptr::write_volatile(&mut (*s).ptr, offload) };

@@ -28,6 +28,48 @@ pub const GSO_ECN: u8 = 0x80;
 /// Length of `struct virtio_net_hdr`, as TAP ports use it.
 pub const VNET_HDR_LEN: usize = 10;
 
+/// The offload work a port takes as it is: partial checksums, TCP segments of IPv4 and IPv6
+/// (with ECN), UDP segments. A port's capabilities may change at run time (a guest acks its
+/// features); the pipeline reads them once per destination per batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Caps(pub u8);
+
+impl Caps {
+    pub const NONE: Caps = Caps(0);
+    pub const CSUM: Caps = Caps(1);
+    pub const TSO4: Caps = Caps(2);
+    pub const TSO6: Caps = Caps(4);
+    pub const ECN: Caps = Caps(8);
+    pub const USO: Caps = Caps(16);
+
+    pub fn with(self, other: Caps, on: bool) -> Caps {
+        if on {
+            Caps(self.0 | other.0)
+        } else {
+            self
+        }
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The names of the capabilities, for `vale-ctl list`.
+    pub fn names(self) -> Vec<&'static str> {
+        [
+            (Caps::CSUM, "csum"),
+            (Caps::TSO4, "tso4"),
+            (Caps::TSO6, "tso6"),
+            (Caps::ECN, "ecn"),
+            (Caps::USO, "uso"),
+        ]
+        .iter()
+        .filter(|(c, _)| self.0 & c.0 != 0)
+        .map(|&(_, n)| n)
+        .collect()
+    }
+}
+
 /// The fields of a virtio-net header that matter past the device (`hdr_len` is recomputed).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Offload {
@@ -61,6 +103,27 @@ impl Offload {
     /// Whether a port without offloads needs work done on the frame first.
     pub fn needs_work(self) -> bool {
         self.flags & F_NEEDS_CSUM != 0 || self.gso_type & !GSO_ECN != GSO_NONE
+    }
+
+    /// Whether a port that takes `caps` takes the frame as it is (else the switch finishes
+    /// the work in software first).
+    pub fn fits(self, caps: Caps) -> bool {
+        let need = match self.gso_type & !GSO_ECN {
+            GSO_NONE => Caps::NONE,
+            GSO_TCPV4 => Caps::TSO4,
+            GSO_TCPV6 => Caps::TSO6,
+            GSO_UDP_L4 => Caps::USO,
+            // Legacy UFO: no port takes it as it is.
+            _ => return false,
+        };
+        let mut need = need.0;
+        if self.gso_type & GSO_ECN != 0 {
+            need |= Caps::ECN.0;
+        }
+        if self.flags & F_NEEDS_CSUM != 0 || need != 0 {
+            need |= Caps::CSUM.0;
+        }
+        caps.0 & need == need
     }
 
     /// Parses a little-endian `struct virtio_net_hdr`.

@@ -2,7 +2,7 @@
 //! brings ([`Attachment`]: the region, notification lines and per-ring state).
 
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::Relaxed};
 use std::sync::Mutex;
 
 use vale_abi::control::PortCounters;
@@ -118,9 +118,9 @@ pub struct Attachment {
     pub tx: Box<[TxRing]>,
     pub rx: Box<[RxRing]>,
     pub owner_pid: u32,
-    /// Frames may carry offload work (TSO, partial checksums) to and from this port as they
-    /// are; toward other ports the switch does the work in software.
-    pub offload: bool,
+    /// The offload work ([`crate::offload::Caps`]) frames toward this port may carry as they
+    /// are; the rest the switch does in software first. A kind may change it at run time.
+    pub caps: AtomicU8,
     /// Set for a port whose client is valed itself (TAP, NIC).
     pub host: Option<std::sync::Arc<crate::kind::HostState>>,
     /// Frames for the port go straight to this device, not into the rx ring.
@@ -166,7 +166,7 @@ impl Attachment {
             tx: tx.into(),
             rx: rx.into(),
             owner_pid,
-            offload: false,
+            caps: AtomicU8::new(0),
             host: None,
             direct: None,
             bad_logged: AtomicBool::new(false),

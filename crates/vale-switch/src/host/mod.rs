@@ -31,7 +31,7 @@ use vale_abi::region::{PortParams, MAX_FRAGS};
 
 use crate::epoll;
 use crate::forward::{recycle, Pipeline};
-use crate::offload::Offload;
+use crate::offload::{Caps, Offload};
 use crate::port::{add, Port};
 use crate::region::Region;
 use crate::switch::Switch;
@@ -105,8 +105,9 @@ pub fn state_of(dev: &dyn Device) -> io::Result<Arc<HostState>> {
 pub trait Device: Egress + Send {
     /// `kind`, name and mode for [`HostState`].
     fn describe(&self) -> (&'static str, String, String);
-    /// Whether frames to the port carry offload work (TSO, partial checksums) as they are.
-    fn offloads(&self) -> bool;
+    /// The offload work (TSO, partial checksums) frames to the port may carry as they are, at
+    /// attach time (see [`Steps::set_caps`]).
+    fn caps(&self) -> Caps;
     /// Descriptors that become readable when the device has frames for the switch.
     fn poll_fds(&self) -> Vec<RawFd>;
     /// Moves frames from the device into `ring`, at most until it is full; returns how many.
@@ -419,6 +420,12 @@ impl Steps {
     /// next one, if any.
     pub fn fire_due(&mut self) -> Option<u64> {
         self.pipe.notifier.fire_due()
+    }
+
+    /// Changes the offload work frames to the port may carry as they are (a guest acked its
+    /// features): the switch's threads see it from their next batch on.
+    pub fn set_caps(&self, caps: Caps) {
+        self.att().caps.store(caps.0, Relaxed);
     }
 
     /// The port's interrupt moderation interval.

@@ -5,7 +5,7 @@ use std::io;
 use std::os::fd::RawFd;
 
 use super::{DevError, Device, Egress, TxSide};
-use crate::offload::Offload;
+use crate::offload::{Caps, Offload};
 
 /// Largest frame taken from an interface (a jumbo frame; AF_XDP frames are smaller still).
 const MAX_NIC_FRAME: usize = 9216;
@@ -45,8 +45,8 @@ impl Device for NicDevice {
         ("nic", self.name.clone(), self.nic.mode().to_string())
     }
 
-    fn offloads(&self) -> bool {
-        false
+    fn caps(&self) -> Caps {
+        Caps::NONE
     }
 
     fn poll_fds(&self) -> Vec<RawFd> {

@@ -20,7 +20,7 @@ use vale_abi::region::{MAX_FRAGS, MAX_FRAME_LEN};
 
 use super::{DevError, Device, DirectSink, Egress, TxSide};
 use crate::kind::{Delivered, OutFrames};
-use crate::offload::{Offload, VNET_HDR_LEN};
+use crate::offload::{Caps, Offload, VNET_HDR_LEN};
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;
@@ -225,8 +225,8 @@ impl Device for Tap {
         ("tap", self.name.clone(), String::new())
     }
 
-    fn offloads(&self) -> bool {
-        true
+    fn caps(&self) -> Caps {
+        Caps(Caps::CSUM.0 | Caps::TSO4.0 | Caps::TSO6.0 | Caps::ECN.0)
     }
 
     fn poll_fds(&self) -> Vec<RawFd> {

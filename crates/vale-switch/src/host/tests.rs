@@ -14,7 +14,7 @@ use super::{DevError, Device, Egress, TxSide};
 use crate::access::Caller;
 use crate::engine::{Engine, EngineConfig};
 use crate::kind::{Delivered, DirectSink, OutFrames};
-use crate::offload::Offload;
+use crate::offload::{Caps, Offload};
 
 /// What a fake device was given, and what it holds for the switch.
 #[derive(Default)]
@@ -35,8 +35,8 @@ impl Device for FakeDevice {
     fn describe(&self) -> (&'static str, String, String) {
         ("fake", self.name.clone(), String::new())
     }
-    fn offloads(&self) -> bool {
-        false
+    fn caps(&self) -> Caps {
+        Caps::NONE
     }
     fn poll_fds(&self) -> Vec<RawFd> {
         vec![self.ready.as_raw_fd()]
@@ -235,199 +235,358 @@ fn unknown_kinds_and_arguments_are_refused_by_name() {
     assert!(e.contains("yes or no"), "{e}");
 }
 
-/// A hostile vhost-user front end of our own: a guest whose memory this test writes. Chains
-/// outside guest memory, looping, runts and rx buffers too small are counted drops; good
-/// frames around them cross the switch both ways; valed never crashes.
-#[test]
-fn vhost_user_guest_input_is_checked() {
-    use vhost::vhost_user::message::VhostUserProtocolFeatures;
-    use vhost::vhost_user::{Frontend, VhostUserFrontend};
-    use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
-    use vmm_sys_util::eventfd::EventFd;
+/// A vhost-user front end of our own: a guest whose memory and rings a test writes by hand,
+/// connected to port `vale0:vm` of `engine`, beside a fake device `vale0:peer`.
+struct HandGuest {
+    base: *mut u8,
+    _memfd: OwnedFd,
+    fe: Option<vhost::vhost_user::Frontend>,
+    kicks: Vec<vmm_sys_util::eventfd::EventFd>,
+    calls: Vec<vmm_sys_util::eventfd::EventFd>,
+    dir: std::path::PathBuf,
+    sock: std::path::PathBuf,
+}
 
-    const MEM: usize = 1 << 20;
-    const QSZ: u16 = 64;
-    // Guest physical layout: per queue q, descriptors at 0x1000 + q * 0x4000, avail 0x800
-    // after them, used 0x1000 after them; buffers from 0x20000.
-    let desc = |q: u64| 0x1000 + q * 0x4000;
-    let avail = |q: u64| desc(q) + 0x800;
-    let used = |q: u64| desc(q) + 0x1000;
+const HG_MEM: usize = 1 << 20;
+const HG_QSZ: u16 = 64;
+const RXQ: u64 = 0;
+const TXQ: u64 = 1;
+// Guest physical layout: per queue q, descriptors at 0x1000 + q * 0x4000, avail 0x800 after
+// them, used 0x1000 after them; buffers from 0x20000.
+fn hg_desc(q: u64) -> u64 {
+    0x1000 + q * 0x4000
+}
+fn hg_avail(q: u64) -> u64 {
+    hg_desc(q) + 0x800
+}
+fn hg_used(q: u64) -> u64 {
+    hg_desc(q) + 0x1000
+}
 
-    // SAFETY: plain syscalls on a descriptor we own; the mapping lives to the end of the test.
-    let (memfd, base) = unsafe {
-        let fd = libc::memfd_create(c"guest".as_ptr(), libc::MFD_CLOEXEC);
-        assert!(fd >= 0);
-        assert_eq!(libc::ftruncate(fd, MEM as i64), 0);
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            MEM,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd,
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED);
-        (OwnedFd::from_raw_fd(fd), p as *mut u8)
-    };
-    let put = |gpa: u64, bytes: &[u8]| {
-        assert!(gpa as usize + bytes.len() <= MEM);
+impl HandGuest {
+    /// Attaches `vale0:vm` and connects to it, acking the offered features but `refuse`.
+    fn connect(engine: &Engine, tag: &str, refuse: u64) -> HandGuest {
+        use vhost::vhost_user::message::VhostUserProtocolFeatures;
+        use vhost::vhost_user::{Frontend, VhostUserFrontend};
+        use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+        use vmm_sys_util::eventfd::EventFd;
+
+        // SAFETY: plain syscalls on a descriptor we own; the mapping lives as long as `self`.
+        let (memfd, base) = unsafe {
+            let fd = libc::memfd_create(c"guest".as_ptr(), libc::MFD_CLOEXEC);
+            assert!(fd >= 0);
+            assert_eq!(libc::ftruncate(fd, HG_MEM as i64), 0);
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                HG_MEM,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            );
+            assert_ne!(p, libc::MAP_FAILED);
+            (OwnedFd::from_raw_fd(fd), p as *mut u8)
+        };
+        let dir =
+            std::env::temp_dir().join(format!("vale-vhost-test-{}-{tag}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sock = dir.join("vm.sock");
+        let args: super::KindArgs = [("path".to_string(), sock.display().to_string())].into();
+        engine
+            .attach_host("vale0:vm", "vhost-user", &args, &Caller::valed())
+            .unwrap();
+        assert!(sock.exists());
+
+        let mut fe = Frontend::connect(&sock, 2).unwrap();
+        fe.set_owner().unwrap();
+        let features = fe.get_features().unwrap();
+        assert_eq!(features & (1 << 32), 1 << 32, "VERSION_1 offered");
+        fe.set_features(features & !refuse).unwrap();
+        fe.get_protocol_features().unwrap();
+        fe.set_protocol_features(VhostUserProtocolFeatures::empty())
+            .unwrap();
+        fe.set_mem_table(&[VhostUserMemoryRegionInfo {
+            guest_phys_addr: 0,
+            memory_size: HG_MEM as u64,
+            userspace_addr: base as u64,
+            mmap_offset: 0,
+            mmap_handle: memfd.as_raw_fd(),
+        }])
+        .unwrap();
+        let kicks: Vec<EventFd> = (0..2)
+            .map(|_| EventFd::new(libc::EFD_NONBLOCK).unwrap())
+            .collect();
+        let calls: Vec<EventFd> = (0..2)
+            .map(|_| EventFd::new(libc::EFD_NONBLOCK).unwrap())
+            .collect();
+        for q in 0..2usize {
+            fe.set_vring_num(q, HG_QSZ).unwrap();
+            fe.set_vring_addr(
+                q,
+                &VringConfigData {
+                    queue_max_size: HG_QSZ,
+                    queue_size: HG_QSZ,
+                    flags: 0,
+                    desc_table_addr: base as u64 + hg_desc(q as u64),
+                    used_ring_addr: base as u64 + hg_used(q as u64),
+                    avail_ring_addr: base as u64 + hg_avail(q as u64),
+                    log_addr: None,
+                },
+            )
+            .unwrap();
+            fe.set_vring_base(q, 0).unwrap();
+            fe.set_vring_call(q, &calls[q]).unwrap();
+            fe.set_vring_kick(q, &kicks[q]).unwrap();
+            fe.set_vring_enable(q, true).unwrap();
+        }
+        HandGuest {
+            base,
+            _memfd: memfd,
+            fe: Some(fe),
+            kicks,
+            calls,
+            dir,
+            sock,
+        }
+    }
+
+    fn put(&self, gpa: u64, bytes: &[u8]) {
+        assert!(gpa as usize + bytes.len() <= HG_MEM);
         // SAFETY: inside our mapping.
         unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), base.add(gpa as usize), bytes.len())
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.base.add(gpa as usize), bytes.len())
         };
-    };
-    let get = |gpa: u64, len: usize| -> Vec<u8> {
+    }
+
+    fn get(&self, gpa: u64, len: usize) -> Vec<u8> {
+        assert!(gpa as usize + len <= HG_MEM);
         // SAFETY: inside our mapping; the backend writes it concurrently, we only look.
-        unsafe { std::slice::from_raw_parts(base.add(gpa as usize), len).to_vec() }
-    };
-    let u16_at = |gpa: u64| u16::from_le_bytes(get(gpa, 2).try_into().unwrap());
-    // Descriptor `i` of queue `q`: addr, len, flags (1 NEXT, 2 WRITE), next.
-    let set_desc = |q: u64, i: u16, addr: u64, len: u32, flags: u16, next: u16| {
+        unsafe { std::slice::from_raw_parts(self.base.add(gpa as usize), len).to_vec() }
+    }
+
+    fn u16_at(&self, gpa: u64) -> u16 {
+        u16::from_le_bytes(self.get(gpa, 2).try_into().unwrap())
+    }
+
+    /// Descriptor `i` of queue `q`: addr, len, flags (1 NEXT, 2 WRITE), next.
+    fn set_desc(&self, q: u64, i: u16, addr: u64, len: u32, flags: u16, next: u16) {
         let mut d = [0u8; 16];
         d[..8].copy_from_slice(&addr.to_le_bytes());
         d[8..12].copy_from_slice(&len.to_le_bytes());
         d[12..14].copy_from_slice(&flags.to_le_bytes());
         d[14..16].copy_from_slice(&next.to_le_bytes());
-        put(desc(q) + 16 * i as u64, &d);
-    };
-    let offer = |q: u64, slot: u16, head: u16| {
-        put(avail(q) + 4 + 2 * (slot % QSZ) as u64, &head.to_le_bytes());
-        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-        put(avail(q) + 2, &(slot + 1).to_le_bytes());
-    };
+        self.put(hg_desc(q) + 16 * i as u64, &d);
+    }
 
+    /// Makes chain `head` available in slot `slot` of queue `q`'s avail ring.
+    fn offer(&self, q: u64, slot: u16, head: u16) {
+        self.put(
+            hg_avail(q) + 4 + 2 * (slot % HG_QSZ) as u64,
+            &head.to_le_bytes(),
+        );
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        self.put(hg_avail(q) + 2, &(slot + 1).to_le_bytes());
+    }
+
+    fn kick(&self, q: u64) {
+        self.kicks[q as usize].write(1).unwrap();
+    }
+
+    /// Used element `i` of queue `q`: (id, len).
+    fn used_elem(&self, q: u64, i: u16) -> (u32, u32) {
+        let e = self.get(hg_used(q) + 4 + 8 * i as u64, 8);
+        (
+            u32::from_le_bytes(e[..4].try_into().unwrap()),
+            u32::from_le_bytes(e[4..].try_into().unwrap()),
+        )
+    }
+
+    /// The front end goes away: the port stays, down; detaching removes the socket.
+    fn close(mut self, engine: &Engine) {
+        self.fe = None;
+        wait_for("the port down", || vm_port(engine).state == "down");
+        engine.detach("vale0:vm", &Caller::valed()).unwrap();
+        assert!(!self.sock.exists());
+    }
+}
+
+impl Drop for HandGuest {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        // SAFETY: our mapping; the port's memory table is the backend's own mapping.
+        unsafe { libc::munmap(self.base.cast(), HG_MEM) };
+    }
+}
+
+fn vm_port(engine: &Engine) -> vale_abi::control::PortInfo {
+    engine.list()[0]
+        .ports
+        .iter()
+        .find(|p| p.name == "vale0:vm")
+        .unwrap()
+        .clone()
+}
+
+/// The virtio-net header of a frame with no offload work, in `num_buffers` chains.
+fn plain_hdr(num_buffers: u16) -> Vec<u8> {
+    let mut h = vec![0u8; 12];
+    h[10..].copy_from_slice(&num_buffers.to_le_bytes());
+    h
+}
+
+const F_MRG_RXBUF: u64 = 1 << 15;
+const F_EVENT_IDX: u64 = 1 << 29;
+
+/// A hostile vhost-user front end of our own. Chains outside guest memory, looping, runts,
+/// offload requests outside the frame or not negotiated, and rx buffers too small are counted
+/// drops; good frames around them cross the switch both ways; valed never crashes.
+#[test]
+fn vhost_user_guest_input_is_checked() {
     let engine = Engine::new(EngineConfig::default()).unwrap();
     let admin = Caller::valed();
     let (dev, wire, ready, _) = fake("peer", false);
     engine
         .attach_device("vale0:peer", Box::new(dev), &admin)
         .unwrap();
-    let dir = std::env::temp_dir().join(format!("vale-vhost-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let sock = dir.join("vm.sock");
-    let args: super::KindArgs = [("path".to_string(), sock.display().to_string())].into();
-    engine
-        .attach_host("vale0:vm", "vhost-user", &args, &admin)
-        .unwrap();
-    assert!(sock.exists());
+    // Without merged rx buffers a frame must fit one chain; no TSO of IPv6 asked for.
+    let g = HandGuest::connect(&engine, "checked", F_MRG_RXBUF | F_EVENT_IDX | 1 << 12);
 
-    let mut fe = Frontend::connect(&sock, 2).unwrap();
-    fe.set_owner().unwrap();
-    let features = fe.get_features().unwrap();
-    assert_eq!(features & (1 << 32), 1 << 32, "VERSION_1 offered");
-    fe.set_features(features).unwrap();
-    fe.get_protocol_features().unwrap();
-    fe.set_protocol_features(VhostUserProtocolFeatures::empty())
-        .unwrap();
-    fe.set_mem_table(&[VhostUserMemoryRegionInfo {
-        guest_phys_addr: 0,
-        memory_size: MEM as u64,
-        userspace_addr: base as u64,
-        mmap_offset: 0,
-        mmap_handle: memfd.as_raw_fd(),
-    }])
-    .unwrap();
-    let kicks: Vec<EventFd> = (0..2)
-        .map(|_| EventFd::new(libc::EFD_NONBLOCK).unwrap())
-        .collect();
-    let calls: Vec<EventFd> = (0..2)
-        .map(|_| EventFd::new(libc::EFD_NONBLOCK).unwrap())
-        .collect();
-    for q in 0..2usize {
-        fe.set_vring_num(q, QSZ).unwrap();
-        fe.set_vring_addr(
-            q,
-            &VringConfigData {
-                queue_max_size: QSZ,
-                queue_size: QSZ,
-                flags: 0,
-                desc_table_addr: base as u64 + desc(q as u64),
-                used_ring_addr: base as u64 + used(q as u64),
-                avail_ring_addr: base as u64 + avail(q as u64),
-                log_addr: None,
-            },
-        )
-        .unwrap();
-        fe.set_vring_base(q, 0).unwrap();
-        fe.set_vring_call(q, &calls[q]).unwrap();
-        fe.set_vring_kick(q, &kicks[q]).unwrap();
-        fe.set_vring_enable(q, true).unwrap();
-    }
-
-    // Guest tx (queue 1): five chains, three of them hostile.
+    // Guest tx: ten chains, eight of them hostile.
     let good = frame(0x7, [0xff; 6], 1, 60);
-    let mut hdr_and_frame = vec![0u8; 12];
+    let mut hdr_and_frame = plain_hdr(0);
     hdr_and_frame.extend_from_slice(&good);
-    put(0x20000, &hdr_and_frame);
-    // 0: outside guest memory.
-    set_desc(1, 0, 0xffff_0000, 100, 0, 0);
-    // 1 -> 2 -> 1: a loop.
-    set_desc(1, 1, 0x20000, 12, 1, 2);
-    set_desc(1, 2, 0x20000 + 12, 10, 1, 1);
-    // 3: header and 10 bytes: a runt.
-    set_desc(1, 3, 0x20000, 22, 0, 0);
-    // 4 -> 5: header split across descriptors, then the frame: good.
-    set_desc(1, 4, 0x20000, 5, 1, 5);
-    set_desc(1, 5, 0x20000 + 5, 7 + 60, 0, 0);
-    // 6: a frame written by the device (wrong direction).
-    set_desc(1, 6, 0x20000, 72, 2, 0);
-    for (slot, head) in [0u16, 1, 3, 4, 6].into_iter().enumerate() {
-        offer(1, slot as u16, head);
+    g.put(0x20000, &hdr_and_frame);
+    // Offload headers (csum_start + csum_offset beyond the frame; TSO with gso_size 0; legacy
+    // UFO; TSO of IPv6, not negotiated), each before the same frame.
+    let offload_hdr = |flags: u8, gso: u8, gso_size: u16, start: u16, offset: u16| {
+        let mut h = plain_hdr(0);
+        h[0] = flags;
+        h[1] = gso;
+        h[4..6].copy_from_slice(&gso_size.to_le_bytes());
+        h[6..8].copy_from_slice(&start.to_le_bytes());
+        h[8..10].copy_from_slice(&offset.to_le_bytes());
+        h.extend_from_slice(&good);
+        h
+    };
+    let bad_offloads = [
+        offload_hdr(1, 0, 0, 50, 9),
+        offload_hdr(1, 1, 0, 34, 16),
+        offload_hdr(1, 3, 1400, 34, 6),
+        offload_hdr(1, 4, 1400, 54, 16),
+    ];
+    for (k, h) in bad_offloads.iter().enumerate() {
+        g.put(0x21000 + 0x100 * k as u64, h);
+        g.set_desc(
+            TXQ,
+            7 + k as u16,
+            0x21000 + 0x100 * k as u64,
+            h.len() as u32,
+            0,
+            0,
+        );
     }
-    kicks[1].write(1).unwrap();
+    // 0: outside guest memory.
+    g.set_desc(TXQ, 0, 0xffff_0000, 100, 0, 0);
+    // 1 -> 2 -> 1: a loop.
+    g.set_desc(TXQ, 1, 0x20000, 12, 1, 2);
+    g.set_desc(TXQ, 2, 0x20000 + 12, 10, 1, 1);
+    // 3: header and 10 bytes: a runt.
+    g.set_desc(TXQ, 3, 0x20000, 22, 0, 0);
+    // 4 -> 5: header split across descriptors, then the frame: good.
+    g.set_desc(TXQ, 4, 0x20000, 5, 1, 5);
+    g.set_desc(TXQ, 5, 0x20000 + 5, 7 + 60, 0, 0);
+    // 6: a frame written by the device (wrong direction).
+    g.set_desc(TXQ, 6, 0x20000, 72, 2, 0);
+    let heads = [0u16, 1, 3, 4, 6, 7, 8, 9, 10];
+    for (slot, head) in heads.into_iter().enumerate() {
+        g.offer(TXQ, slot as u16, head);
+    }
+    g.kick(TXQ);
     wait_for("the good frame at the peer", || {
         wire.from_switch.lock().unwrap().len() == 1
     });
     assert_eq!(wire.from_switch.lock().unwrap()[0], good);
     wait_for("every tx chain back in the used ring", || {
-        u16_at(used(1) + 2) == 5
+        g.u16_at(hg_used(TXQ) + 2) == heads.len() as u16
     });
-    let vm = |engine: &Engine| {
-        engine.list()[0]
-            .ports
-            .iter()
-            .find(|p| p.name == "vale0:vm")
-            .unwrap()
-            .clone()
-    };
-    let c = vm(&engine).counters;
-    assert_eq!((c.tx_packets, c.bad_input), (1, 4), "{c:?}");
-    assert_eq!(vm(&engine).state, "up");
+    let c = vm_port(&engine).counters;
+    assert_eq!((c.tx_packets, c.bad_input), (1, 8), "{c:?}");
+    assert_eq!(vm_port(&engine).state, "up");
 
-    // Guest rx (queue 0): a buffer too small, then a good one; the peer sends two frames.
-    set_desc(0, 0, 0x30000, 20, 2, 0);
-    set_desc(0, 1, 0x31000, 2048, 2, 0);
-    offer(0, 0, 0);
-    offer(0, 1, 1);
-    kicks[0].write(1).unwrap();
+    // Guest rx: a buffer too small, then a good one; the peer sends two frames.
+    g.set_desc(RXQ, 0, 0x30000, 20, 2, 0);
+    g.set_desc(RXQ, 1, 0x31000, 2048, 2, 0);
+    g.offer(RXQ, 0, 0);
+    g.offer(RXQ, 1, 1);
+    g.kick(RXQ);
     let to_vm: Vec<Vec<u8>> = (0..2)
         .map(|i| frame(0x8, [2, 0, 0, 0, 0, 0x7], 10 + i, 100))
         .collect();
     wire.to_switch.lock().unwrap().extend(to_vm.iter().cloned());
     eventfd::signal(&*ready);
-    wait_for("both rx chains used", || u16_at(used(0) + 2) == 2);
+    wait_for("both rx chains used", || g.u16_at(hg_used(RXQ) + 2) == 2);
     // Used element 1: the good buffer, header (num_buffers = 1) and the second frame.
-    let elem = get(used(0) + 4 + 8, 8);
-    let (id, len) = (
-        u32::from_le_bytes(elem[..4].try_into().unwrap()),
-        u32::from_le_bytes(elem[4..].try_into().unwrap()),
-    );
-    assert_eq!((id, len), (1, 12 + 100));
-    let mut want = vec![0u8; 12];
-    want[10] = 1;
+    assert_eq!(g.used_elem(RXQ, 1), (1, 12 + 100));
+    let mut want = plain_hdr(1);
     want.extend_from_slice(&to_vm[1]);
-    assert_eq!(get(0x31000, 112), want);
-    assert!(calls[0].read().is_ok(), "the guest got an interrupt");
-    let c = vm(&engine).counters;
-    assert_eq!((c.rx_packets, c.bad_input), (2, 5), "{c:?}");
+    assert_eq!(g.get(0x31000, 112), want);
+    assert!(g.calls[0].read().is_ok(), "the guest got an interrupt");
+    let c = vm_port(&engine).counters;
+    assert_eq!((c.rx_packets, c.bad_input), (2, 9), "{c:?}");
 
-    // The front end goes away: the port stays, down; detaching removes the socket.
-    drop(fe);
-    wait_for("the port down", || vm(&engine).state == "down");
-    engine.detach("vale0:vm", &admin).unwrap();
-    assert!(!sock.exists());
+    g.close(&engine);
     engine.detach("vale0:peer", &admin).unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    // SAFETY: our mapping, unused from here on.
-    unsafe { libc::munmap(base.cast(), MEM) };
+}
+
+/// Merged rx buffers: a frame spans as many of the guest's chains as it needs, the header
+/// says how many, each used element says what was written into it; a frame waits (it is not
+/// dropped) while the guest has too few buffers, and goes once it adds more.
+#[test]
+fn vhost_user_frames_span_merged_rx_buffers() {
+    let engine = Engine::new(EngineConfig::default()).unwrap();
+    let admin = Caller::valed();
+    let (dev, wire, ready, _) = fake("peer", false);
+    engine
+        .attach_device("vale0:peer", Box::new(dev), &admin)
+        .unwrap();
+    let g = HandGuest::connect(&engine, "mrg", 0);
+
+    // Three chains of 64 bytes: a frame of 12 + 200 bytes needs four.
+    for i in 0..4u16 {
+        g.set_desc(RXQ, i, 0x30000 + 0x100 * i as u64, 64, 2, 0);
+    }
+    for i in 0..3u16 {
+        g.offer(RXQ, i, i);
+    }
+    g.kick(RXQ);
+    let f = frame(0x8, [2, 0, 0, 0, 0, 0x7], 1, 200);
+    wire.to_switch.lock().unwrap().push_back(f.clone());
+    eventfd::signal(&*ready);
+    wait_for("the frame in vale0:vm's rx ring", || {
+        vm_port(&engine).counters.rx_packets == 1
+    });
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(
+        g.u16_at(hg_used(RXQ) + 2),
+        0,
+        "no chain used for a frame that does not fit"
+    );
+
+    g.offer(RXQ, 3, 3);
+    g.kick(RXQ);
+    wait_for("four rx chains used", || g.u16_at(hg_used(RXQ) + 2) == 4);
+    let lens: Vec<(u32, u32)> = (0..4).map(|i| g.used_elem(RXQ, i)).collect();
+    assert_eq!(lens, [(0, 64), (1, 64), (2, 64), (3, 20)]);
+    let mut got = Vec::new();
+    for i in 0..4u64 {
+        got.extend(g.get(0x30000 + 0x100 * i, 64));
+    }
+    let mut want = plain_hdr(4);
+    want.extend_from_slice(&f);
+    assert_eq!(&got[..want.len()], &want[..]);
+    let c = vm_port(&engine).counters;
+    assert_eq!((c.rx_packets, c.rx_drops, c.bad_input), (1, 0, 0), "{c:?}");
+
+    g.close(&engine);
+    engine.detach("vale0:peer", &admin).unwrap();
 }

@@ -8,21 +8,34 @@
 //! [`Steps`] both ways. The port's own driver thread only waits for a front end (listening at
 //! the socket, or connecting to it) and for the end of the connection or of the port.
 //!
-//! This slice negotiates VERSION_1 alone (12-byte header, one queue pair): no offloads, no
-//! merged rx buffers, no event index. Guest memory is reached only through vm-memory's checked
-//! accessors: a descriptor outside the guest's memory, a chain that loops or is cut, a frame
-//! too short or too long, or rx buffers too small cost a counted drop (the port's bad_input)
-//! and one log line per connection, never a crash or a touch of memory outside the guest's.
+//! Negotiated: VERSION_1 (12-byte header), checksum and TCP segmentation offload both ways
+//! (CSUM, HOST_TSO4/6, HOST_ECN; GUEST_CSUM, GUEST_TSO4/6, GUEST_ECN), merged rx buffers
+//! (MRG_RXBUF) and the event index (EVENT_IDX: notification suppression both ways), one queue
+//! pair. What the guest acks becomes the port's offload capabilities ([`Caps`]): a TSO
+//! segment crosses the switch whole toward a port that takes it, and is cut in software
+//! toward one that does not.
+//!
+//! Guest memory is reached only through vm-memory's checked accessors: a descriptor outside
+//! the guest's memory, a chain that loops or is cut, a header split anywhere, a frame too short
+//! or too long, an offload request the guest did not negotiate or whose checksum fields point
+//! outside the frame, or rx buffers too small cost a counted drop (the port's bad_input) and
+//! one log line per connection, never a crash or a touch of memory outside the guest's.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost::vhost_user::Listener;
 use vhost_user_backend::{VhostUserBackend, VhostUserDaemon, VringMutex, VringState, VringT};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
+use virtio_bindings::virtio_net::{
+    VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_ECN, VIRTIO_NET_F_GUEST_TSO4,
+    VIRTIO_NET_F_GUEST_TSO6, VIRTIO_NET_F_HOST_ECN, VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6,
+    VIRTIO_NET_F_MRG_RXBUF,
+};
+use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT};
 use vm_memory::{
     Address, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap,
@@ -36,12 +49,91 @@ use vale_abi::eventfd;
 
 use super::{DevError, Device, Driver, Egress, HostState, Steps, TxSide};
 use crate::epoll;
-use crate::offload::Offload;
+use crate::offload::{self, Caps, Offload};
+use vale_abi::region::MAX_FRAME_LEN;
 
 /// The virtio-net header of virtio 1.0 (`struct virtio_net_hdr_v1`): 12 bytes.
 const HDR_LEN: usize = 12;
-/// Largest frame taken from a guest: no TSO in this slice, so a jumbo frame at most.
-const MAX_GUEST_FRAME: usize = 9216;
+/// Largest frame taken from a guest: a TSO segment of 64 KiB.
+const MAX_GUEST_FRAME: usize = MAX_FRAME_LEN as usize;
+/// The virtio-net features offered (besides VERSION_1 and vhost-user's protocol features).
+const NET_FEATURES: &[u32] = &[
+    VIRTIO_NET_F_CSUM,
+    VIRTIO_NET_F_GUEST_CSUM,
+    VIRTIO_NET_F_GUEST_TSO4,
+    VIRTIO_NET_F_GUEST_TSO6,
+    VIRTIO_NET_F_GUEST_ECN,
+    VIRTIO_NET_F_HOST_TSO4,
+    VIRTIO_NET_F_HOST_TSO6,
+    VIRTIO_NET_F_HOST_ECN,
+    VIRTIO_NET_F_MRG_RXBUF,
+    VIRTIO_RING_F_EVENT_IDX,
+];
+
+fn has(features: u64, bit: u32) -> bool {
+    features & (1u64 << bit) != 0
+}
+
+/// What the guest acked, as the data path needs it.
+#[derive(Clone, Copy, Default)]
+struct Acked {
+    /// The guest may send partial checksums, and TSO segments of these kinds.
+    tx_csum: bool,
+    tx_tso4: bool,
+    tx_tso6: bool,
+    tx_ecn: bool,
+    /// A frame toward the guest may span several rx chains.
+    mrg_rxbuf: bool,
+}
+
+impl Acked {
+    fn of(f: u64) -> Acked {
+        let tx_csum = has(f, VIRTIO_NET_F_CSUM);
+        Acked {
+            tx_csum,
+            tx_tso4: tx_csum && has(f, VIRTIO_NET_F_HOST_TSO4),
+            tx_tso6: tx_csum && has(f, VIRTIO_NET_F_HOST_TSO6),
+            tx_ecn: tx_csum && has(f, VIRTIO_NET_F_HOST_ECN),
+            mrg_rxbuf: has(f, VIRTIO_NET_F_MRG_RXBUF),
+        }
+    }
+
+    /// The port's capabilities toward the guest.
+    fn caps(f: u64) -> Caps {
+        let csum = has(f, VIRTIO_NET_F_GUEST_CSUM);
+        Caps::NONE
+            .with(Caps::CSUM, csum)
+            .with(Caps::TSO4, csum && has(f, VIRTIO_NET_F_GUEST_TSO4))
+            .with(Caps::TSO6, csum && has(f, VIRTIO_NET_F_GUEST_TSO6))
+            .with(Caps::ECN, csum && has(f, VIRTIO_NET_F_GUEST_ECN))
+    }
+
+    /// The offload request of a guest's tx header, checked against what the guest negotiated
+    /// and against the frame's length (`flen`): None for a finished frame.
+    fn offload(&self, hdr: &[u8; HDR_LEN], flen: usize) -> Result<Option<Offload>, Bad> {
+        let mut h = [0u8; offload::VNET_HDR_LEN];
+        h.copy_from_slice(&hdr[..offload::VNET_HDR_LEN]);
+        let mut off = Offload::from_virtio(&h);
+        // DATA_VALID and unknown bits mean nothing from a driver.
+        off.flags &= offload::F_NEEDS_CSUM;
+        let ecn = off.gso_type & offload::GSO_ECN != 0;
+        let allowed = match off.gso_type & !offload::GSO_ECN {
+            offload::GSO_NONE => !ecn,
+            offload::GSO_TCPV4 => self.tx_tso4 && (!ecn || self.tx_ecn),
+            offload::GSO_TCPV6 => self.tx_tso6 && (!ecn || self.tx_ecn),
+            _ => false,
+        };
+        let csum = off.flags & offload::F_NEEDS_CSUM != 0;
+        let segment = off.gso_type != offload::GSO_NONE;
+        if !allowed || (csum && !self.tx_csum) || (segment && (!csum || off.gso_size == 0)) {
+            return Err(Bad::Offload(off));
+        }
+        if csum && off.csum_start as usize + off.csum_offset as usize + 2 > flen {
+            return Err(Bad::Offload(off));
+        }
+        Ok(off.needs_work().then_some(off))
+    }
+}
 /// Descriptors per queue a front end may ask for.
 const QUEUE_SIZE: usize = 1024;
 /// Frames moved per step before the other direction gets its turn.
@@ -105,8 +197,9 @@ impl Device for VhostUser {
         let role = if self.client { "client" } else { "server" };
         ("vhost-user", self.path.clone(), role.to_string())
     }
-    fn offloads(&self) -> bool {
-        false
+    fn caps(&self) -> Caps {
+        // None until a guest acks its features.
+        Caps::NONE
     }
     // The methods below belong to the generic driver, which this kind does not use.
     fn poll_fds(&self) -> Vec<RawFd> {
@@ -254,6 +347,8 @@ impl Session {
                 // Frames delivered while nobody was there are stale: dropped, not handed over.
                 let mut s = lock(&steps);
                 while s.egress(&mut Nowhere, usize::MAX, true).moved != 0 {}
+                // Until this guest acks its features, it takes no offload work.
+                s.set_caps(Caps::NONE);
                 s.want_irq(true);
             }
             state.set_up(&name, true, &"");
@@ -360,6 +455,19 @@ struct NetInner {
     timer: OwnedFd,
     /// A hostile or broken guest was reported once on this connection.
     reported: AtomicBool,
+    /// The virtio features the guest acked.
+    features: AtomicU64,
+    /// The rx chains and descriptors a frame toward the guest is being written into (kept
+    /// between frames, so the data path allocates nothing once grown).
+    rx_scratch: Mutex<RxScratch>,
+}
+
+#[derive(Default)]
+struct RxScratch {
+    /// Per chain: its head index and how many of `descs` belong to it.
+    chains: Vec<(u16, usize)>,
+    /// Writable descriptors: guest address and length.
+    descs: Vec<(GuestAddress, usize)>,
 }
 
 impl Net {
@@ -372,6 +480,8 @@ impl Net {
             irq_fd,
             timer,
             reported: AtomicBool::new(false),
+            features: AtomicU64::new(0),
+            rx_scratch: Mutex::new(RxScratch::default()),
         })))
     }
 
@@ -386,14 +496,29 @@ impl Net {
         }
     }
 
-    /// Both directions until neither moves.
+    /// Both directions until neither moves; then the guest's notifications are asked for
+    /// again: on the tx queue always, on the rx queue only while frames wait for buffers.
     fn pump(&self, vrings: &[Vring]) {
         let mut steps = lock(&self.0.steps);
         let mem = self.0.mem.memory();
+        let acked = Acked::of(self.0.features.load(Relaxed));
         loop {
-            let moved_in = self.guest_tx(&mut steps, &vrings[TXQ], &mem);
-            let moved_out = self.guest_rx(&mut steps, &vrings[RXQ], &mem);
-            if moved_in + moved_out == 0 {
+            notify(&vrings[TXQ], false);
+            notify(&vrings[RXQ], false);
+            let mut rx_blocked;
+            loop {
+                let moved_in = self.guest_tx(&mut steps, &vrings[TXQ], &mem, &acked);
+                let (moved_out, blocked) = self.guest_rx(&mut steps, &vrings[RXQ], &mem, &acked);
+                rx_blocked = blocked;
+                if moved_in + moved_out == 0 {
+                    break;
+                }
+            }
+            // A chain the guest made available meanwhile is served now, not left for a
+            // notification that will not come.
+            let more_tx = notify(&vrings[TXQ], true);
+            let more_rx = rx_blocked && notify(&vrings[RXQ], true);
+            if !more_tx && !more_rx {
                 break;
             }
         }
@@ -402,13 +527,24 @@ impl Net {
         }
     }
 
+    fn acked(&self, features: u64) {
+        self.0.features.store(features, Relaxed);
+        lock(&self.0.steps).set_caps(Acked::caps(features));
+    }
+
     fn arm_timer(&self, ns: u64) {
         // At least 1 µs: a moderation deadline due now is served by the next event anyway.
         epoll::arm_timer(&self.0.timer, ns.max(1000));
     }
 
     /// Guest transmit: descriptor chains of the tx queue into the port's tx ring, forwarded.
-    fn guest_tx(&self, steps: &mut Steps, vring: &Vring, mem: &GuestMemoryMmap) -> usize {
+    fn guest_tx(
+        &self,
+        steps: &mut Steps,
+        vring: &Vring,
+        mem: &GuestMemoryMmap,
+        acked: &Acked,
+    ) -> usize {
         let mut st = vring.get_mut();
         if !st.is_enabled() || !st.get_queue().ready() {
             return 0;
@@ -429,9 +565,11 @@ impl Net {
                 };
                 let Some(chain) = chain else { break };
                 let head = chain.head_index();
-                match copy_from_guest(chain, mem, side) {
-                    Ok(len) => {
-                        side.commit(len, None);
+                match copy_from_guest(chain, mem, side)
+                    .and_then(|(len, hdr)| Ok((len, acked.offload(&hdr, len)?)))
+                {
+                    Ok((len, off)) => {
+                        side.commit(len, off);
                         n += 1;
                     }
                     Err(b) => {
@@ -459,14 +597,24 @@ impl Net {
     }
 
     /// Guest receive: what the switch delivered to the port, into the rx queue's chains.
-    fn guest_rx(&self, steps: &mut Steps, vring: &Vring, mem: &GuestMemoryMmap) -> usize {
+    /// Frames moved, and whether frames wait for the guest's buffers.
+    fn guest_rx(
+        &self,
+        steps: &mut Steps,
+        vring: &Vring,
+        mem: &GuestMemoryMmap,
+        acked: &Acked,
+    ) -> (usize, bool) {
         let mut st = vring.get_mut();
         if !st.is_enabled() || !st.get_queue().ready() {
-            return 0;
+            return (0, false);
         }
+        let mut scratch = lock(&self.0.rx_scratch);
         let mut out = GuestRx {
             st: &mut st,
             mem,
+            mrg_rxbuf: acked.mrg_rxbuf,
+            scratch: &mut scratch,
             used: 0,
             bad: 0,
             why: Bad::None,
@@ -476,9 +624,27 @@ impl Net {
         self.bad(steps, bad, &why);
         if done.blocked {
             // The guest has no buffers: its next kick on the rx queue brings us back.
-            return 0;
+            return (0, true);
         }
-        done.moved
+        (done.moved, false)
+    }
+}
+
+/// Turns the guest's notifications on a queue on or off (`VRING_USED_F_NO_NOTIFY`, or the
+/// avail event with EVENT_IDX). Turning them on, true when the guest made chains available
+/// since the device last looked.
+fn notify(vring: &Vring, on: bool) -> bool {
+    {
+        let st = vring.get_ref();
+        if !st.is_enabled() || !st.get_queue().ready() {
+            return false;
+        }
+    }
+    if on {
+        vring.enable_notification().unwrap_or(false)
+    } else {
+        let _ = vring.disable_notification();
+        false
     }
 }
 
@@ -492,6 +658,7 @@ enum Bad {
     Runt(usize),
     TooLong,
     TooSmall(usize),
+    Offload(Offload),
 }
 
 impl std::fmt::Display for Bad {
@@ -508,19 +675,27 @@ impl std::fmt::Display for Bad {
             Bad::Runt(n) => write!(f, "frame of {n} bytes"),
             Bad::TooLong => write!(f, "frame longer than {MAX_GUEST_FRAME} bytes"),
             Bad::TooSmall(n) => write!(f, "receive buffers too small for a frame of {n} bytes"),
+            Bad::Offload(o) => write!(
+                f,
+                "offload request not negotiated or outside the frame (flags {:#x}, gso type {:#x}, \
+                 gso size {}, csum start {}, csum offset {})",
+                o.flags, o.gso_type, o.gso_size, o.csum_start, o.csum_offset
+            ),
         }
     }
 }
 
-/// Copies the frame of a tx chain (after its header) into the free buffers of `side`; its
-/// length. Every guest address is checked by vm-memory.
+/// Copies the frame of a tx chain into the free buffers of `side`, and its header (which may
+/// be split over any descriptors) aside; the frame's length and the header. Every guest
+/// address is checked by vm-memory.
 fn copy_from_guest(
     chain: DescriptorChain<&GuestMemoryMmap>,
     mem: &GuestMemoryMmap,
     side: &mut TxSide,
-) -> Result<usize, Bad> {
+) -> Result<(usize, [u8; HDR_LEN]), Bad> {
     let bsize = side.buf_size();
-    let mut skip = HDR_LEN;
+    let mut hdr = [0u8; HDR_LEN];
+    let mut got = 0usize;
     let mut len = 0usize;
     let mut more = false;
     for d in chain {
@@ -530,8 +705,12 @@ fn copy_from_guest(
         }
         let mut dlen = d.len() as usize;
         let mut addr = d.addr();
-        let s = skip.min(dlen);
-        skip -= s;
+        let s = (HDR_LEN - got).min(dlen);
+        if s != 0 {
+            mem.read_slice(&mut hdr[got..got + s], addr)
+                .map_err(|_| Bad::Memory)?;
+            got += s;
+        }
         dlen -= s;
         addr = addr.checked_add(s as u64).ok_or(Bad::Memory)?;
         while dlen != 0 {
@@ -554,50 +733,105 @@ fn copy_from_guest(
         // The iterator stopped at a descriptor that said more follow.
         return Err(Bad::Cut);
     }
-    if len < 14 {
+    if got < HDR_LEN || len < 14 {
         return Err(Bad::Runt(len));
     }
-    Ok(len)
+    Ok((len, hdr))
 }
 
 /// The rx queue as the egress step's way out.
 struct GuestRx<'a, 'g> {
     st: &'a mut std::sync::MutexGuard<'g, VringState<Mem>>,
     mem: &'a GuestMemoryMmap,
+    /// A frame may span several chains (their count is in its header's `num_buffers`).
+    mrg_rxbuf: bool,
+    scratch: &'a mut RxScratch,
     used: usize,
     bad: u64,
     why: Bad,
 }
 
 impl Egress for GuestRx<'_, '_> {
-    fn send(&mut self, pieces: &[&[u8]], _off: Offload) -> Result<bool, DevError> {
+    fn send(&mut self, pieces: &[&[u8]], off: Offload) -> Result<bool, DevError> {
+        let flen: usize = pieces.iter().map(|p| p.len()).sum();
+        let total = HDR_LEN + flen;
         let q = self.st.get_queue_mut();
-        let chain = match q.iter(self.mem) {
-            Ok(mut it) => it.next(),
-            Err(e) => {
-                self.bad += 1;
-                self.why = Bad::Queue(e.to_string());
+        let start = q.next_avail();
+        let s = &mut *self.scratch;
+        s.chains.clear();
+        s.descs.clear();
+        // Gather chains until the frame fits: one without merged buffers, as many as needed
+        // (never more than the queue holds) with them.
+        let mut room = 0usize;
+        let mut fail = None;
+        while room < total {
+            if s.chains.len() >= q.size() as usize {
+                fail = Some(Bad::TooSmall(flen));
+                break;
+            }
+            let chain = match q.iter(self.mem) {
+                Ok(mut it) => it.next(),
+                Err(e) => {
+                    fail = Some(Bad::Queue(e.to_string()));
+                    break;
+                }
+            };
+            let Some(chain) = chain else {
+                // Too few buffers now: the frame waits, and the chains stay the guest's.
+                q.set_next_avail(start);
                 return Ok(false);
+            };
+            let head = chain.head_index();
+            let first = s.descs.len();
+            let mut more = false;
+            let mut err = None;
+            for d in chain {
+                more = d.has_next();
+                if !d.is_write_only() {
+                    err = Some(Bad::Direction);
+                    break;
+                }
+                s.descs.push((d.addr(), d.len() as usize));
+                room += d.len() as usize;
+            }
+            s.chains.push((head, s.descs.len() - first));
+            if err.is_none() && more {
+                err = Some(Bad::Cut);
+            }
+            if err.is_some() {
+                fail = err;
+                break;
+            }
+            if !self.mrg_rxbuf && room < total {
+                fail = Some(Bad::TooSmall(flen));
+                break;
+            }
+        }
+        let r = match fail {
+            Some(b) => Err(b),
+            None => {
+                let mut hdr = [0u8; HDR_LEN];
+                hdr[..offload::VNET_HDR_LEN].copy_from_slice(&off.to_virtio());
+                hdr[10..].copy_from_slice(&(s.chains.len() as u16).to_le_bytes());
+                copy_to_guest(self.mem, &s.descs, &hdr, pieces)
             }
         };
-        let Some(chain) = chain else { return Ok(false) };
-        let head = chain.head_index();
-        let flen: usize = pieces.iter().map(|p| p.len()).sum();
-        // virtio 1.0 header: no offload work, one buffer (num_buffers, little endian, last).
-        let mut hdr = [0u8; HDR_LEN];
-        hdr[10] = 1;
-        let r = copy_to_guest(chain, self.mem, &hdr, pieces, flen);
-        let written = match &r {
-            Ok(n) => *n as u32,
-            Err(_) => 0,
-        };
-        if let Err(e) = q.add_used(self.mem, head, written) {
-            self.bad += 1;
-            self.why = Bad::Queue(e.to_string());
+        // Every chain taken goes back used: with the bytes written into it, or empty.
+        let mut left = if r.is_ok() { total } else { 0 };
+        let mut d = 0;
+        for &(head, n) in &s.chains {
+            let room: usize = s.descs[d..d + n].iter().map(|&(_, l)| l).sum();
+            d += n;
+            let written = room.min(left);
+            left -= written;
+            if let Err(e) = q.add_used(self.mem, head, written as u32) {
+                self.bad += 1;
+                self.why = Bad::Queue(e.to_string());
+            }
+            self.used += 1;
         }
-        self.used += 1;
         match r {
-            Ok(_) => Ok(true),
+            Ok(()) => Ok(true),
             Err(b) => {
                 self.bad += 1;
                 self.why = b;
@@ -617,31 +851,22 @@ impl Egress for GuestRx<'_, '_> {
     }
 }
 
-/// Writes header and frame into the writable descriptors of an rx chain; bytes written.
+/// Writes header and frame, in order, into the writable descriptors `descs` (which hold at
+/// least that many bytes).
 fn copy_to_guest(
-    chain: DescriptorChain<&GuestMemoryMmap>,
     mem: &GuestMemoryMmap,
+    descs: &[(GuestAddress, usize)],
     hdr: &[u8],
     pieces: &[&[u8]],
-    flen: usize,
-) -> Result<usize, Bad> {
-    let total = hdr.len() + flen;
+) -> Result<(), Bad> {
     let mut srcs = std::iter::once(hdr).chain(pieces.iter().copied());
-    let mut src: &[u8] = &[];
-    let mut written = 0usize;
-    let mut more = false;
-    for d in chain {
-        more = d.has_next();
-        if !d.is_write_only() {
-            return Err(Bad::Direction);
-        }
-        let mut room = d.len() as usize;
-        let mut addr: GuestAddress = d.addr();
-        while room != 0 && written < total {
+    let mut src: &[u8] = srcs.next().unwrap_or(&[]);
+    for &(mut addr, mut room) in descs {
+        while room != 0 {
             while src.is_empty() {
                 match srcs.next() {
-                    Some(s) => src = s,
-                    None => break,
+                    Some(p) => src = p,
+                    None => return Ok(()),
                 }
             }
             let n = room.min(src.len());
@@ -649,16 +874,10 @@ fn copy_to_guest(
             addr = addr.checked_add(n as u64).ok_or(Bad::Memory)?;
             src = &src[n..];
             room -= n;
-            written += n;
-        }
-        if written == total {
-            return Ok(written);
         }
     }
-    if more {
-        return Err(Bad::Cut);
-    }
-    Err(Bad::TooSmall(flen))
+    // The caller gathered room for the whole frame.
+    Ok(())
 }
 
 impl VhostUserBackend for Net {
@@ -676,7 +895,14 @@ impl VhostUserBackend for Net {
     fn features(&self) -> u64 {
         // QEMU's vhost-user net needs protocol features (it enables rings with them); see
         // `relay` for what it gets wrong about them.
-        (1 << VIRTIO_F_VERSION_1) | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+        NET_FEATURES
+            .iter()
+            .fold(1 << VIRTIO_F_VERSION_1, |f, &bit| f | 1 << bit)
+            | VhostUserVirtioFeatures::PROTOCOL_FEATURES.bits()
+    }
+
+    fn acked_features(&self, features: u64) {
+        self.acked(features);
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
