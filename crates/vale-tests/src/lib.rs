@@ -323,6 +323,24 @@ impl Valed {
         }
     }
 
+    /// Kills valed with SIGKILL (nothing of its own is cleaned up) and starts a new one, with
+    /// no extra arguments, serving the same run directory; its log goes on in the same file.
+    pub fn restart_after_kill(&mut self) {
+        self.signal(libc::SIGKILL);
+        let _ = self.child.wait();
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.0.join("valed.log"))
+            .expect("log file");
+        self.child = tool("valed", &self.dir.0, &[])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start valed");
+        self.wait_ready();
+    }
+
     pub fn run_dir(&self) -> &Path {
         &self.dir.0
     }
