@@ -259,6 +259,37 @@ impl Driver for Session {
     }
 }
 
+/// How long a detach waits for the library's threads to end.
+const STOP_LIMIT_MS: i32 = 3000;
+
+/// Whether `fd` becomes readable within `ms`.
+fn wait_readable(fd: &OwnedFd, ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one pollfd of ours.
+    unsafe { libc::poll(&mut p, 1, ms) == 1 }
+}
+
+/// Interrupts the guest on the queue of `st`, unless its call eventfd cannot take a write
+/// without waiting (a counter the front end filled: an interrupt is pending anyway). The
+/// front end owns that descriptor's flags, so a plain write could stop this thread for as
+/// long as the front end likes.
+fn signal_guest(st: &VringState<Mem>) {
+    let Some(call) = st.get_call() else { return };
+    let mut p = libc::pollfd {
+        fd: call.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    // SAFETY: one pollfd of ours, no wait.
+    if unsafe { libc::poll(&mut p, 1, 0) } == 1 && p.revents & libc::POLLOUT != 0 {
+        let _ = call.notify();
+    }
+}
+
 /// Waits on `ep` for `ms` (-1: for ever): true when the port is stopping.
 fn wait_stop(ep: &OwnedFd, ms: i32, state: &HostState) -> bool {
     let mut events = [libc::epoll_event { events: 0, u64: 0 }; 4];
@@ -333,7 +364,7 @@ impl Session {
                 daemon
                     .start(&mut l)
                     .map_err(|e| io::Error::other(e.to_string()))?;
-                relay::Relay::start(front, back)
+                relay::Relay::start(front, back, &name)
             });
             let relay = match relay {
                 Ok(r) => r,
@@ -366,6 +397,7 @@ impl Session {
                 }
             };
             let done2 = done.clone();
+            let net2 = net.clone();
             let waiter = std::thread::Builder::new()
                 .name("vale-vhost-wait".into())
                 .spawn(move || {
@@ -373,6 +405,7 @@ impl Session {
                     // Dropping the daemon ends and joins the library's worker thread: the
                     // queues and the guest's memory are let go now.
                     drop(daemon);
+                    net2.close_forgotten();
                     eventfd::signal(&*done2);
                     r
                 });
@@ -406,6 +439,15 @@ impl Session {
             };
             if stopping {
                 shutdown.shutdown();
+                // The library's worker ends at its next wake-up, unless the front end holds it
+                // in a blocking read or write of a descriptor it shares (their flags are the
+                // front end's to change). Then its threads are left behind, so that detaching
+                // never waits on a guest.
+                if !wait_readable(&done, STOP_LIMIT_MS) {
+                    tracing::error!(port = %name, "vhost-user: the front end holds the port's worker thread (a blocking eventfd of its own); leaving it behind");
+                    relay.join();
+                    return;
+                }
             }
             relay.join();
             match waiter.join() {
@@ -457,6 +499,8 @@ struct NetInner {
     reported: AtomicBool,
     /// The virtio features the guest acked.
     features: AtomicU64,
+    /// Descriptors the library takes over and never closes (see `exit_event`).
+    forgotten: Mutex<Vec<RawFd>>,
     /// The rx chains and descriptors a frame toward the guest is being written into (kept
     /// between frames, so the data path allocates nothing once grown).
     rx_scratch: Mutex<RxScratch>,
@@ -481,8 +525,22 @@ impl Net {
             timer,
             reported: AtomicBool::new(false),
             features: AtomicU64::new(0),
+            forgotten: Mutex::new(Vec::new()),
             rx_scratch: Mutex::new(RxScratch::default()),
         })))
+    }
+
+    /// Closes the descriptors the library forgot, once its daemon (and the worker thread that
+    /// used them) is gone. Each is checked to still be an eventfd first.
+    fn close_forgotten(&self) {
+        for fd in lock(&self.0.forgotten).drain(..) {
+            let link = std::fs::read_link(format!("/proc/self/fd/{fd}"));
+            if link.is_ok_and(|l| l.as_os_str() == "anon_inode:[eventfd]") {
+                // SAFETY: the library gave up this descriptor (into_raw_fd) and its only
+                // user, the worker thread, has been joined.
+                unsafe { libc::close(fd) };
+            }
+        }
     }
 
     /// Counts `n` malformed inputs; the first of a connection is logged.
@@ -588,7 +646,7 @@ impl Net {
         });
         self.bad(steps, bad, &why);
         if used != 0 && st.needs_notification().unwrap_or(true) {
-            let _ = st.signal_used_queue();
+            signal_guest(&st);
         }
         match r {
             Ok(n) => n.max(used),
@@ -844,7 +902,7 @@ impl Egress for GuestRx<'_, '_> {
 
     fn flush(&mut self) -> Result<(), DevError> {
         if self.used != 0 && self.st.needs_notification().unwrap_or(true) {
-            let _ = self.st.signal_used_queue();
+            signal_guest(self.st);
         }
         self.used = 0;
         Ok(())
@@ -917,7 +975,13 @@ impl VhostUserBackend for Net {
     }
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
-        new_event_consumer_and_notifier(EventFlag::NONBLOCK).ok()
+        let (consumer, notifier) = new_event_consumer_and_notifier(EventFlag::NONBLOCK).ok()?;
+        // The library (0.24) registers the consumer in its epoll set through `into_raw_fd` and
+        // never closes it: one descriptor per connection, which a front end that connects
+        // and leaves in a loop would turn into valed running out of them. Closed once the
+        // library's threads are gone (see `close_forgotten`).
+        lock(&self.0.forgotten).push(consumer.as_raw_fd());
+        Some((consumer, notifier))
     }
 
     fn handle_event(
@@ -975,12 +1039,17 @@ mod relay {
     }
 
     impl Relay {
-        pub fn start(front: UnixStream, back: UnixStream) -> io::Result<Relay> {
+        pub fn start(front: UnixStream, back: UnixStream, port: &str) -> io::Result<Relay> {
             let (f2, b2) = (front.try_clone()?, back.try_clone()?);
+            let port = port.to_string();
             let down = std::thread::Builder::new()
                 .name("vale-vhost-relay".into())
                 .spawn(move || {
-                    let _ = to_backend(&front, &back);
+                    if let Err(e) = to_backend(&front, &back) {
+                        if e.kind() == io::ErrorKind::InvalidData {
+                            tracing::warn!(%port, "vhost-user front end: {e}; connection closed");
+                        }
+                    }
                     let _ = front.shutdown(Shutdown::Both);
                     let _ = back.shutdown(Shutdown::Both);
                 })?;
@@ -1004,13 +1073,20 @@ mod relay {
         }
     }
 
-    /// Receives into `buf` (all of it), with the descriptors that come along.
+    /// Receives into `buf` (all of it), with the descriptors that come along: at most
+    /// `MAX_FDS` in all, however the front end spreads them over its bytes.
     fn recv_exact(s: &UnixStream, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> io::Result<bool> {
         let mut got = 0;
         while got < buf.len() {
             match control::recv_with_fds(s.as_raw_fd(), &mut buf[got..], fds)? {
                 0 => return Ok(false),
                 n => got += n,
+            }
+            if fds.len() > MAX_FDS {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("front end message with more than {MAX_FDS} descriptors"),
+                ));
             }
         }
         Ok(true)
@@ -1040,10 +1116,10 @@ mod relay {
             }
             let word = |i: usize| u32::from_le_bytes(buf[i..i + 4].try_into().unwrap());
             let (req, flags, size) = (word(0), word(4), word(8) as usize);
-            if size > MAX_BODY || fds.len() > MAX_FDS {
+            if size > MAX_BODY {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
-                    format!("front end message {req} of {size} bytes, {} fds", fds.len()),
+                    format!("front end message {req} of {size} bytes"),
                 ));
             }
             if size != 0 && !recv_exact(front, &mut buf[12..12 + size], &mut fds)? {

@@ -1,0 +1,87 @@
+//! vhost-user front ends against a real valed, without a virtual machine: what a hostile
+//! front end can write on the socket. (Guests under QEMU are in guest.rs; front ends driven
+//! by hand through guest memory are in the switch's own tests.)
+
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::time::Duration;
+
+use vale_abi::control::send_with_fds;
+use vale_tests::*;
+
+/// A vhost-user message header: request, flags (version 1), body size.
+fn header(req: u32, size: u32) -> [u8; 12] {
+    let mut h = [0u8; 12];
+    h[..4].copy_from_slice(&req.to_le_bytes());
+    h[4..8].copy_from_slice(&1u32.to_le_bytes());
+    h[8..].copy_from_slice(&size.to_le_bytes());
+    h
+}
+
+/// Messages that bring more descriptors than the protocol allows, spread over their bytes so
+/// that no single receive looks too big: the connection ends, every descriptor is closed,
+/// valed holds no more descriptors than before (20 connections: none is kept per connection),
+/// and the next front end is served.
+#[test]
+fn descriptors_spread_over_a_message_end_the_connection() {
+    let v = Valed::start();
+    let sock = v.run_dir().join("vm.sock");
+    v.ctl_ok(&["attach", "vale0:vm", "--vhost-user", sock.to_str().unwrap()]);
+    // What valed holds while its port waits for a front end (it prepares the next
+    // connection's device as soon as the last one ends).
+    get_features(&sock);
+    let base = steady_fd_count(&v);
+    let efd = vale_abi::eventfd::new().expect("eventfd");
+    let four = [efd.as_raw_fd(); 4];
+    for round in 0..20 {
+        let mut s = UnixStream::connect(&sock).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        // SET_VRING_KICK with an 8-byte body: 4 descriptors on the header, 4 on each body
+        // byte until valed ends the connection.
+        let _ = send_with_fds(s.as_raw_fd(), &header(12, 8), &four, false);
+        for _ in 0..8 {
+            if send_with_fds(s.as_raw_fd(), &[0u8], &four, false).is_err() {
+                break;
+            }
+        }
+        let mut b = [0u8; 1];
+        let r = s.read(&mut b);
+        assert!(
+            matches!(r, Ok(0) | Err(_)),
+            "round {round}: the connection is still open ({r:?})"
+        );
+    }
+    let after = steady_fd_count(&v);
+    assert!(
+        after <= base,
+        "valed holds {after} descriptors, {base} before"
+    );
+    assert!(v.log().contains("more than 8 descriptors"), "{}", v.log());
+
+    // The next front end is answered.
+    get_features(&sock);
+}
+
+/// A front end that asks for the features valed offers, and leaves.
+fn get_features(sock: &std::path::Path) {
+    let mut s = UnixStream::connect(sock).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    s.write_all(&header(1, 0)).unwrap();
+    let mut reply = [0u8; 20];
+    s.read_exact(&mut reply).expect("a reply to GET_FEATURES");
+    let features = u64::from_le_bytes(reply[12..].try_into().unwrap());
+    assert_ne!(features & 1 << 32, 0, "VERSION_1 offered");
+}
+
+/// valed's descriptor count once it has not changed for 200 ms.
+fn steady_fd_count(v: &Valed) -> usize {
+    let mut last = v.fd_count();
+    let steady = wait_until(T, || {
+        std::thread::sleep(Duration::from_millis(200));
+        let now = v.fd_count();
+        std::mem::replace(&mut last, now) == now
+    });
+    assert!(steady, "valed's descriptors keep changing");
+    last
+}
