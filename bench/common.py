@@ -112,8 +112,9 @@ def load_result(results, name):
 
 # ---------------------------------------------------------------- command line
 
-def parser(doc, name, runs=5, seconds=2.0, peers=True):
-    """The options every experiment has; `name` names its JSON file."""
+def parser(doc, name, runs=5, seconds=2.0, peers=True, layouts=None):
+    """The options every experiment has; `name` names its JSON file; `layouts`: the names
+    --layout takes when an experiment has its own (default LAYOUTS')."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=runs, help=f"runs per point; the median is reported (default {runs})")
     ap.add_argument("--seconds", type=float, default=seconds,
@@ -121,9 +122,10 @@ def parser(doc, name, runs=5, seconds=2.0, peers=True):
     ap.add_argument("--quick", action="store_true",
                     help="a short check that everything works: 2 runs of 0.5 s and fewer points; "
                          "the figures are not worth quoting")
-    ap.add_argument("--layout", choices=sorted(LAYOUTS), default="split",
+    ap.add_argument("--layout", choices=sorted(layouts or LAYOUTS), default="split",
                     help="where vale's processes run: split = valed alone on cpu1, senders and "
-                         "receivers on cpu0; shared = nothing pinned (default split)")
+                         "receivers on cpu0; shared = nothing pinned (default split)"
+                         if not layouts else "CPU layout (default split; see above)")
     if peers:
         ap.add_argument("--no-peers", action="store_true",
                         help="measure vale only (no Linux bridge, Open vSwitch or DPDK): no ratios")
@@ -267,9 +269,12 @@ class Valed:
     """A valed of our own, in a temporary run directory, pinned as the layout says."""
 
     def __init__(self, layout="split", workers=1, netns=None):
+        """`layout`: a name of LAYOUTS, or an experiment's own {valed, tx, rx} CPU sets."""
         need_binaries()
-        self.layout = LAYOUTS[layout]
-        self.layout_name = layout
+        if isinstance(layout, dict):
+            self.layout, self.layout_name = layout, layout.get("name", "custom")
+        else:
+            self.layout, self.layout_name = LAYOUTS[layout], layout
         self.workers = workers
         self.run_dir = tempfile.mkdtemp(prefix="vale-bench-")
         on_exit(lambda: shutil.rmtree(self.run_dir, ignore_errors=True))

@@ -14,7 +14,7 @@ Layout of the namespace peers (PID is the bench's pid, N the number of receivers
 Nothing touches the host's interfaces or sysctls; the namespaces, daemons and files are removed
 on exit, on an error, on Ctrl-C and on SIGTERM (common.install_cleanup).
 """
-import os, re, shutil, signal, subprocess, tempfile, time
+import os, re, shutil, signal, subprocess, tempfile, threading, time
 
 import common
 from common import sh, spawn, stop, on_exit, cpu_seconds
@@ -397,3 +397,112 @@ def testpmd_version():
         return f"DPDK {out.strip()} (Debian dpdk-dev)"
     except (RuntimeError, OSError):
         return "DPDK"
+
+
+# ---------------------------------------------------------------- testpmd, interactive
+
+def dpdk_env(folder=None):
+    """(testpmd command, environment, extra EAL arguments): Debian's testpmd (its drivers
+    installed with apt-get when missing), or, with `folder`, a relocatable DPDK folder holding
+    bin/dpdk-testpmd, lib/ (its libraries) and pmds/ (the drivers, loaded with -d; EAL refuses a
+    driver folder under a world-writable directory such as /tmp)."""
+    if folder:
+        folder = os.path.abspath(folder)
+        env = dict(os.environ, LD_LIBRARY_PATH=os.path.join(folder, "lib"))
+        return os.path.join(folder, "bin", "dpdk-testpmd"), env, ["-d", os.path.join(folder, "pmds")]
+    lib = "/usr/lib/x86_64-linux-gnu"
+    common.ensure_packages(["dpdk-testpmd", "stdbuf", f"{lib}/librte_net_virtio.so.23",
+                            f"{lib}/librte_net_vhost.so.23", f"{lib}/librte_mempool_ring.so.23"],
+                           ["dpdk-dev", "librte-net-virtio23", "librte-net-vhost23", "librte-mempool-ring23"])
+    return "dpdk-testpmd", None, []
+
+
+class Testpmd:
+    """One testpmd in interactive mode (`-i --auto-start`): commands go in through a pipe, its
+    output (line-buffered by stdbuf) is read as it comes, so its port counters can be read
+    while it forwards. Both its lcores (main, mostly asleep on the command line, and
+    forwarding) run on `cpus` (a CPU or a list, EAL's --lcores set). Stopped with SIGSTOP then
+    SIGKILL (never a signal it handles: DPDK peers have crashed on their way out); its runtime
+    directory is removed."""
+
+    def __init__(self, name, vdevs, mode, cpus, args=(), dpdk=(None, None, [])):
+        exe, env, eal = dpdk
+        self.name = name
+        self.prefix = f"vb{os.getpid()}x{name}"
+        on_exit(lambda: shutil.rmtree(f"/var/run/dpdk/{self.prefix}", ignore_errors=True))
+        cmd = ["stdbuf", "-oL", exe, "--lcores", f"0@({cpus}),1@({cpus})", "--main-lcore", "0",
+               "--no-huge", "-m", "512", "--no-pci", "--single-file-segments", "--log-level=lib.eal:error",
+               "--file-prefix", self.prefix, *eal]
+        for v in vdevs:
+            cmd += ["--vdev", v]
+        cmd += ["--", "-i", "--auto-start", "--total-num-mbufs=16384", f"--forward-mode={mode}", *args]
+        self.cmd = cmd
+        self.out = bytearray()
+        self.lock = threading.Lock()
+        self.proc = spawn(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        on_exit(self.kill)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        while True:
+            b = self.proc.stdout.read1(65536)
+            if not b:
+                return
+            with self.lock:
+                self.out += b
+
+    def text(self, start=0):
+        with self.lock:
+            return self.out[start:].decode(errors="replace")
+
+    def tail(self, n=2000):
+        return self.text()[-n:]
+
+    def wait_for(self, what, start=0, limit=30.0):
+        """Waits until the output after byte `start` holds `what`; the offset after it."""
+        deadline = time.monotonic() + limit
+        w = what.encode()
+        while True:
+            with self.lock:
+                i = self.out.find(w, start)
+            if i >= 0:
+                return i + len(w)
+            if self.proc.poll() is not None:
+                time.sleep(0.1)
+                raise RuntimeError(f"testpmd {self.name} exited ({self.proc.returncode}):\n{self.tail()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"testpmd {self.name}: no {what!r} after {limit:g} s:\n{self.tail()}")
+            time.sleep(0.01)
+
+    def command(self, line):
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def wait_forwarding(self, limit=30.0):
+        at = self.wait_for("Start automatic packet forwarding", 0, limit)
+        self.wait_for("testpmd> ", at, limit)
+
+    def stats(self, port=0, limit=10.0):
+        """{rx, tx, t}: the port's RX-packets and TX-packets now, and when they were read (the
+        middle of the command's round trip)."""
+        with self.lock:
+            start = len(self.out)
+        t0 = time.monotonic()
+        self.command(f"show port stats {port}")
+        at = self.wait_for(f"NIC statistics for port {port} ", start, limit)
+        end = self.wait_for("\n", self.wait_for("TX-bytes:", at, limit), limit)
+        t1 = time.monotonic()
+        block = self.text(at)[:end - at]
+        rx, tx = re.search(r"RX-packets:\s+(\d+)", block), re.search(r"TX-packets:\s+(\d+)", block)
+        if not rx or not tx:
+            raise RuntimeError(f"testpmd {self.name}: unreadable stats:\n{block}")
+        return {"rx": int(rx.group(1)), "tx": int(tx.group(1)), "t": (t0 + t1) / 2}
+
+    def kill(self):
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+        stop(self.proc, signal.SIGKILL, 5)
+        shutil.rmtree(f"/var/run/dpdk/{self.prefix}", ignore_errors=True)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the tests need, then builds vale and runs every test: unit tests, the
 # end-to-end tests against a real valed, the tests of TAP and NIC ports with the Linux stack
-# in network namespaces (these need root), the C ABI check, formatting and lints.
+# in network namespaces, of QEMU guests and of DPDK testpmd on vhost-user ports (these need
+# root), the C ABI check, formatting and lints.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,6 +48,18 @@ if ! command -v qemu-system-x86_64 >/dev/null 2>&1 || ! guest_ok; then
     else
         echo "test.sh: the guest tests need root to install qemu-system-x86 and a kernel;" \
             "they will be skipped" >&2
+    fi
+fi
+# The DPDK tests: testpmd (in dpdk-dev) with its virtio_user and ring mempool drivers, as a
+# vhost-user front end without a VM.
+dpdk_ok() { command -v dpdk-testpmd >/dev/null 2>&1 && compgen -G "/usr/lib/*/dpdk/pmds-*/librte_net_virtio.so*" >/dev/null; }
+if ! dpdk_ok; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            dpdk-dev librte-net-virtio23 librte-mempool-ring23
+    else
+        echo "test.sh: the DPDK tests need root to install dpdk-dev; they will be skipped" >&2
     fi
 fi
 if ! command -v cargo >/dev/null 2>&1; then

@@ -41,7 +41,8 @@ bytes. Frames longer than a buffer travel as chains of slots marked NS_MOREFRAG.
 vale-pktgen -i vale0:a -f tx -l 1514 -R 1000000 -n 5000000 -D 02:00:00:00:00:0b\n  \
 vale-pktgen -i vale0:b -f rx -b 64 --announce -S 02:00:00:00:00:0b &   (learnt: unicast, no flood)\n  \
 vale-pktgen -i vale0:p -f pong &\n  vale-pktgen -i vale0:q -f ping -n 10000 --json\n\n\
-STOPPING:\n  After --count packets, after --duration seconds, or on SIGINT/SIGTERM; each prints the final report.\n\n\
+STOPPING:\n  After --count packets, after --duration seconds, or on SIGINT/SIGTERM; each prints the final report.\n  \
+On SIGINT/SIGTERM, -f rx first counts the frames already waiting on its rings.\n\n\
 EXIT STATUS:\n  0 on success, 1 on an error (port cannot be opened, valed went away), 2 on bad usage.\n\n\
 ENVIRONMENT:\n  VALE_RUN_DIR        valed's run directory (default /run/vale)\n  \
 VALE_NO_AUTOSTART   set to 1 to fail instead of starting valed"
@@ -391,6 +392,11 @@ fn rx(port: &Port, batch: u32, limits: &Limits, meter: &mut Meter) -> anyhow::Re
         let now = Instant::now();
         meter.tick(now);
         if limits.done(meter.packets, now) {
+            if STOP.load(Relaxed) {
+                // Stopped from outside, maybe once the sender is done: what valed delivered
+                // before the signal is counted too (one pass, bounded by the rings' sizes).
+                drain_rx(port, meter, u32::MAX, |_, _| true)?;
+            }
             return Ok(());
         }
         let got = drain_rx(port, meter, batch, |_, _| true)?;

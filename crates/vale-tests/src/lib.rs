@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use vale_abi::control::{PortCounters, PortInfo, SwitchInfo, SOCKET_NAME};
 
+pub mod dpdk;
 pub mod guest;
 pub mod netns;
 
