@@ -137,6 +137,9 @@ pub struct Pipeline {
     resolver: Resolver,
     /// The allocation of the list of a frame's pieces the resolver reads (see [`recycle`]).
     pieces: Vec<&'static [u8]>,
+    /// Frames the resolver made for a direct sink: their bytes, and (start, length) of each.
+    seg_store: Vec<u8>,
+    seg_spans: Vec<(u32, u32)>,
     pub notifier: Notifier,
 }
 
@@ -158,6 +161,8 @@ impl Pipeline {
             iov: Vec::with_capacity(1 + MAX_FRAGS as usize),
             resolver: Resolver::new(),
             pieces: Vec::with_capacity(MAX_FRAGS as usize),
+            seg_store: Vec::new(),
+            seg_spans: Vec::new(),
             notifier: Notifier::new(epoch),
         }
     }
@@ -398,12 +403,23 @@ impl Pipeline {
             add(&stats.rx_drops, dropped);
             return;
         };
-        if let Some(sink) = &att.direct {
-            // Sinks (TAP) take every kind of offload work valed's ports produce.
-            return self.deliver_direct(dst, &**sink, a, b);
-        }
         let caps = Caps(att.caps.load(Relaxed));
         let r = src_ring % att.rx.len() as u32;
+        // Segments of a frame the resolver cut for a direct sink that then declined them, from
+        // this one on: they go into the ring first.
+        let mut seg_next = self.seg_spans.len();
+        if let Some(sink) = &att.direct {
+            let ring = att.region.layout().params.tx_rings + r;
+            let waiting = att.region.atok(ring).head.load(Acquire)
+                != att.region.ktoa(ring).hwtail.load(Acquire);
+            if !waiting {
+                self.seg_spans.clear();
+                seg_next = self.deliver_direct(src, dst, &**sink, caps, (&mut a, &mut b));
+                if a == NIL && b == NIL && seg_next == self.seg_spans.len() {
+                    return;
+                }
+            }
+        }
         let rxr = &att.rx[r as usize];
         let reg = &att.region;
         let l = reg.layout();
@@ -436,6 +452,24 @@ impl Pipeline {
             free,
             caps,
         };
+        for &(s, l) in &self.seg_spans[seg_next..] {
+            let frag = [Frag {
+                ptr: self.seg_store[s as usize..].as_ptr(),
+                len: l,
+            }];
+            match out.put(&frag, l, 0, false, &mut self.dst_bufs) {
+                Put::Done => {
+                    delivered += 1;
+                    bytes += l as u64;
+                }
+                Put::Full => dropped += 1,
+                Put::Bad => {
+                    bad += 1;
+                    dropped += 1;
+                }
+            }
+        }
+        self.seg_spans.clear();
         while a != NIL || b != NIL {
             let i = take_next(&self.next, &mut a, &mut b) as usize;
             let f = &self.frames[i];
@@ -529,14 +563,56 @@ impl Pipeline {
 
 impl Pipeline {
     /// Hands the frames of lists `a` and `b` to a kind that takes them from any thread, in one
-    /// call for the batch.
-    fn deliver_direct(&mut self, dst: &Port, sink: &dyn DirectSink, a: u16, b: u16) {
-        let mut out = DirectBatch { pipe: self, a, b };
+    /// call for the batch; frames with work beyond `caps` are finished first. What the sink
+    /// declined is left in `a`, `b` and the segments from `seg_next` on, for the ring.
+    fn deliver_direct(
+        &mut self,
+        src: &Port,
+        dst: &Port,
+        sink: &dyn DirectSink,
+        caps: Caps,
+        lists: (&mut u16, &mut u16),
+    ) -> usize {
+        let mut out = DirectBatch {
+            pipe: self,
+            a: *lists.0,
+            b: *lists.1,
+            before: (NIL, NIL),
+            caps,
+            seg_next: 0,
+            last_was_seg: false,
+            src_bad: 0,
+            resolve_drops: 0,
+        };
         let d = sink.send_batch(&mut out);
+        let (a, b, seg_next) = (out.a, out.b, out.seg_next);
+        let (src_bad, resolve_drops) = (out.src_bad, out.resolve_drops);
         let stats = dst.stats();
         add(&stats.rx_packets, d.frames);
         add(&stats.rx_bytes, d.bytes);
-        add(&stats.rx_drops, d.dropped);
+        add(&stats.rx_drops, d.dropped + resolve_drops);
+        add(&stats.bad_input, d.bad_input);
+        if src_bad != 0 {
+            add(&src.stats().bad_input, src_bad);
+            src.note_bad_input(format_args!(
+                "{src_bad} frame(s) with inconsistent offload headers"
+            ));
+        }
+        if d.declined {
+            (*lists.0, *lists.1) = (a, b);
+            seg_next
+        } else {
+            // Whatever the sink did not ask for is gone with the batch.
+            let mut left = (self.seg_spans.len() - seg_next.min(self.seg_spans.len())) as u64;
+            let (mut a, mut b) = (a, b);
+            while a != NIL || b != NIL {
+                take_next(&self.next, &mut a, &mut b);
+                left += 1;
+            }
+            add(&stats.rx_drops, left);
+            (*lists.0, *lists.1) = (NIL, NIL);
+            self.seg_spans.len()
+        }
     }
 }
 
@@ -545,34 +621,111 @@ struct DirectBatch<'p> {
     pipe: &'p mut Pipeline,
     a: u16,
     b: u16,
+    /// The lists before the last frame was taken (for `put_back`).
+    before: (u16, u16),
+    caps: Caps,
+    /// Next of the segments the resolver left in `pipe.seg_store`.
+    seg_next: usize,
+    last_was_seg: bool,
+    src_bad: u64,
+    resolve_drops: u64,
+}
+
+impl DirectBatch<'_> {
+    /// Finishes frame `i`'s offload work in software, into `seg_store`.
+    fn resolve(&mut self, i: usize) {
+        let p = &mut *self.pipe;
+        let (fs, fc) = p.frame_frags[i];
+        let mut pieces: Vec<&[u8]> = std::mem::take(&mut p.pieces);
+        pieces.extend(
+            p.frags[fs as usize..(fs + fc) as usize]
+                .iter()
+                // SAFETY: checked against the source's pool and buffer size in stage 1.
+                .map(|g| unsafe { std::slice::from_raw_parts(g.ptr, g.len as usize) }),
+        );
+        p.seg_store.clear();
+        p.seg_spans.clear();
+        let (store, spans) = (&mut p.seg_store, &mut p.seg_spans);
+        let r = p
+            .resolver
+            .resolve(&pieces, Offload::from_word(p.frames[i].offload), |seg| {
+                spans.push((store.len() as u32, seg.len() as u32));
+                store.extend_from_slice(seg);
+            });
+        p.pieces = recycle(pieces);
+        self.seg_next = 0;
+        if r.is_err() {
+            // Headers that contradict the offload request: the sender's fault.
+            p.seg_spans.clear();
+            self.src_bad += 1;
+            self.resolve_drops += 1;
+        }
+    }
 }
 
 impl OutFrames for DirectBatch<'_> {
     fn next_frame(&mut self) -> Option<OutFrame<'_>> {
-        if self.a == NIL && self.b == NIL {
-            return None;
-        }
-        let p = &mut *self.pipe;
-        let i = take_next(&p.next, &mut self.a, &mut self.b) as usize;
-        let f = &p.frames[i];
-        let (fs, fc) = p.frame_frags[i];
-        p.iov.clear();
-        // The sink's header goes first.
-        p.iov.push(libc::iovec {
-            iov_base: ptr::null_mut(),
-            iov_len: 0,
-        });
-        for g in &p.frags[fs as usize..(fs + fc) as usize] {
+        loop {
+            if self.seg_next < self.pipe.seg_spans.len() {
+                let p = &mut *self.pipe;
+                let (s, l) = p.seg_spans[self.seg_next];
+                self.seg_next += 1;
+                self.last_was_seg = true;
+                p.iov.clear();
+                p.iov.push(libc::iovec {
+                    iov_base: ptr::null_mut(),
+                    iov_len: 0,
+                });
+                p.iov.push(libc::iovec {
+                    iov_base: p.seg_store[s as usize..].as_mut_ptr().cast(),
+                    iov_len: l as usize,
+                });
+                return Some(OutFrame {
+                    iov: &mut p.iov,
+                    offload: Offload::default(),
+                    len: l,
+                });
+            }
+            if self.a == NIL && self.b == NIL {
+                return None;
+            }
+            self.before = (self.a, self.b);
+            let i = take_next(&self.pipe.next, &mut self.a, &mut self.b) as usize;
+            let w = self.pipe.frames[i].offload;
+            if w != 0 && !Offload::from_word(w).fits(self.caps) {
+                self.resolve(i);
+                continue;
+            }
+            self.last_was_seg = false;
+            let p = &mut *self.pipe;
+            let f = &p.frames[i];
+            let (fs, fc) = p.frame_frags[i];
+            p.iov.clear();
+            // The sink's header goes first.
             p.iov.push(libc::iovec {
-                iov_base: g.ptr as *mut libc::c_void,
-                iov_len: g.len as usize,
+                iov_base: ptr::null_mut(),
+                iov_len: 0,
+            });
+            for g in &p.frags[fs as usize..(fs + fc) as usize] {
+                p.iov.push(libc::iovec {
+                    iov_base: g.ptr as *mut libc::c_void,
+                    iov_len: g.len as usize,
+                });
+            }
+            return Some(OutFrame {
+                iov: &mut p.iov,
+                offload: Offload::from_word(f.offload),
+                len: f.len,
             });
         }
-        Some(OutFrame {
-            iov: &mut p.iov,
-            offload: Offload::from_word(f.offload),
-            len: f.len,
-        })
+    }
+
+    fn put_back(&mut self) {
+        if self.last_was_seg {
+            self.seg_next -= 1;
+        } else {
+            (self.a, self.b) = self.before;
+        }
     }
 }
 

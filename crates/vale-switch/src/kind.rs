@@ -88,6 +88,9 @@ pub struct OutFrame<'a> {
 /// The frames of one batch for one destination, in batch order.
 pub trait OutFrames {
     fn next_frame(&mut self) -> Option<OutFrame<'_>>;
+    /// The frame last taken was not sent: it goes back, ahead of the rest (see
+    /// [`Delivered::declined`]).
+    fn put_back(&mut self);
 }
 
 /// What became of the frames of a batch.
@@ -96,12 +99,19 @@ pub struct Delivered {
     pub frames: u64,
     pub bytes: u64,
     pub dropped: u64,
+    /// Drops that were the device's client's fault (a guest's broken buffers).
+    pub bad_input: u64,
+    /// The sink stopped early (no room now): the frames it did not take, and one it put back,
+    /// go into the port's rx ring, from where the kind's own egress step sends them later.
+    pub declined: bool,
 }
 
 /// A kind whose device the switch's threads write to directly, instead of through the port's
-/// rx ring and thread: one copy and one wake-up less per burst. It must take concurrent calls
-/// and frames with offload work as they are.
+/// rx ring and thread: one copy and one wake-up less per burst. It must take concurrent calls.
+/// The frames it is given carry only offload work its port's capabilities take (the pipeline
+/// does the rest first). While frames wait in the port's rx ring it is not called, so that
+/// they keep their order.
 pub trait DirectSink: Send + Sync {
-    /// Sends every frame of one batch for this port: once per destination per batch.
+    /// Sends the frames of one batch for this port: once per destination per batch.
     fn send_batch(&self, frames: &mut dyn OutFrames) -> Delivered;
 }

@@ -49,6 +49,7 @@ use vale_abi::eventfd;
 
 use super::{DevError, Device, Driver, Egress, HostState, Steps, TxSide};
 use crate::epoll;
+use crate::kind::{Delivered, DirectSink, OutFrames};
 use crate::offload::{self, Caps, Offload};
 use vale_abi::region::MAX_FRAME_LEN;
 
@@ -168,6 +169,31 @@ pub struct VhostUser {
     client: bool,
     /// Server mode: bound at attach time, so a bad path fails the attach.
     listener: Option<Listener>,
+    sink: Arc<RxSink>,
+}
+
+/// The way from the switch's forwarding threads straight into the guest's rx buffers (one
+/// copy, no hand-over to the port's thread): the device of the connection of the moment.
+#[derive(Default)]
+struct RxSink {
+    net: Mutex<Option<Net>>,
+}
+
+impl DirectSink for RxSink {
+    fn send_batch(&self, frames: &mut dyn OutFrames) -> Delivered {
+        let net = lock(&self.net).clone();
+        match net {
+            Some(net) => net.deliver(frames),
+            None => {
+                // No guest: the frames are dropped (counted by the switch).
+                let mut d = Delivered::default();
+                while frames.next_frame().is_some() {
+                    d.dropped += 1;
+                }
+                d
+            }
+        }
+    }
 }
 
 impl VhostUser {
@@ -188,6 +214,7 @@ impl VhostUser {
             path: path.to_string(),
             client,
             listener,
+            sink: Arc::new(RxSink::default()),
         })
     }
 }
@@ -211,10 +238,14 @@ impl Device for VhostUser {
     fn is_up(&self) -> bool {
         false
     }
+    fn direct(&self) -> Option<Arc<dyn DirectSink>> {
+        Some(self.sink.clone())
+    }
     fn own_driver(&mut self) -> Option<Box<dyn Driver>> {
         Some(Box::new(Session {
             path: self.path.clone(),
             listener: self.listener.take(),
+            sink: self.sink.clone(),
         }))
     }
 }
@@ -234,6 +265,7 @@ struct Session {
     path: String,
     /// None: client mode.
     listener: Option<Listener>,
+    sink: Arc<RxSink>,
 }
 
 const TOKEN_STOP: u64 = 0;
@@ -381,6 +413,7 @@ impl Session {
                 // Until this guest acks its features, it takes no offload work.
                 s.set_caps(Caps::NONE);
                 s.want_irq(true);
+                *lock(&self.sink.net) = Some(net.clone());
             }
             state.set_up(&name, true, &"");
             let Some(shutdown) = daemon.shutdown_handle() else {
@@ -437,6 +470,7 @@ impl Session {
                     break false;
                 }
             };
+            *lock(&self.sink.net) = None;
             if stopping {
                 shutdown.shutdown();
                 // The library's worker ends at its next wake-up, unless the front end holds it
@@ -499,6 +533,9 @@ struct NetInner {
     reported: AtomicBool,
     /// The virtio features the guest acked.
     features: AtomicU64,
+    /// The guest's rx queue, once the library has shown it (for the direct sink).
+    rxq: std::sync::OnceLock<Vring>,
+    port: String,
     /// Descriptors the library takes over and never closes (see `exit_event`).
     forgotten: Mutex<Vec<RawFd>>,
     /// The rx chains and descriptors a frame toward the guest is being written into (kept
@@ -508,6 +545,8 @@ struct NetInner {
 
 #[derive(Default)]
 struct RxScratch {
+    /// The pieces of the frame being written (see [`crate::forward::recycle`]).
+    pieces: Vec<&'static [u8]>,
     /// Per chain: its head index and how many of `descs` belong to it.
     chains: Vec<(u16, usize)>,
     /// Writable descriptors: guest address and length.
@@ -516,7 +555,10 @@ struct RxScratch {
 
 impl Net {
     fn new(steps: Arc<Mutex<Steps>>) -> io::Result<Net> {
-        let irq_fd = lock(&steps).irq_fd();
+        let (irq_fd, port) = {
+            let s = lock(&steps);
+            (s.irq_fd(), s.port_name().to_string())
+        };
         let timer = epoll::new_timer()?;
         Ok(Net(Arc::new(NetInner {
             steps,
@@ -525,6 +567,8 @@ impl Net {
             timer,
             reported: AtomicBool::new(false),
             features: AtomicU64::new(0),
+            rxq: std::sync::OnceLock::new(),
+            port,
             forgotten: Mutex::new(Vec::new()),
             rx_scratch: Mutex::new(RxScratch::default()),
         })))
@@ -545,13 +589,75 @@ impl Net {
 
     /// Counts `n` malformed inputs; the first of a connection is logged.
     fn bad(&self, steps: &Steps, n: u64, why: &dyn std::fmt::Display) {
-        if n == 0 {
-            return;
+        if n != 0 {
+            steps.count_bad_input(n);
+            self.report(why);
         }
-        steps.count_bad_input(n);
+    }
+
+    /// Logs the first malformed input of a connection.
+    fn report(&self, why: &dyn std::fmt::Display) {
         if !self.0.reported.swap(true, Relaxed) {
-            tracing::warn!(port = %steps.port_name(), "vhost-user guest: {why} (counted as bad input; further ones are counted only)");
+            tracing::warn!(port = %self.0.port, "vhost-user guest: {why} (counted as bad input; further ones are counted only)");
         }
+    }
+
+    /// A forwarding thread's batch for the guest, straight into its rx buffers. Declines the
+    /// rest when the guest has no buffers now: those frames wait in the port's rx ring, and
+    /// the port's worker sends them once the guest adds buffers (it kicks).
+    fn deliver(&self, frames: &mut dyn OutFrames) -> Delivered {
+        let mut d = Delivered::default();
+        let ready = self.0.rxq.get().filter(|v| {
+            let st = v.get_ref();
+            st.is_enabled() && st.get_queue().ready()
+        });
+        let Some(vring) = ready else {
+            // No rx queue yet: the ring keeps the frames for the guest.
+            d.declined = true;
+            return d;
+        };
+        let mut st = vring.get_mut();
+        let mem = self.0.mem.memory();
+        let acked = Acked::of(self.0.features.load(Relaxed));
+        let mut scratch = lock(&self.0.rx_scratch);
+        let mut pieces: Vec<&[u8]> = std::mem::take(&mut scratch.pieces);
+        let mut out = GuestRx {
+            st: &mut st,
+            mem: &mem,
+            mrg_rxbuf: acked.mrg_rxbuf,
+            scratch: &mut scratch,
+            used: 0,
+            bad: 0,
+            why: Bad::None,
+        };
+        while let Some(f) = frames.next_frame() {
+            pieces.clear();
+            // SAFETY: the pipeline's iovecs point at live frame pieces of their length.
+            pieces.extend(f.iov[1..].iter().map(|v| unsafe {
+                std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
+            }));
+            let len = f.len as u64;
+            match out.send(&pieces, f.offload) {
+                Ok(true) => {
+                    d.frames += 1;
+                    d.bytes += len;
+                }
+                Ok(false) => {
+                    frames.put_back();
+                    d.declined = true;
+                    break;
+                }
+                Err(_) => d.dropped += 1,
+            }
+        }
+        let _ = out.flush();
+        let (bad, why) = (out.bad, std::mem::replace(&mut out.why, Bad::None));
+        scratch.pieces = crate::forward::recycle(pieces);
+        d.bad_input = bad;
+        if bad != 0 {
+            self.report(&why);
+        }
+        d
     }
 
     /// Both directions until neither moves; then the guest's notifications are asked for
@@ -1001,6 +1107,7 @@ impl VhostUserBackend for Net {
             _ => {}
         }
         if vrings.len() == NUM_QUEUES {
+            self.0.rxq.get_or_init(|| vrings[RXQ].clone());
             self.pump(vrings);
         }
         Ok(())
