@@ -956,9 +956,12 @@ fn interrupt_moderation_merges_wake_ups() {
     recv_n(&a, 1);
     let gap = Duration::from_micros(200);
 
+    // Without moderation a wake-up comes per frame that finds the receiver asleep: a busy
+    // machine that runs the receiver late still merges some, but never down to what 20 ms of
+    // moderation makes of 40 ms of frames (at most 3-4).
     let (irqs, polls, took) = paced(&a, &b, 200, gap);
     assert!(
-        irqs > 100 && irqs <= 200,
+        (40..=200).contains(&irqs),
         "moderation 0: {irqs} interrupts for 200 frames ({polls} polls)"
     );
     assert!(took < Duration::from_millis(1500), "took {took:?}");
@@ -982,7 +985,7 @@ fn interrupt_moderation_merges_wake_ups() {
     // Back to 0: wake-ups are immediate again.
     v.ctl_ok(&["set", "vale0:b", "moderation", "0"]);
     let (irqs, _, _) = paced(&a, &b, 200, gap);
-    assert!(irqs > 100, "moderation 0 again: {irqs} interrupts");
+    assert!(irqs >= 40, "moderation 0 again: {irqs} interrupts");
 
     // With 300 ms, an interrupt soon after another is deferred to the end of the interval,
     // not dropped.
