@@ -14,6 +14,7 @@
 pub mod nic;
 pub mod tap;
 pub mod vhost_user;
+mod virtq;
 
 pub use crate::kind::{DevError, DirectSink, HostState};
 pub use vale_nic::Mode as NicMode;

@@ -36,11 +36,8 @@ use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_MRG_RXBUF,
 };
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
-use virtio_queue::{DescriptorChain, QueueOwnedT, QueueT};
-use vm_memory::{
-    Address, Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend,
-    GuestMemoryMmap, GuestMemoryRegion, MemoryRegionAddress,
-};
+use virtio_queue::QueueT;
+use vm_memory::{Address, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
@@ -48,6 +45,7 @@ use vmm_sys_util::event::{
 
 use vale_abi::eventfd;
 
+use super::virtq::{read_guest, write_guest, Desc, Popped, Virtq, VirtqError};
 use super::{DevError, Device, Driver, Egress, HostState, Steps, TxSide};
 use crate::epoll;
 use crate::kind::{Delivered, DirectSink, OutFrames};
@@ -546,12 +544,14 @@ struct NetInner {
 
 #[derive(Default)]
 struct RxScratch {
+    /// The descriptors of the tx chain being read.
+    tx_descs: Vec<Desc>,
     /// The pieces of the frame being written (see [`crate::forward::recycle`]).
     pieces: Vec<&'static [u8]>,
     /// Per chain: its head index and how many of `descs` belong to it.
     chains: Vec<(u16, usize)>,
-    /// Writable descriptors: guest address and length.
-    descs: Vec<(GuestAddress, usize)>,
+    /// Their descriptors.
+    descs: Vec<Desc>,
 }
 
 impl Net {
@@ -619,11 +619,16 @@ impl Net {
         };
         let mut st = vring.get_mut();
         let mem = self.0.mem.memory();
+        let Some(vq) = Virtq::new(st.get_queue(), &mem) else {
+            self.report(&Bad::Rings);
+            d.declined = true;
+            return d;
+        };
         let acked = Acked::of(self.0.features.load(Relaxed));
         let mut scratch = lock(&self.0.rx_scratch);
         let mut pieces: Vec<&[u8]> = std::mem::take(&mut scratch.pieces);
         let mut out = GuestRx {
-            st: &mut st,
+            vq,
             mem: &mem,
             mrg_rxbuf: acked.mrg_rxbuf,
             scratch: &mut scratch,
@@ -652,6 +657,11 @@ impl Net {
             }
         }
         let _ = out.flush();
+        let mut vq = out.vq;
+        if vq.needs_interrupt() {
+            signal_guest(&st);
+        }
+        vq.finish(st.get_queue_mut());
         let (bad, why) = (out.bad, std::mem::replace(&mut out.why, Bad::None));
         scratch.pieces = crate::forward::recycle(pieces);
         d.bad_input = bad;
@@ -714,47 +724,59 @@ impl Net {
         if !st.is_enabled() || !st.get_queue().ready() {
             return 0;
         }
+        let Some(mut vq) = Virtq::new(st.get_queue(), mem) else {
+            self.bad(steps, 1, &Bad::Rings);
+            return 0;
+        };
+        let mut descs = std::mem::take(&mut lock(&self.0.rx_scratch).tx_descs);
         let (mut used, mut bad, mut why) = (0usize, 0u64, Bad::None);
         let r = steps.ingress(|side| {
             let mut n = 0;
             let need = side.slots_for(MAX_GUEST_FRAME);
             while n < BURST && side.room() >= need {
-                let q = st.get_queue_mut();
-                let chain = match q.iter(mem) {
-                    Ok(mut it) => it.next(),
-                    Err(e) => {
+                descs.clear();
+                let head = match vq.pop(&mut descs) {
+                    Popped::Empty => break,
+                    Popped::Stuck(e) => {
                         bad += 1;
-                        why = Bad::Queue(e.to_string());
+                        why = Bad::Queue(e);
                         break;
                     }
-                };
-                let Some(chain) = chain else { break };
-                let head = chain.head_index();
-                match copy_from_guest(chain, mem, side)
-                    .and_then(|(len, hdr)| Ok((len, acked.offload(&hdr, len)?)))
-                {
-                    Ok((len, off)) => {
-                        side.commit(len, off);
-                        n += 1;
-                    }
-                    Err(b) => {
+                    Popped::Bad(head, e) => {
                         bad += 1;
-                        why = b;
+                        why = Bad::Queue(e);
+                        head
                     }
-                }
-                if let Err(e) = q.add_used(mem, head, 0) {
-                    bad += 1;
-                    why = Bad::Queue(e.to_string());
-                    break;
-                }
+                    Popped::Chain(head) => {
+                        match copy_from_guest(&descs, mem, side)
+                            .and_then(|(len, hdr)| Ok((len, acked.offload(&hdr, len)?)))
+                        {
+                            Ok((len, off)) => {
+                                side.commit(len, off);
+                                n += 1;
+                            }
+                            Err(b) => {
+                                bad += 1;
+                                why = b;
+                            }
+                        }
+                        head
+                    }
+                };
+                vq.push_used(head, 0);
                 used += 1;
             }
             Ok(n)
         });
+        lock(&self.0.rx_scratch).tx_descs = descs;
         self.bad(steps, bad, &why);
-        if used != 0 && st.needs_notification().unwrap_or(true) {
-            signal_guest(&st);
+        if used != 0 {
+            vq.publish_used();
+            if vq.needs_interrupt() {
+                signal_guest(&st);
+            }
         }
+        vq.finish(st.get_queue_mut());
         match r {
             Ok(n) => n.max(used),
             Err(_) => used,
@@ -774,9 +796,13 @@ impl Net {
         if !st.is_enabled() || !st.get_queue().ready() {
             return (0, false);
         }
+        let Some(vq) = Virtq::new(st.get_queue(), mem) else {
+            self.bad(steps, 1, &Bad::Rings);
+            return (0, false);
+        };
         let mut scratch = lock(&self.0.rx_scratch);
         let mut out = GuestRx {
-            st: &mut st,
+            vq,
             mem,
             mrg_rxbuf: acked.mrg_rxbuf,
             scratch: &mut scratch,
@@ -785,7 +811,14 @@ impl Net {
             why: Bad::None,
         };
         let done = steps.egress(&mut out, BURST, false);
+        // Chains returned for dropped frames are published too.
+        let _ = out.flush();
         let (bad, why) = (out.bad, std::mem::replace(&mut out.why, Bad::None));
+        let mut vq = out.vq;
+        if vq.needs_interrupt() {
+            signal_guest(&st);
+        }
+        vq.finish(st.get_queue_mut());
         self.bad(steps, bad, &why);
         if done.blocked {
             // The guest has no buffers: its next kick on the rx queue brings us back.
@@ -816,9 +849,10 @@ fn notify(vring: &Vring, on: bool) -> bool {
 /// Why a chain was refused.
 enum Bad {
     None,
-    Queue(String),
+    Queue(VirtqError),
+    /// The queue's rings are not inside guest memory.
+    Rings,
     Memory,
-    Cut,
     Direction,
     Runt(usize),
     TooLong,
@@ -830,12 +864,9 @@ impl std::fmt::Display for Bad {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Bad::None => write!(f, "no error"),
-            Bad::Queue(e) => write!(f, "bad queue: {e}"),
+            Bad::Queue(e) => write!(f, "{e}"),
+            Bad::Rings => write!(f, "queue rings outside guest memory"),
             Bad::Memory => write!(f, "descriptor outside guest memory"),
-            Bad::Cut => write!(
-                f,
-                "descriptor chain loops, is too long or points outside its table"
-            ),
             Bad::Direction => write!(f, "descriptor of the wrong direction in a chain"),
             Bad::Runt(n) => write!(f, "frame of {n} bytes"),
             Bad::TooLong => write!(f, "frame longer than {MAX_GUEST_FRAME} bytes"),
@@ -850,49 +881,11 @@ impl std::fmt::Display for Bad {
     }
 }
 
-/// Where `len` bytes of guest memory at `addr` are in valed, when they lie in one region of
-/// the guest's memory table (the mapping lives as long as `mem`).
-///
-/// Hand-written because it is the per-descriptor hot path: vm-memory's `read_slice` and
-/// `write_slice` (which build an iterator of slices over regions on every call) took 43% of
-/// the port's worker time at 60-byte frames; this is one binary search and a bounds check.
-#[inline]
-fn guest_range(mem: &GuestMemoryMmap, addr: GuestAddress, len: usize) -> Option<*mut u8> {
-    let region = mem.find_region(addr)?;
-    let off = addr.raw_value() - region.start_addr().raw_value();
-    let end = off.checked_add(len as u64)?;
-    if end > region.len() {
-        return None;
-    }
-    region.get_host_address(MemoryRegionAddress(off)).ok()
-}
-
-/// Copies guest memory at `addr` into `dst`; a range across regions goes through vm-memory.
-fn read_guest(mem: &GuestMemoryMmap, dst: &mut [u8], addr: GuestAddress) -> Result<(), Bad> {
-    match guest_range(mem, addr, dst.len()) {
-        // SAFETY: `dst.len()` bytes inside one mapped region of the guest's memory, which
-        // `mem` keeps mapped; the guest may write them meanwhile (it only hurts itself).
-        Some(p) => unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), dst.len()) },
-        None => mem.read_slice(dst, addr).map_err(|_| Bad::Memory)?,
-    }
-    Ok(())
-}
-
-/// Copies `src` into guest memory at `addr`; a range across regions goes through vm-memory.
-fn write_guest(mem: &GuestMemoryMmap, src: &[u8], addr: GuestAddress) -> Result<(), Bad> {
-    match guest_range(mem, addr, src.len()) {
-        // SAFETY: as in `read_guest`; valed's own buffer is not in guest memory.
-        Some(p) => unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len()) },
-        None => mem.write_slice(src, addr).map_err(|_| Bad::Memory)?,
-    }
-    Ok(())
-}
-
 /// Copies the frame of a tx chain into the free buffers of `side`, and its header (which may
 /// be split over any descriptors) aside; the frame's length and the header. Every guest
-/// address is checked by vm-memory.
+/// address is checked against the memory table.
 fn copy_from_guest(
-    chain: DescriptorChain<&GuestMemoryMmap>,
+    descs: &[Desc],
     mem: &GuestMemoryMmap,
     side: &mut TxSide,
 ) -> Result<(usize, [u8; HDR_LEN]), Bad> {
@@ -900,19 +893,17 @@ fn copy_from_guest(
     let mut hdr = [0u8; HDR_LEN];
     let mut got = 0usize;
     let mut len = 0usize;
-    let mut more = false;
-    for d in chain {
-        more = d.has_next();
-        if d.is_write_only() {
+    for d in descs {
+        if d.write {
             return Err(Bad::Direction);
         }
-        let mut dlen = d.len() as usize;
-        let mut addr = d.addr();
+        let mut dlen = d.len as usize;
+        let mut addr = d.addr;
         let s = (HDR_LEN - got).min(dlen);
-        if s != 0 {
-            read_guest(mem, &mut hdr[got..got + s], addr)?;
-            got += s;
+        if s != 0 && !read_guest(mem, &mut hdr[got..got + s], addr) {
+            return Err(Bad::Memory);
         }
+        got += s;
         dlen -= s;
         addr = addr.checked_add(s as u64).ok_or(Bad::Memory)?;
         while dlen != 0 {
@@ -925,15 +916,13 @@ fn copy_from_guest(
             // SAFETY: slot k of the free ones (the caller made room for a frame of
             // MAX_GUEST_FRAME bytes), `within + n <= bsize`.
             let dst = unsafe { std::slice::from_raw_parts_mut(side.buf(k as u32).add(within), n) };
-            read_guest(mem, dst, addr)?;
+            if !read_guest(mem, dst, addr) {
+                return Err(Bad::Memory);
+            }
             addr = addr.checked_add(n as u64).ok_or(Bad::Memory)?;
             dlen -= n;
             len += n;
         }
-    }
-    if more {
-        // The iterator stopped at a descriptor that said more follow.
-        return Err(Bad::Cut);
     }
     if got < HDR_LEN || len < 14 {
         return Err(Bad::Runt(len));
@@ -941,10 +930,10 @@ fn copy_from_guest(
     Ok((len, hdr))
 }
 
-/// The rx queue as the egress step's way out.
-struct GuestRx<'a, 'g> {
-    st: &'a mut std::sync::MutexGuard<'g, VringState<Mem>>,
-    mem: &'a GuestMemoryMmap,
+/// The rx queue as the way out of the egress step and of the direct sink, for one pass.
+struct GuestRx<'a, 'm> {
+    vq: Virtq<'m>,
+    mem: &'m GuestMemoryMmap,
     /// A frame may span several chains (their count is in its header's `num_buffers`).
     mrg_rxbuf: bool,
     scratch: &'a mut RxScratch,
@@ -957,8 +946,8 @@ impl Egress for GuestRx<'_, '_> {
     fn send(&mut self, pieces: &[&[u8]], off: Offload) -> Result<bool, DevError> {
         let flen: usize = pieces.iter().map(|p| p.len()).sum();
         let total = HDR_LEN + flen;
-        let q = self.st.get_queue_mut();
-        let start = q.next_avail();
+        let vq = &mut self.vq;
+        let start = vq.next_avail;
         let s = &mut *self.scratch;
         s.chains.clear();
         s.descs.clear();
@@ -967,43 +956,40 @@ impl Egress for GuestRx<'_, '_> {
         let mut room = 0usize;
         let mut fail = None;
         while room < total {
-            if s.chains.len() >= q.size() as usize {
+            if s.chains.len() >= vq.size() as usize {
                 fail = Some(Bad::TooSmall(flen));
                 break;
             }
-            let chain = match q.iter(self.mem) {
-                Ok(mut it) => it.next(),
-                Err(e) => {
-                    fail = Some(Bad::Queue(e.to_string()));
-                    break;
-                }
-            };
-            let Some(chain) = chain else {
-                // Too few buffers now: the frame waits, and the chains stay the guest's.
-                q.set_next_avail(start);
-                return Ok(false);
-            };
-            let head = chain.head_index();
             let first = s.descs.len();
-            let mut more = false;
-            let mut err = None;
-            for d in chain {
-                more = d.has_next();
-                if !d.is_write_only() {
-                    err = Some(Bad::Direction);
+            let head = match vq.pop(&mut s.descs) {
+                Popped::Empty => {
+                    // Too few buffers now: the frame waits, and the chains stay the guest's.
+                    vq.next_avail = start;
+                    return Ok(false);
+                }
+                Popped::Stuck(e) => {
+                    vq.next_avail = start;
+                    self.bad += 1;
+                    self.why = Bad::Queue(e);
+                    return Ok(false);
+                }
+                Popped::Bad(head, e) => {
+                    s.descs.truncate(first);
+                    s.chains.push((head, 0));
+                    fail = Some(Bad::Queue(e));
                     break;
                 }
-                s.descs.push((d.addr(), d.len() as usize));
-                room += d.len() as usize;
-            }
+                Popped::Chain(head) => head,
+            };
             s.chains.push((head, s.descs.len() - first));
-            if err.is_none() && more {
-                err = Some(Bad::Cut);
-            }
-            if err.is_some() {
-                fail = err;
+            if s.descs[first..].iter().any(|d| !d.write) {
+                fail = Some(Bad::Direction);
                 break;
             }
+            room += s.descs[first..]
+                .iter()
+                .map(|d| d.len as usize)
+                .sum::<usize>();
             if !self.mrg_rxbuf && room < total {
                 fail = Some(Bad::TooSmall(flen));
                 break;
@@ -1022,14 +1008,11 @@ impl Egress for GuestRx<'_, '_> {
         let mut left = if r.is_ok() { total } else { 0 };
         let mut d = 0;
         for &(head, n) in &s.chains {
-            let room: usize = s.descs[d..d + n].iter().map(|&(_, l)| l).sum();
+            let room: usize = s.descs[d..d + n].iter().map(|x| x.len as usize).sum();
             d += n;
             let written = room.min(left);
             left -= written;
-            if let Err(e) = q.add_used(self.mem, head, written as u32) {
-                self.bad += 1;
-                self.why = Bad::Queue(e.to_string());
-            }
+            vq.push_used(head, written as u32);
             self.used += 1;
         }
         match r {
@@ -1045,8 +1028,9 @@ impl Egress for GuestRx<'_, '_> {
     }
 
     fn flush(&mut self) -> Result<(), DevError> {
-        if self.used != 0 && self.st.needs_notification().unwrap_or(true) {
-            signal_guest(self.st);
+        // The caller interrupts the guest (it holds the queue's call eventfd).
+        if self.used != 0 {
+            self.vq.publish_used();
         }
         self.used = 0;
         Ok(())
@@ -1057,13 +1041,14 @@ impl Egress for GuestRx<'_, '_> {
 /// least that many bytes).
 fn copy_to_guest(
     mem: &GuestMemoryMmap,
-    descs: &[(GuestAddress, usize)],
+    descs: &[Desc],
     hdr: &[u8],
     pieces: &[&[u8]],
 ) -> Result<(), Bad> {
     let mut srcs = std::iter::once(hdr).chain(pieces.iter().copied());
     let mut src: &[u8] = srcs.next().unwrap_or(&[]);
-    for &(mut addr, mut room) in descs {
+    for d in descs {
+        let (mut addr, mut room) = (d.addr, d.len as usize);
         while room != 0 {
             while src.is_empty() {
                 match srcs.next() {
@@ -1072,7 +1057,9 @@ fn copy_to_guest(
                 }
             }
             let n = room.min(src.len());
-            write_guest(mem, &src[..n], addr)?;
+            if !write_guest(mem, &src[..n], addr) {
+                return Err(Bad::Memory);
+            }
             addr = addr.checked_add(n as u64).ok_or(Bad::Memory)?;
             src = &src[n..];
             room -= n;
