@@ -128,6 +128,10 @@ pub struct PortInfo {
     /// not learn).
     #[serde(default)]
     pub learnt: u32,
+    /// What the port's device negotiated, when its kind says (vhost-user: the virtio features
+    /// the guest acked and the offloads frames to it may carry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub negotiated: Option<String>,
     pub counters: PortCounters,
 }
 

@@ -108,10 +108,13 @@ descriptors, chains or frames)\n  \
 NOLEARN    source MACs of the port's frames not learnt: the port held its learn-limit, or\n             \
 the table had no room but other ports' live entries (the frames are still\n             \
 forwarded)\n\n\
+Under a switch's table, a line per port whose device negotiated something: for a\n\
+vhost-user port with a guest, the virtio features the guest acked and the offloads\n\
+frames to it may carry (the rest the switch does in software).\n\n\
 With no switches, prints nothing. With --json, prints a JSON array of switches (name, \
 lookup, batch, ports), each port with the fields above (name, kind, device, mode, state, \
 persistent, owner_pid, owner_uid, tx_rings, rx_rings, slots, buf_size, moderation_us, learn_limit, \
-learnt, counters); for one switch or one port it \
+learnt, negotiated when there is something, counters); for one switch or one port it \
 is still an array, of that one switch (with only that port). An unknown NAME is an error."
     )]
     List {
@@ -535,6 +538,11 @@ fn render(views: &[View]) -> String {
             line(&mut out, &header);
             for row in rows {
                 line(&mut out, row);
+            }
+        }
+        for p in &sw.ports {
+            if let Some(n) = &p.negotiated {
+                out.push_str(&format!("  {}: {n}\n", p.name));
             }
         }
     }

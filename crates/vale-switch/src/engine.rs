@@ -573,6 +573,14 @@ fn port_info(p: &Port, lookup: &dyn lookup::Lookup) -> PortInfo {
         moderation_us: (p.shared.moderation_ns.load(Relaxed) / 1000) as u32,
         learn_limit: p.shared.learn_limit.load(Relaxed),
         learnt: lookup.learnt(p.index).unwrap_or(0),
+        negotiated: host
+            .map(|h| {
+                h.negotiated
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone()
+            })
+            .filter(|n| !n.is_empty()),
         counters: p.shared.stats.snapshot(),
     }
 }

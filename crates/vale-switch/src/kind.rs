@@ -27,6 +27,8 @@ pub struct HostState {
     pub mode: String,
     /// The device works: false after it went down or away (logged once per change).
     pub up: AtomicBool,
+    /// What the device negotiated, if the kind says (empty: nothing to show).
+    pub negotiated: Mutex<String>,
     /// Set, then `stop` written, to end the port's thread.
     pub(crate) stopping: AtomicBool,
     pub(crate) stop: OwnedFd,
@@ -40,6 +42,7 @@ impl HostState {
             device,
             mode,
             up: AtomicBool::new(true),
+            negotiated: Mutex::new(String::new()),
             stopping: AtomicBool::new(false),
             stop: eventfd::new()?,
             thread: Mutex::new(None),

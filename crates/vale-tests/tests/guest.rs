@@ -352,6 +352,15 @@ fn two_guests_ping_through_vhost_user_ports() {
     ping_both_ways(&v, &mut guests);
     for p in ["vale0:g1", "vale0:g2"] {
         assert_eq!(v.counters(p).rx_drops, 0, "{p}");
+        let n = v.port(p).unwrap().negotiated.unwrap_or_default();
+        assert!(
+            n.contains("guest_tso4") && n.contains("mrg_rxbuf") && n.contains("event_idx"),
+            "{p}: {n}"
+        );
+        assert!(
+            n.ends_with("offloads to the guest csum,tso4,tso6,ecn"),
+            "{p}: {n}"
+        );
     }
 
     // TCP with the guests' offloads on: TSO segments larger than the MTU cross the switch
@@ -384,6 +393,8 @@ fn two_guests_ping_through_vhost_user_ports() {
     again.wait_ready();
     guests.insert(0, again);
     assert_eq!(v.port("vale0:g1").unwrap().state, "up");
+    let n = v.port("vale0:g1").unwrap().negotiated.unwrap_or_default();
+    assert!(n.ends_with("offloads to the guest none"), "{n}");
     ping_both_ways(&v, &mut guests);
     if let Some(t) = tcp_between(&v, &mut guests, 1, 0) {
         assert!(

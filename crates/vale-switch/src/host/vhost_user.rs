@@ -70,6 +70,23 @@ const NET_FEATURES: &[u32] = &[
     VIRTIO_RING_F_EVENT_IDX,
 ];
 
+/// The name of a feature of [`NET_FEATURES`], as the virtio spec writes it.
+fn feature_name(bit: u32) -> &'static str {
+    match bit {
+        VIRTIO_NET_F_CSUM => "csum",
+        VIRTIO_NET_F_GUEST_CSUM => "guest_csum",
+        VIRTIO_NET_F_GUEST_TSO4 => "guest_tso4",
+        VIRTIO_NET_F_GUEST_TSO6 => "guest_tso6",
+        VIRTIO_NET_F_GUEST_ECN => "guest_ecn",
+        VIRTIO_NET_F_HOST_TSO4 => "host_tso4",
+        VIRTIO_NET_F_HOST_TSO6 => "host_tso6",
+        VIRTIO_NET_F_HOST_ECN => "host_ecn",
+        VIRTIO_NET_F_MRG_RXBUF => "mrg_rxbuf",
+        VIRTIO_RING_F_EVENT_IDX => "event_idx",
+        _ => "?",
+    }
+}
+
 fn has(features: u64, bit: u32) -> bool {
     features & (1u64 << bit) != 0
 }
@@ -332,7 +349,7 @@ impl Session {
     fn run(mut self, ep: OwnedFd, steps: Arc<Mutex<Steps>>, state: Arc<HostState>) {
         let name = lock(&steps).port_name().to_string();
         while !state.stopping.load(Relaxed) {
-            let net = match Net::new(steps.clone()) {
+            let net = match Net::new(steps.clone(), state.clone()) {
                 Ok(n) => n,
                 Err(e) => {
                     tracing::error!(port = %name, "vhost-user: cannot set up the device: {e}");
@@ -493,6 +510,7 @@ impl Session {
             }
             tracing::info!(port = %name, "vhost-user front end went away");
             state.set_up(&name, false, &"the front end went away");
+            lock(&state.negotiated).clear();
             // What the switch delivered for the old guest is dropped, not handed to the next.
             let mut s = lock(&steps);
             s.want_irq(false);
@@ -535,6 +553,8 @@ struct NetInner {
     /// The guest's rx queue, once the library has shown it (for the direct sink).
     rxq: std::sync::OnceLock<Vring>,
     port: String,
+    /// What `vale-ctl list` shows of the port.
+    state: Arc<HostState>,
     /// Descriptors the library takes over and never closes (see `exit_event`).
     forgotten: Mutex<Vec<RawFd>>,
     /// The rx chains and descriptors a frame toward the guest is being written into (kept
@@ -555,7 +575,7 @@ struct RxScratch {
 }
 
 impl Net {
-    fn new(steps: Arc<Mutex<Steps>>) -> io::Result<Net> {
+    fn new(steps: Arc<Mutex<Steps>>, state: Arc<HostState>) -> io::Result<Net> {
         let (irq_fd, port) = {
             let s = lock(&steps);
             (s.irq_fd(), s.port_name().to_string())
@@ -570,6 +590,7 @@ impl Net {
             features: AtomicU64::new(0),
             rxq: std::sync::OnceLock::new(),
             port,
+            state,
             forgotten: Mutex::new(Vec::new()),
             rx_scratch: Mutex::new(RxScratch::default()),
         })))
@@ -704,7 +725,25 @@ impl Net {
 
     fn acked(&self, features: u64) {
         self.0.features.store(features, Relaxed);
-        lock(&self.0.steps).set_caps(Acked::caps(features));
+        let caps = Acked::caps(features);
+        lock(&self.0.steps).set_caps(caps);
+        let names: Vec<&str> = NET_FEATURES
+            .iter()
+            .filter(|&&bit| has(features, bit))
+            .map(|&bit| feature_name(bit))
+            .collect();
+        let offloads = match caps.names() {
+            n if n.is_empty() => "none".to_string(),
+            n => n.join(","),
+        };
+        *lock(&self.0.state.negotiated) = format!(
+            "features {}; 1 queue pair; offloads to the guest {offloads}",
+            if names.is_empty() {
+                "none".to_string()
+            } else {
+                names.join(",")
+            }
+        );
     }
 
     fn arm_timer(&self, ns: u64) {
