@@ -266,9 +266,11 @@ def mac_of(i):
 class Valed:
     """A valed of our own, in a temporary run directory, pinned as the layout says."""
 
-    def __init__(self, layout="split", workers=1, netns=None):
+    def __init__(self, layout="split", workers=1, netns=None, cpus=None, persistent=True):
         need_binaries()
-        self.layout = LAYOUTS[layout]
+        self.layout = dict(LAYOUTS[layout])
+        if cpus:     # valed's CPUs other than the layout's
+            self.layout["valed"] = cpus
         self.layout_name = layout
         self.workers = workers
         self.run_dir = tempfile.mkdtemp(prefix="vale-bench-")
@@ -290,7 +292,8 @@ class Valed:
             time.sleep(0.02)
         # The sender's port is persistent, so switch vale0 (and its knobs, such as the batch)
         # lives between runs: a switch goes away with its last port.
-        self.ctl("create", "vale0:a")
+        if persistent:
+            self.ctl("create", "vale0:a")
 
     @property
     def pid(self):
