@@ -133,6 +133,13 @@ def guest_pair(path, n, a):
     return json.loads(out)
 
 
+def rest_cpu(r):
+    """CPU seconds the machine was busy during a run beyond the QEMUs and valed: interrupts and
+    softirqs not charged to a process (the bridge's work may be there), and anything else that
+    ran (a compiler, another benchmark)."""
+    return r["machine_busy_s"] - sum(r["qemu_cpu_s"]) - (r.get("valed_cpu_s") or 0)
+
+
 def path_summary(reports):
     """The figures of one path over its runs."""
     runs = [r for rep in reports for r in rep["runs"]]
@@ -143,6 +150,7 @@ def path_summary(reports):
         # Bytes per frame the receiving guest's port (vale) or TAP (bridge) handed it.
         "rx_frame_bytes": summary([r["rx_bytes"] / r["rx_frames"] for r in runs if r.get("rx_frames")]),
         "qemu_cpu_s": summary([sum(r["qemu_cpu_s"]) for r in runs]),
+        "rest_cpu_s": summary([rest_cpu(r) for r in runs]),
         "boot_s": summary([max(rep["boot_s"]) for rep in reports]),
     }
     if any(r.get("valed_cpu_s") is not None for r in runs):
@@ -202,7 +210,9 @@ def main():
             r = rep["runs"][0]
             size = f", {r['rx_bytes'] / r['rx_frames']:.0f} B per frame at g2" if r.get("rx_frames") else ""
             print(f"run {n + 1}/{a.runs} {p:>6}: {r['bits_per_second'] / 1e9:6.3f} Gbit/s, "
-                  f"{r['retransmits']} retransmits{size} (guests booted in {max(rep['boot_s']):.1f} s)", flush=True)
+                  f"{r['retransmits']} retransmits{size}; CPU s: QEMUs {sum(r['qemu_cpu_s']):.1f}"
+                  + (f", valed {r['valed_cpu_s']:.1f}" if r.get("valed_cpu_s") is not None else "")
+                  + f", rest {rest_cpu(r):.1f} (guests booted in {max(rep['boot_s']):.1f} s)", flush=True)
     wall = time.monotonic() - t0
 
     results = {}

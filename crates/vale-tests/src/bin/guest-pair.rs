@@ -24,7 +24,8 @@
 //!
 //! Output: `{"path", "boot_s": [g1, g2], "runs": [{"bits_per_second" (receiver's),
 //! "sender_bits_per_second", "retransmits", "seconds", "rx_frames", "rx_bytes" (at the
-//! receiving port or TAP), "qemu_cpu_s": [g1, g2], "valed_cpu_s"}]}`.
+//! receiving port or TAP), "qemu_cpu_s": [g1, g2], "valed_cpu_s", "machine_busy_s" (every
+//! CPU's time outside idle, whoever used it)}]}`; CPU times are over the iperf3 command.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -228,6 +229,23 @@ fn cpu_s(pid: u32) -> f64 {
     (f.get(11).unwrap_or(&0) + f.get(12).unwrap_or(&0)) as f64 / ticks_per_second() as f64
 }
 
+/// CPU seconds the whole machine (every CPU) spent outside idle so far, from /proc/stat.
+fn machine_busy_s() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let f: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    // user nice system idle iowait irq softirq steal ...: all but idle and iowait (guest
+    // time is in user already).
+    let busy: u64 = f.iter().take(8).sum::<u64>() - f.get(3).unwrap_or(&0) - f.get(4).unwrap_or(&0);
+    busy as f64 / ticks_per_second() as f64
+}
+
 fn main() {
     let a = parse_args();
     if let Err(e) = kit() {
@@ -284,6 +302,7 @@ fn main() {
         let c0 = rx_counts(&a);
         let q0: Vec<f64> = pids.iter().map(|&p| cpu_s(p)).collect();
         let v0 = a.valed_pid.map(cpu_s);
+        let m0 = machine_busy_s();
         // The server may not listen yet when the first run starts: a few tries.
         let out = guests[0].ok(
             &format!(
@@ -295,6 +314,7 @@ fn main() {
         );
         let q1: Vec<f64> = pids.iter().map(|&p| cpu_s(p)).collect();
         let v1 = a.valed_pid.map(cpu_s);
+        let m1 = machine_busy_s();
         let c1 = rx_counts(&a);
         let j: Value = serde_json::from_str(&out)
             .unwrap_or_else(|e| panic!("iperf3 -J gave no JSON ({e}): {out}"));
@@ -315,6 +335,7 @@ fn main() {
             "rx_bytes": bytes,
             "qemu_cpu_s": q0.iter().zip(&q1).map(|(a, b)| b - a).collect::<Vec<f64>>(),
             "valed_cpu_s": v0.zip(v1).map(|(a, b)| b - a),
+            "machine_busy_s": m1 - m0,
         });
         eprintln!(
             "guest-pair: {} run {}: {:.3} Gbit/s{}",
