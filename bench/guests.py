@@ -25,7 +25,8 @@ the kernel's bridge share the two vCPUs. Needs root (namespaces, TAP devices, ap
 installs qemu-system-x86, iperf3 and iproute2 if missing, and unpacks a kernel and busybox
 into target/guest/root as scripts/test.sh does. Everything it starts or makes (QEMU, valed,
 the namespace with its bridge and TAPs, sockets, temporary directories) goes on exit, on an
-error, on Ctrl-C and on SIGTERM. About 3-4 minutes with the defaults, 1 with --quick.
+error, on Ctrl-C and on SIGTERM. About 2.5 minutes with the defaults (a boot takes 5-15 s), 1 with
+--quick.
 
     cargo build --release && bench/guests.py [--runs 5] [--seconds 5] [--cpus A,B]
 """
@@ -155,6 +156,8 @@ def path_summary(reports):
     }
     if any(r.get("valed_cpu_s") is not None for r in runs):
         out["valed_cpu_s"] = summary([r["valed_cpu_s"] for r in runs])
+    if any(r.get("port_drops") is not None for r in runs):
+        out["port_drops"] = summary([r["port_drops"] for r in runs])
     return out
 
 
@@ -210,7 +213,9 @@ def main():
             r = rep["runs"][0]
             size = f", {r['rx_bytes'] / r['rx_frames']:.0f} B per frame at g2" if r.get("rx_frames") else ""
             print(f"run {n + 1}/{a.runs} {p:>6}: {r['bits_per_second'] / 1e9:6.3f} Gbit/s, "
-                  f"{r['retransmits']} retransmits{size}; CPU s: QEMUs {sum(r['qemu_cpu_s']):.1f}"
+                  f"{r['retransmits']} retransmits"
+                  + (f", {r['port_drops']} lost at the ports" if r.get("port_drops") is not None else "")
+                  + f"{size}; CPU s: QEMUs {sum(r['qemu_cpu_s']):.1f}"
                   + (f", valed {r['valed_cpu_s']:.1f}" if r.get("valed_cpu_s") is not None else "")
                   + f", rest {rest_cpu(r):.1f} (guests booted in {max(rep['boot_s']):.1f} s)", flush=True)
     wall = time.monotonic() - t0
@@ -231,12 +236,19 @@ def main():
                  [[names[k], gbps(results[k]["bps"]), frame(results[k]["rx_frame_bytes"]),
                    fmt_ratio(r) if k == "vale" else ""] for k in names if k in results])
     print(f"layout: {note}")
+    # More than a tenth of the machine busy with something else over a run: not a quiet run.
+    limit = 0.1 * ncpu * (a.iperf_seconds + a.omit)
+    noisy = [f"{p} run {rep['run']}" for p in paths for rep in reports[p] if rest_cpu(rep["runs"][0]) > limit]
+    if noisy:
+        print(f"warning: the machine was busy beyond the guests and valed (more than {limit:.1f} CPU s) in "
+              f"{', '.join(noisy)}: something else ran; compare only quiet runs", flush=True)
     layout = {"name": "pinned" if a.cpus else "unpinned", "qemu": a.cpus.split(",") if a.cpus else None,
               "valed": a.valed_cpus, "valed_workers": 1, "note": note}
     load1 = os.getloadavg()
     common.write_report(
         a.out, "guests", a, layout, results,
         iperf_seconds=a.iperf_seconds, omit_seconds=a.omit, paths=paths, wall_seconds=round(wall, 1),
+        noisy_runs=noisy,
         reports={keys[p]: reports[p] for p in paths},
         ratio="vale's median receiver Gbit/s / the Linux bridge's",
         setup={"guests": "QEMU -accel tcg -smp 1 -m 256, virtio-net-pci with QEMU's default offloads "

@@ -24,7 +24,8 @@
 //!
 //! Output: `{"path", "boot_s": [g1, g2], "runs": [{"bits_per_second" (receiver's),
 //! "sender_bits_per_second", "retransmits", "seconds", "rx_frames", "rx_bytes" (at the
-//! receiving port or TAP), "qemu_cpu_s": [g1, g2], "valed_cpu_s", "machine_busy_s" (every
+//! receiving port or TAP), "port_drops" (vale: both ports' rx_drops, tx_drops and bad_input),
+//! "qemu_cpu_s": [g1, g2], "valed_cpu_s", "machine_busy_s" (every
 //! CPU's time outside idle, whoever used it)}]}`; CPU times are over the iperf3 command.
 
 use std::path::PathBuf;
@@ -184,8 +185,9 @@ fn ip_netns(ns: &str, args: &[&str]) -> Command {
 }
 
 /// Frames and bytes handed to the receiving guest so far: its vale port's rx counters, or its
-/// TAP's tx counters (what the kernel queued for QEMU to read).
-fn rx_counts(a: &Args) -> Option<(u64, u64)> {
+/// TAP's tx counters (what the kernel queued for QEMU to read); and for vale the frames the
+/// two ports lost (rx_drops, tx_drops and bad_input of both).
+fn rx_counts(a: &Args) -> Option<(u64, u64, Option<u64>)> {
     if a.path == "vale" {
         let dir = a.run_dir.as_ref()?;
         let ctl = std::env::current_exe()
@@ -196,12 +198,24 @@ fn rx_counts(a: &Args) -> Option<(u64, u64)> {
             .arg(dir)
             .args(["list", "--json"]));
         let list: Vec<SwitchInfo> = serde_json::from_str(&out).expect("vale-ctl list --json");
-        let p = list
-            .into_iter()
-            .flat_map(|s| s.ports)
-            .find(|p| p.name == a.ports[1])
-            .unwrap_or_else(|| panic!("port {} is not listed", a.ports[1]));
-        Some((p.counters.rx_packets, p.counters.rx_bytes))
+        let ports: Vec<_> = list.into_iter().flat_map(|s| s.ports).collect();
+        let port = |name: &str| {
+            ports
+                .iter()
+                .find(|p| p.name == name)
+                .unwrap_or_else(|| panic!("port {name} is not listed"))
+                .counters
+        };
+        let rx = port(&a.ports[1]);
+        let lost = a
+            .ports
+            .iter()
+            .map(|p| {
+                let c = port(p);
+                c.rx_drops + c.tx_drops + c.bad_input
+            })
+            .sum();
+        Some((rx.rx_packets, rx.rx_bytes, Some(lost)))
     } else {
         let ns = a.netns.as_ref()?;
         let stat = |f: &str| -> u64 {
@@ -211,7 +225,7 @@ fn rx_counts(a: &Args) -> Option<(u64, u64)> {
                 .parse()
                 .expect("a counter")
         };
-        Some((stat("tx_packets"), stat("tx_bytes")))
+        Some((stat("tx_packets"), stat("tx_bytes"), None))
     }
 }
 
@@ -322,9 +336,13 @@ fn main() {
         let bps = end["sum_received"]["bits_per_second"]
             .as_f64()
             .unwrap_or_else(|| panic!("no sum_received in iperf3's JSON: {out}"));
-        let (frames, bytes) = match (c0, c1) {
-            (Some(c0), Some(c1)) => (Some(c1.0 - c0.0), Some(c1.1 - c0.1)),
-            _ => (None, None),
+        let (frames, bytes, lost) = match (c0, c1) {
+            (Some(c0), Some(c1)) => (
+                Some(c1.0 - c0.0),
+                Some(c1.1 - c0.1),
+                c0.2.zip(c1.2).map(|(a, b)| b - a),
+            ),
+            _ => (None, None, None),
         };
         let run = json!({
             "bits_per_second": bps,
@@ -333,6 +351,7 @@ fn main() {
             "seconds": end["sum_received"]["seconds"],
             "rx_frames": frames,
             "rx_bytes": bytes,
+            "port_drops": lost,
             "qemu_cpu_s": q0.iter().zip(&q1).map(|(a, b)| b - a).collect::<Vec<f64>>(),
             "valed_cpu_s": v0.zip(v1).map(|(a, b)| b - a),
             "machine_busy_s": m1 - m0,
