@@ -268,13 +268,16 @@ def mac_of(i):
 class Valed:
     """A valed of our own, in a temporary run directory, pinned as the layout says."""
 
-    def __init__(self, layout="split", workers=1, netns=None):
-        """`layout`: a name of LAYOUTS, or an experiment's own {valed, tx, rx} CPU sets."""
+    def __init__(self, layout="split", workers=1, netns=None, cpus=None, persistent=True):
+        """`layout`: a name of LAYOUTS, or an experiment's own {valed, tx, rx} CPU sets;
+        `cpus`: valed's CPUs other than the layout's."""
         need_binaries()
         if isinstance(layout, dict):
-            self.layout, self.layout_name = layout, layout.get("name", "custom")
+            self.layout, self.layout_name = dict(layout), layout.get("name", "custom")
         else:
-            self.layout, self.layout_name = LAYOUTS[layout], layout
+            self.layout, self.layout_name = dict(LAYOUTS[layout]), layout
+        if cpus:
+            self.layout["valed"] = cpus
         self.workers = workers
         self.run_dir = tempfile.mkdtemp(prefix="vale-bench-")
         on_exit(lambda: shutil.rmtree(self.run_dir, ignore_errors=True))
@@ -295,7 +298,8 @@ class Valed:
             time.sleep(0.02)
         # The sender's port is persistent, so switch vale0 (and its knobs, such as the batch)
         # lives between runs: a switch goes away with its last port.
-        self.ctl("create", "vale0:a")
+        if persistent:
+            self.ctl("create", "vale0:a")
 
     @property
     def pid(self):

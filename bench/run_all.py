@@ -2,12 +2,13 @@
 """Runs every experiment of bench/ in one go, then draws the plots.
 
 In this order, each as its own command with the options given here passed on: sizes.py,
-batch.py, destinations.py, ports.py, latency.py, cpu.py, host_ports.py, vhost_user.py, then plot.py (PNGs in docs/bench/)
+batch.py, destinations.py, ports.py, latency.py, cpu.py, host_ports.py, vhost_user.py, guests.py, then
+plot.py (PNGs in docs/bench/)
 and summary.py (Markdown tables in bench/results/summary.md). Each prints its table
 and writes bench/results/<name>.json; this script prints how long each took and writes
 bench/results/run_all.json (the list of experiments, their exit status and durations).
-A full run (defaults: 5 runs per point) takes about 25-30 minutes on a 2-vCPU machine;
---quick (2 runs of 0.5 s, fewer points) about 3 minutes.
+A full run (defaults: 5 runs per point) takes about 30 minutes on a 2-vCPU machine;
+--quick (2 runs of 0.5 s, fewer points) about 4 minutes.
 
     cargo build --release && bench/run_all.py [--quick] [--runs N] [--seconds S] [--only sizes,cpu]
 
@@ -19,7 +20,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
 
-EXPERIMENTS = ["sizes", "batch", "destinations", "ports", "latency", "cpu", "host_ports", "vhost_user"]
+EXPERIMENTS = ["sizes", "batch", "destinations", "ports", "latency", "cpu", "host_ports", "vhost_user",
+               "guests"]
 
 
 def main():
@@ -47,9 +49,9 @@ def main():
             cmd += ["--seconds", str(a.seconds)]
         if a.quick:
             cmd.append("--quick")
-        if a.no_peers and e in ("host_ports", "vhost_user"):
-            continue    # nothing but a comparison with the bridge; vale's side needs testpmd too
-        if a.no_peers and e not in ("ports", "host_ports"):
+        if a.no_peers and e in ("host_ports", "vhost_user", "guests"):
+            continue    # nothing but a comparison with a peer; vale's side of vhost_user needs testpmd too
+        if a.no_peers and e != "ports":
             cmd.append("--no-peers")
         print(f"\n=== {e}: {' '.join(os.path.relpath(c) if c.startswith('/') else c for c in cmd[1:])}", flush=True)
         t0 = time.monotonic()

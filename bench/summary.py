@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Prints the results of the experiments as Markdown tables (the README's Benchmarks section).
 
-Reads bench/results/{sizes,batch,destinations,ports,latency,cpu,host_ports}.json, whichever exist, and
+Reads bench/results/{sizes,batch,destinations,ports,latency,cpu,host_ports,guests}.json, whichever exist, and
 prints one table each, with the date, the runs and the CPU layout they were measured with.
 
     bench/summary.py [--results bench/results] > results.md
@@ -119,6 +119,17 @@ def main():
                     "_moderation_", ", moderation ").replace("us", " µs") + ") → native port"
                 body.append([name, m(v["rx_pps"], 3), fmt_ratio(v.get("ratio"))])
             rows(["60-byte frames from one trafgen", "rx Mpps", "vale/bridge"], body)
+    d = common.load_result(a.results, "guests")
+    if d:
+        any_ = True
+        d = dict(d, seconds=d.get("iperf_seconds", d["seconds"]))
+        head(d, "Two guests (QEMU TCG), TCP through vale's vhost-user ports vs QEMU TAPs on the Linux bridge")
+        r = d["results"]
+        names = {"vale": "vale, vhost-user ports", "linux_bridge": "Linux bridge, QEMU TAP (vhost=off)"}
+        rows(["TCP, one stream, iperf3", "Gbit/s", "bytes per frame at the receiver", "vale/bridge"],
+             [[name, m(r[k]["bps"], 2, 1e-9), m(r[k]["rx_frame_bytes"], 0, 1),
+               fmt_ratio(r.get("ratio")) if k == "vale" else ""] for k, name in names.items() if k in r])
+        print(f"\nLayout: {d['cpu_layout']['note']}.")
     if not any_:
         sys.exit(f"no results in {a.results}")
 

@@ -118,10 +118,15 @@ pub fn skip_reason() -> Option<String> {
     }
 }
 
-/// The target dir of the running test (`target/<profile>/deps/<test>` -> `target`).
+/// The target dir of the running test (`target/<profile>/deps/<test>` -> `target`) or
+/// binary (`target/<profile>/<binary>` -> `target`).
 fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    exe.ancestors().nth(3).expect("target dir").to_path_buf()
+    let mut dir = exe.parent().expect("profile dir");
+    if dir.file_name().is_some_and(|n| n == "deps") {
+        dir = dir.parent().expect("profile dir");
+    }
+    dir.parent().expect("target dir").to_path_buf()
 }
 
 fn find_kit() -> Result<Kit, String> {
@@ -348,6 +353,8 @@ pub struct GuestConfig {
     pub offloads: bool,
     /// Network namespace QEMU runs in (where its TAP device appears).
     pub netns: Option<String>,
+    /// CPUs QEMU (all its threads) may run on; empty: any.
+    pub cpus: Vec<usize>,
 }
 
 impl GuestConfig {
@@ -362,6 +369,7 @@ impl GuestConfig {
             mtu: None,
             offloads: false,
             netns: None,
+            cpus: Vec::new(),
         }
     }
 }
@@ -434,11 +442,25 @@ impl Guest {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.0.join("qemu.err")).expect("qemu.err"));
-        // SAFETY: one async-signal-safe syscall between fork and exec. QEMU (and its TAP
-        // device) goes when the test process does, however it ends.
+        // SAFETY: a CPU set built before the fork and async-signal-safe syscalls between fork
+        // and exec. QEMU (and its TAP device) goes when the test process does, however it
+        // ends; the CPU set is inherited through `ip netns exec` by QEMU and its threads.
+        let cpus = (!cfg.cpus.is_empty()).then(|| {
+            let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+            for &cpu in &cfg.cpus {
+                unsafe { libc::CPU_SET(cpu, &mut set) };
+            }
+            set
+        });
         unsafe {
-            c.pre_exec(|| {
+            c.pre_exec(move || {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if let Some(set) = &cpus {
+                    if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), set) != 0
+                    {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
                 Ok(())
             });
         }
@@ -453,6 +475,11 @@ impl Guest {
             cmd: None,
             started: Instant::now(),
         }
+    }
+
+    /// QEMU's process id (`ip netns exec` execs QEMU: the same process).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Starts QEMU for `cfg` and waits until the guest serves commands.

@@ -283,6 +283,7 @@ fn vhost_user_guest(
         mtu: None,
         offloads: true,
         netns: None,
+        cpus: Vec::new(),
     }
 }
 
