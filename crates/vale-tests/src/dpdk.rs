@@ -12,6 +12,8 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+
+use crate::which;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -23,14 +25,6 @@ const LIB_DIRS: [&str; 3] = [
     "/usr/lib64/dpdk",
     "/usr/lib/dpdk",
 ];
-
-fn which(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|d| Path::new(d).join(name))
-        .find(|p| p.is_file())
-}
 
 /// Whether a driver `librte_<name>.so*` is installed where EAL loads drivers from.
 fn has_driver(name: &str) -> bool {

@@ -27,7 +27,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use crate::TempDir;
+use crate::{which, TempDir};
 
 /// Bound of a guest's boot, from QEMU's start to the guest's ready line.
 pub const BOOT_LIMIT: Duration = Duration::from_secs(60);
@@ -185,14 +185,6 @@ fn find_kit() -> Result<Kit, String> {
         kernel_version: version,
         initramfs,
     })
-}
-
-fn which(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|d| Path::new(d).join(name))
-        .find(|p| p.is_file())
 }
 
 /// `ldd` says a static binary is "not a dynamic executable" and fails.

@@ -257,6 +257,15 @@ pub fn valed_refusing(dir: &Path, args: &[&str]) -> Output {
     run_bounded(&mut tool("valed", dir, args), T)
 }
 
+/// The file `name` in a directory of `PATH`, if any.
+pub fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+}
+
 /// A valed of the test's own, killed when dropped.
 pub struct Valed {
     pub dir: TempDir,

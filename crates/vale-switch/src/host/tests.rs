@@ -509,6 +509,19 @@ fn vm_port(engine: &Engine) -> vale_abi::control::PortInfo {
         .clone()
 }
 
+/// A switch with a fake device on `vale0:peer` and a hand-driven guest on `vale0:vm` that
+/// acked the offered features but `refuse`: the engine, the guest, the peer's wire and the
+/// peer's ready line.
+fn guest_and_peer(tag: &str, refuse: u64) -> (Arc<Engine>, HandGuest, Arc<Wire>, Arc<OwnedFd>) {
+    let engine = Engine::new(EngineConfig::default()).unwrap();
+    let (dev, wire, ready, _) = fake("peer", false);
+    engine
+        .attach_device("vale0:peer", Box::new(dev), &Caller::valed())
+        .unwrap();
+    let g = HandGuest::connect(&engine, tag, refuse);
+    (engine, g, wire, ready)
+}
+
 /// The virtio-net header of a frame with no offload work, in `num_buffers` chains.
 fn plain_hdr(num_buffers: u16) -> Vec<u8> {
     let mut h = vec![0u8; 12];
@@ -524,14 +537,8 @@ const F_EVENT_IDX: u64 = 1 << 29;
 /// drops; good frames around them cross the switch both ways; valed never crashes.
 #[test]
 fn vhost_user_guest_input_is_checked() {
-    let engine = Engine::new(EngineConfig::default()).unwrap();
-    let admin = Caller::valed();
-    let (dev, wire, ready, _) = fake("peer", false);
-    engine
-        .attach_device("vale0:peer", Box::new(dev), &admin)
-        .unwrap();
     // Without merged rx buffers a frame must fit one chain; no TSO of IPv6 asked for.
-    let g = HandGuest::connect(&engine, "checked", F_MRG_RXBUF | F_EVENT_IDX | 1 << 12);
+    let (engine, g, wire, ready) = guest_and_peer("checked", F_MRG_RXBUF | F_EVENT_IDX | 1 << 12);
 
     // Guest tx: ten chains, eight of them hostile.
     let good = frame(0x7, [0xff; 6], 1, 60);
@@ -640,7 +647,7 @@ fn vhost_user_guest_input_is_checked() {
     assert_eq!(vm_port(&engine).state, "up");
 
     g.close(&engine);
-    engine.detach("vale0:peer", &admin).unwrap();
+    engine.detach("vale0:peer", &Caller::valed()).unwrap();
 }
 
 /// Merged rx buffers: a frame spans as many of the guest's chains as it needs, the header
@@ -648,13 +655,7 @@ fn vhost_user_guest_input_is_checked() {
 /// dropped) while the guest has too few buffers, and goes once it adds more.
 #[test]
 fn vhost_user_frames_span_merged_rx_buffers() {
-    let engine = Engine::new(EngineConfig::default()).unwrap();
-    let admin = Caller::valed();
-    let (dev, wire, ready, _) = fake("peer", false);
-    engine
-        .attach_device("vale0:peer", Box::new(dev), &admin)
-        .unwrap();
-    let g = HandGuest::connect(&engine, "mrg", 0);
+    let (engine, g, wire, ready) = guest_and_peer("mrg", 0);
 
     // Three chains of 64 bytes: a frame of 12 + 200 bytes needs four.
     for i in 0..4u16 {
@@ -693,7 +694,7 @@ fn vhost_user_frames_span_merged_rx_buffers() {
     assert_eq!((c.rx_packets, c.rx_drops, c.bad_input), (1, 0, 0), "{c:?}");
 
     g.close(&engine);
-    engine.detach("vale0:peer", &admin).unwrap();
+    engine.detach("vale0:peer", &Caller::valed()).unwrap();
 }
 
 /// A front end that makes its interrupt eventfd blocking and fills it (its flags are its own:
@@ -701,13 +702,7 @@ fn vhost_user_frames_span_merged_rx_buffers() {
 /// port goes down and detaches at once when the front end leaves.
 #[test]
 fn vhost_user_guest_blocking_its_eventfds_holds_nothing() {
-    let engine = Engine::new(EngineConfig::default()).unwrap();
-    let admin = Caller::valed();
-    let (dev, wire, ready, _) = fake("peer", false);
-    engine
-        .attach_device("vale0:peer", Box::new(dev), &admin)
-        .unwrap();
-    let g = HandGuest::connect(&engine, "block", 0);
+    let (engine, g, wire, ready) = guest_and_peer("block", 0);
     for call in &g.calls {
         let fd = call.as_raw_fd();
         // SAFETY: fcntl on our own descriptor.
@@ -735,7 +730,7 @@ fn vhost_user_guest_blocking_its_eventfds_holds_nothing() {
         "leaving and detaching took {:?}",
         t.elapsed()
     );
-    engine.detach("vale0:peer", &admin).unwrap();
+    engine.detach("vale0:peer", &Caller::valed()).unwrap();
 }
 
 /// The front end replaces its memory table under traffic, with one that leaves out where some
@@ -743,13 +738,7 @@ fn vhost_user_guest_blocking_its_eventfds_holds_nothing() {
 /// used, valed never touches memory outside the table of the moment.
 #[test]
 fn vhost_user_memory_table_changes_under_traffic() {
-    let engine = Engine::new(EngineConfig::default()).unwrap();
-    let admin = Caller::valed();
-    let (dev, wire, _ready, _) = fake("peer", false);
-    engine
-        .attach_device("vale0:peer", Box::new(dev), &admin)
-        .unwrap();
-    let mut g = HandGuest::connect(&engine, "memtable", 0);
+    let (engine, mut g, wire, _ready) = guest_and_peer("memtable", 0);
     // Chain 0 lies low (inside a half table), chain 1 high (only inside the whole one).
     let f = frame(0x7, [0xff; 6], 1, 60);
     let mut hf = plain_hdr(0);
@@ -790,5 +779,5 @@ fn vhost_user_memory_table_changes_under_traffic() {
     });
     assert!(wire.from_switch.lock().unwrap().iter().all(|x| *x == f));
     g.close(&engine);
-    engine.detach("vale0:peer", &admin).unwrap();
+    engine.detach("vale0:peer", &Caller::valed()).unwrap();
 }
