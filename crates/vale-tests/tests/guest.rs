@@ -1,8 +1,11 @@
-//! Linux guests under QEMU on a switch. Each guest's network device is a TAP device that QEMU
-//! creates and reads; the host side of that TAP is an ordinary interface, which valed binds as
-//! a NIC port. So every frame between the guests crosses the switch: guest -> QEMU -> TAP ->
-//! NIC port -> switch -> NIC port -> TAP -> QEMU -> guest. (A TAP port of valed's own cannot
-//! serve here: valed and QEMU would both hold the device end of one single-queue TAP.)
+//! Linux guests under QEMU on a switch.
+//!
+//! - On valed's own vhost-user ports (both socket roles): valed reads and writes guest memory,
+//!   with no TAP and no QEMU in the data path; offloads, a guest without them, a QEMU replaced,
+//!   valed restarted, and a guest beside a container behind a TAP port.
+//! - On QEMU's own TAP devices bound as NIC ports (the way before vhost-user): guest -> QEMU ->
+//!   TAP -> NIC port -> switch -> NIC port -> TAP -> QEMU -> guest. (A TAP port of valed's own
+//!   cannot serve there: valed and QEMU would both hold the device end of one TAP.)
 //!
 //! Needs root, iproute2, QEMU, a kernel and busybox (the README's test command installs them);
 //! skipped, saying why, where they are missing outside CI.
@@ -484,5 +487,99 @@ fn guests_pass_traffic_again_after_valed_restarts() {
     );
     ping_both_ways(&v, &mut guests);
     drop(guests);
+    eprintln!("test took {:.1?}", t0.elapsed());
+}
+
+/// A guest on a vhost-user port and a container (a network namespace) behind a TAP port of
+/// the same switch: TCP both ways, offloads on at both ends. TSO segments cross between the
+/// two kinds whole (the TAP takes the guest's, the guest takes the TAP's), nothing is bad.
+#[test]
+fn a_guest_and_a_container_talk_tcp_both_ways() {
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    if which("iperf3").is_none() {
+        eprintln!("skipped: no iperf3");
+        return;
+    }
+    let t0 = Instant::now();
+    let home = Netns::new("h");
+    let v = Valed::start_in(&home, &[]);
+    let tap = unique("vtap");
+    v.ctl_ok(&["attach", "vale0:c", "--tap", &tap]);
+    let ns = Netns::new("c");
+    ns.adopt(Some(&home), &tap, &[&format!("{}/24", IPS[1])]);
+    let sock = v.run_dir().join("vm.sock");
+    v.ctl_ok(&["attach", "vale0:g1", "--vhost-user", sock.to_str().unwrap()]);
+    let mut g = Guest::boot(&vhost_user_guest(
+        "g1",
+        &sock,
+        false,
+        &format!("{}/24", IPS[0]),
+        MACS[0],
+    ));
+    let limit = Duration::from_secs(20);
+    let out = g.run(&format!("ping -c 3 -i 0.2 -W 5 {}", IPS[1]), limit);
+    assert!(
+        out.output.contains("3 packets received"),
+        "guest -> container: {}\nvaled's log:\n{}",
+        out.output,
+        v.log()
+    );
+
+    // Guest -> container.
+    ns.ok("iperf3 -s -1 -D");
+    let c0 = v.counters("vale0:c");
+    let out = g.ok(
+        &format!(
+            "i=0; until iperf3 -c {} -n 16M -f m; do i=$((i+1)); [ $i -ge 20 ] && exit 1; sleep 0.1; done",
+            IPS[1]
+        ),
+        Duration::from_secs(120),
+    );
+    assert!(out.contains("receiver"), "iperf3 guest -> container: {out}");
+    let c1 = v.counters("vale0:c");
+    let (frames, bytes) = (c1.rx_packets - c0.rx_packets, c1.rx_bytes - c0.rx_bytes);
+    eprintln!("guest -> container: vale0:c took {frames} frames, {bytes} bytes");
+    assert!(
+        bytes >= 12 << 20,
+        "only {bytes} bytes reached the container"
+    );
+    assert!(
+        bytes / frames > 1514,
+        "{bytes} bytes in {frames} frames: no TSO crossed"
+    );
+
+    // Container -> guest.
+    g.ok("iperf3 -s -1 -D", limit);
+    let g1 = v.counters("vale0:g1");
+    let out = ns
+        .run(
+            &format!(
+                "i=0; until iperf3 -c {} -n 16M -f m; do i=$((i+1)); [ $i -ge 20 ] && exit 1; sleep 0.1; done",
+                IPS[0]
+            ),
+            Duration::from_secs(120),
+        );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("receiver"),
+        "iperf3 container -> guest: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let g2 = v.counters("vale0:g1");
+    let (frames, bytes) = (g2.rx_packets - g1.rx_packets, g2.rx_bytes - g1.rx_bytes);
+    eprintln!("container -> guest: vale0:g1 took {frames} frames, {bytes} bytes");
+    assert!(bytes >= 12 << 20, "only {bytes} bytes reached the guest");
+    assert!(
+        bytes / frames > 1514,
+        "{bytes} bytes in {frames} frames: no TSO crossed"
+    );
+    for p in ["vale0:c", "vale0:g1"] {
+        let c = v.counters(p);
+        assert_eq!((c.tx_drops, c.bad_input), (0, 0), "{p}: {c:?}");
+    }
+    drop(g);
     eprintln!("test took {:.1?}", t0.elapsed());
 }
