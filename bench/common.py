@@ -268,9 +268,9 @@ def mac_of(i):
 class Valed:
     """A valed of our own, in a temporary run directory, pinned as the layout says."""
 
-    def __init__(self, layout="split", workers=1, netns=None, cpus=None, persistent=True):
+    def __init__(self, layout="split", workers=1, netns=None, cpus=None, persistent=True, extra=()):
         """`layout`: a name of LAYOUTS, or an experiment's own {valed, tx, rx} CPU sets;
-        `cpus`: valed's CPUs other than the layout's."""
+        `cpus`: valed's CPUs other than the layout's; `extra`: more valed arguments."""
         need_binaries()
         if isinstance(layout, dict):
             self.layout, self.layout_name = dict(layout), layout.get("name", "custom")
@@ -287,7 +287,8 @@ class Valed:
         # interfaces valed binds and the TAP devices it creates live there.
         prefix = ["ip", "netns", "exec", netns] if netns else []
         self.proc = spawn([*prefix, "taskset", "-c", self.layout["valed"], f"{BIN}/valed", "--run-dir",
-                           self.run_dir, "--workers", str(workers)], stdout=self.log, stderr=subprocess.STDOUT)
+                           self.run_dir, "--workers", str(workers), *extra], stdout=self.log,
+                          stderr=subprocess.STDOUT)
         on_exit(lambda: stop(self.proc, signal.SIGTERM))
         sock = os.path.join(self.run_dir, "valed.sock")
         deadline = time.monotonic() + 10

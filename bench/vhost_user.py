@@ -121,8 +121,9 @@ def peer_run(d, size, a, cpus, dpdk):
 class ValeVhost(common.Valed):
     """valed (pinned to the middle's CPUs) with vale1:vm1 and vale1:vm2 listening at `socks`."""
 
-    def __init__(self, cpus, socks):
-        super().__init__({"valed": cpus["middle"], "tx": cpus["tx"], "rx": cpus["rx"]})
+    def __init__(self, cpus, socks, busy_poll_us=0):
+        super().__init__({"valed": cpus["middle"], "tx": cpus["tx"], "rx": cpus["rx"]},
+                         extra=("--busy-poll-us", str(busy_poll_us)))
         for port, s in zip(("vale1:vm1", "vale1:vm2"), socks):
             self.ctl("attach", port, "--vhost-user", s)
 
@@ -142,6 +143,9 @@ def main():
     ap.add_argument("--sizes", default=SIZES, help=f"frame sizes, 60-1514 (default {SIZES})")
     ap.add_argument("--cpus", help="with --layout pinned: sender, middle and receiver CPUs, e.g. 2,4,6 "
                                    "(given alone, it implies --layout pinned)")
+    ap.add_argument("--busy-poll-us", type=int, default=0,
+                    help="valed --busy-poll-us: how long its threads keep looking at a dry ring or guest "
+                         "before they sleep (default 0, valed's default)")
     ap.add_argument("--warmup", type=float, default=1.0, help="seconds of traffic before counting (default 1; --quick 0.5)")
     ap.add_argument("--dpdk", metavar="DIR", help="a relocatable DPDK folder (bin/dpdk-testpmd, lib/, pmds/) "
                                                   "instead of Debian's packages")
@@ -162,7 +166,7 @@ def main():
     d = tempfile.mkdtemp(prefix="vb-vhost-")
     on_exit(lambda: shutil.rmtree(d, ignore_errors=True))
     socks = (f"{d}/vm1.sock", f"{d}/vm2.sock")
-    v = ValeVhost(cpus, socks)
+    v = ValeVhost(cpus, socks, a.busy_poll_us)
 
     systems = ["vale"] + ([] if a.no_peers else ["dpdk_vhost"])
     results = []
@@ -192,14 +196,15 @@ def main():
         rows.append(row)
     print(f"\nvirtio_user txonly -> middle -> virtio_user rxonly, {a.runs} runs of {a.seconds} s "
           f"(warm-up {a.warmup} s); layout {a.layout}: sender cpu {cpus['tx']}, middle cpu {cpus['middle']}, "
-          f"receiver cpu {cpus['rx']}")
+          f"receiver cpu {cpus['rx']}; valed --busy-poll-us {a.busy_poll_us}")
     headers = ["len", "vale rx Mpps (min-max)", "vale tx Mpps", "valed cores"]
     if "dpdk_vhost" in systems:
         headers += ["vhost PMD rx Mpps", "vhost PMD tx Mpps", "middle cores", "vale/vhost PMD"]
     common.table(headers, rows)
     layout = {"name": a.layout, "sender_lcores": cpus["tx"], "receiver_lcores": cpus["rx"],
               "middle": cpus["middle"], "note": "each testpmd: main and forwarding lcore on its CPU set; "
-                                                "valed: taskset on the middle's CPU set, 1 worker"}
+                                                "valed: taskset on the middle's CPU set, 1 worker",
+              "valed_busy_poll_us": a.busy_poll_us}
     setup = {
         "dpdk": peers.testpmd_version() if not a.dpdk else "DPDK from --dpdk folder",
         "front_ends": "testpmd -i --auto-start, --no-huge -m 512 --single-file-segments, "

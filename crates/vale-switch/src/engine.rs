@@ -258,7 +258,14 @@ impl Engine {
             attachment: Some(att),
         });
         sw.install(port.clone());
-        if let Err(e) = host::start(sw.clone(), port.clone(), dev, state, self.epoch) {
+        if let Err(e) = host::start(
+            sw.clone(),
+            port.clone(),
+            dev,
+            state,
+            self.epoch,
+            self.cfg.busy_poll,
+        ) {
             sw.replace(&port, None);
             return Err(format!("cannot start port '{name}': {e}"));
         }

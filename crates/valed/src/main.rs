@@ -48,7 +48,8 @@ struct Args {
     /// Forwarding threads; source rings are shared among them round-robin
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     workers: u32,
-    /// Keep a ring that ran dry polled this many microseconds before sleeping (0: sleep at once)
+    /// Keep a ring (or a vhost-user guest's queues) that ran dry polled this many
+    /// microseconds before sleeping (0: sleep at once)
     #[arg(long, default_value_t = 0, value_name = "US")]
     busy_poll_us: u64,
     /// Batch size of new switches: frames gathered from a ring per pass (1-2048)

@@ -244,6 +244,9 @@ pub struct Steps {
     pipe: Pipeline,
     /// The allocation of the list of a frame's pieces (see [`crate::forward::recycle`]).
     pieces: Vec<&'static [u8]>,
+    /// How long a driver that can keeps looking at a dry device before it sleeps (valed's
+    /// `--busy-poll-us`).
+    pub busy_poll: std::time::Duration,
 }
 
 impl Steps {
@@ -253,6 +256,7 @@ impl Steps {
             port,
             pipe: Pipeline::new(epoch),
             pieces: Vec::with_capacity(MAX_FRAGS as usize),
+            busy_poll: std::time::Duration::ZERO,
         }
     }
 
@@ -474,8 +478,10 @@ pub fn start(
     mut dev: Box<dyn Device>,
     state: Arc<HostState>,
     epoch: Instant,
+    busy_poll: std::time::Duration,
 ) -> io::Result<()> {
-    let steps = Steps::new(sw, port, epoch);
+    let mut steps = Steps::new(sw, port, epoch);
+    steps.busy_poll = busy_poll;
     let driver = match dev.own_driver() {
         Some(own) => own,
         None => Box::new(Generic(dev)),
