@@ -130,13 +130,7 @@ fn two_guests_ping_and_talk_tcp_through_the_switch() {
     if guests[1].run("command -v iperf3", limit).status == 0 {
         guests[1].ok("iperf3 -s -1 -D", limit);
         let before = v.counters("vale0:g2");
-        let out = guests[0].ok(
-            &format!(
-                "i=0; until iperf3 -c {} -n 16M -f m; do i=$((i+1)); [ $i -ge 20 ] && exit 1; sleep 0.1; done",
-                IPS[1]
-            ),
-            limit,
-        );
+        let out = guests[0].ok(&iperf3_16m(IPS[1]), limit);
         eprintln!("iperf3 g1 -> g2:\n{out}");
         assert!(out.contains("receiver"), "iperf3: {out}");
         let after = v.counters("vale0:g2");
@@ -204,6 +198,14 @@ fn ping_both_ways(v: &Valed, guests: &mut [Guest]) {
     }
 }
 
+/// A shell command that sends 16 MiB of TCP to the iperf3 server at `addr`, trying again
+/// while the server is not up yet (at most 20 times).
+fn iperf3_16m(addr: &str) -> String {
+    format!(
+        "i=0; until iperf3 -c {addr} -n 16M -f m; do i=$((i+1)); [ $i -ge 20 ] && exit 1; sleep 0.1; done"
+    )
+}
+
 /// What one TCP run between two guests' ports moved: frames and bytes the sender's port took
 /// from it, and those the receiver's port gave it.
 #[derive(Debug)]
@@ -225,13 +227,7 @@ fn tcp_between(v: &Valed, guests: &mut [Guest], a: usize, b: usize) -> Option<Tc
     guests[b].ok("iperf3 -s -1 -D", limit);
     let port = |i: usize| format!("vale0:g{}", i + 1);
     let (tx0, rx0) = (v.counters(&port(a)), v.counters(&port(b)));
-    let out = guests[a].ok(
-        &format!(
-            "i=0; until iperf3 -c {} -n 16M -f m; do i=$((i+1)); [ $i -ge 20 ] && exit 1; sleep 0.1; done",
-            IPS[b]
-        ),
-        Duration::from_secs(120),
-    );
+    let out = guests[a].ok(&iperf3_16m(IPS[b]), Duration::from_secs(120));
     eprintln!("iperf3 {} -> {}:\n{out}", guests[a].name, guests[b].name);
     assert!(out.contains("receiver"), "iperf3: {out}");
     let (tx1, rx1) = (v.counters(&port(a)), v.counters(&port(b)));
@@ -531,13 +527,7 @@ fn a_guest_and_a_container_talk_tcp_both_ways() {
     // Guest -> container.
     ns.ok("iperf3 -s -1 -D");
     let c0 = v.counters("vale0:c");
-    let out = g.ok(
-        &format!(
-            "i=0; until iperf3 -c {} -n 16M -f m; do i=$((i+1)); [ $i -ge 20 ] && exit 1; sleep 0.1; done",
-            IPS[1]
-        ),
-        Duration::from_secs(120),
-    );
+    let out = g.ok(&iperf3_16m(IPS[1]), Duration::from_secs(120));
     assert!(out.contains("receiver"), "iperf3 guest -> container: {out}");
     let c1 = v.counters("vale0:c");
     let (frames, bytes) = (c1.rx_packets - c0.rx_packets, c1.rx_bytes - c0.rx_bytes);
@@ -554,14 +544,7 @@ fn a_guest_and_a_container_talk_tcp_both_ways() {
     // Container -> guest.
     g.ok("iperf3 -s -1 -D", limit);
     let g1 = v.counters("vale0:g1");
-    let out = ns
-        .run(
-            &format!(
-                "i=0; until iperf3 -c {} -n 16M -f m; do i=$((i+1)); [ $i -ge 20 ] && exit 1; sleep 0.1; done",
-                IPS[0]
-            ),
-            Duration::from_secs(120),
-        );
+    let out = ns.run(&iperf3_16m(IPS[0]), Duration::from_secs(120));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && text.contains("receiver"),

@@ -23,6 +23,17 @@ struct Wire {
     from_switch: Mutex<Vec<Vec<u8>>>,
 }
 
+impl Wire {
+    /// The device has `frames` for the switch, and says so on its `ready` line.
+    fn offer(&self, frames: &[Vec<u8>], ready: &OwnedFd) {
+        self.to_switch
+            .lock()
+            .unwrap()
+            .extend(frames.iter().cloned());
+        eventfd::signal(ready);
+    }
+}
+
 struct FakeDevice {
     name: String,
     wire: Arc<Wire>,
@@ -169,12 +180,7 @@ fn frames_cross_the_seam_both_ways() {
     let to_b: Vec<Vec<u8>> = (0..300)
         .map(|i| frame(0xa, [0xff; 6], i, 60 + i as usize))
         .collect();
-    wire_a
-        .to_switch
-        .lock()
-        .unwrap()
-        .extend(to_b.iter().cloned());
-    eventfd::signal(&*ready_a);
+    wire_a.offer(&to_b, &ready_a);
     wait_for("300 frames at b's sink", || {
         sink_b.frames.lock().unwrap().len() == 300
     });
@@ -190,12 +196,7 @@ fn frames_cross_the_seam_both_ways() {
     let to_a: Vec<Vec<u8>> = (0..200)
         .map(|i| frame(0xb, [2, 0, 0, 0, 0, 0xa], i, 1514))
         .collect();
-    wire_b
-        .to_switch
-        .lock()
-        .unwrap()
-        .extend(to_a.iter().cloned());
-    eventfd::signal(&*ready_b);
+    wire_b.offer(&to_a, &ready_b);
     wait_for("200 frames on a's wire", || {
         wire_a.from_switch.lock().unwrap().len() == 200
     });
@@ -245,12 +246,7 @@ fn a_direct_sink_that_declines_keeps_the_order() {
         .map(|i| frame(0xa, [0xff; 6], i, 60 + (i % 200) as usize))
         .collect();
     for chunk in sent.chunks(100) {
-        wire_a
-            .to_switch
-            .lock()
-            .unwrap()
-            .extend(chunk.iter().cloned());
-        eventfd::signal(&*ready_a);
+        wire_a.offer(&chunk, &ready_a);
     }
     wait_for("2000 frames at b", || {
         wire_b.from_switch.lock().unwrap().len() >= 2000
@@ -614,8 +610,7 @@ fn vhost_user_guest_input_is_checked() {
     let to_vm: Vec<Vec<u8>> = (0..2)
         .map(|i| frame(0x8, [2, 0, 0, 0, 0, 0x7], 10 + i, 100))
         .collect();
-    wire.to_switch.lock().unwrap().extend(to_vm.iter().cloned());
-    eventfd::signal(&*ready);
+    wire.offer(&to_vm, &ready);
     wait_for("both rx chains used", || g.u16_at(hg_used(RXQ) + 2) == 2);
     // Used element 1: the good buffer, header (num_buffers = 1) and the second frame.
     assert_eq!(g.used_elem(RXQ, 1), (1, 12 + 100));
@@ -666,8 +661,7 @@ fn vhost_user_frames_span_merged_rx_buffers() {
     }
     g.kick(RXQ);
     let f = frame(0x8, [2, 0, 0, 0, 0, 0x7], 1, 200);
-    wire.to_switch.lock().unwrap().push_back(f.clone());
-    eventfd::signal(&*ready);
+    wire.offer(std::slice::from_ref(&f), &ready);
     wait_for("the frame in vale0:vm's rx ring", || {
         vm_port(&engine).counters.rx_packets == 1
     });
@@ -718,8 +712,7 @@ fn vhost_user_guest_blocking_its_eventfds_holds_nothing() {
     }
     g.kick(RXQ);
     let to_vm: Vec<Vec<u8>> = (0..4).map(|i| frame(0x8, [0xff; 6], i, 100)).collect();
-    wire.to_switch.lock().unwrap().extend(to_vm.iter().cloned());
-    eventfd::signal(&*ready);
+    wire.offer(&to_vm, &ready);
     wait_for("four frames in the guest", || {
         g.u16_at(hg_used(RXQ) + 2) == 4
     });
