@@ -246,7 +246,7 @@ fn a_direct_sink_that_declines_keeps_the_order() {
         .map(|i| frame(0xa, [0xff; 6], i, 60 + (i % 200) as usize))
         .collect();
     for chunk in sent.chunks(100) {
-        wire_a.offer(&chunk, &ready_a);
+        wire_a.offer(chunk, &ready_a);
     }
     wait_for("2000 frames at b", || {
         wire_b.from_switch.lock().unwrap().len() >= 2000
