@@ -433,6 +433,11 @@ impl Steps {
         self.att().caps.store(caps.0, Relaxed);
     }
 
+    /// What the port keeps across owners (its knobs, among others).
+    pub fn shared(&self) -> Arc<crate::port::PortShared> {
+        self.port.shared.clone()
+    }
+
     /// The port's interrupt moderation interval.
     pub fn moderation_ns(&self) -> u64 {
         self.port.shared.moderation_ns.load(Relaxed)

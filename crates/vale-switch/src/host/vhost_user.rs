@@ -50,6 +50,7 @@ use super::{DevError, Device, Driver, Egress, HostState, Steps, TxSide};
 use crate::epoll;
 use crate::kind::{Delivered, DirectSink, OutFrames};
 use crate::offload::{self, Caps, Offload};
+use crate::port::PortShared;
 use vale_abi::region::MAX_FRAME_LEN;
 
 /// The virtio-net header of virtio 1.0 (`struct virtio_net_hdr_v1`): 12 bytes.
@@ -162,6 +163,7 @@ const NUM_QUEUES: usize = 2;
 /// Event ids of the worker's own descriptors (0..=NUM_QUEUES are the library's).
 const EV_IRQ: u16 = NUM_QUEUES as u16 + 1;
 const EV_TIMER: u16 = NUM_QUEUES as u16 + 2;
+const EV_GUEST_TIMER: u16 = NUM_QUEUES as u16 + 3;
 
 type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
 type Vring = VringMutex<Mem>;
@@ -338,6 +340,13 @@ fn signal_guest(st: &VringState<Mem>) {
     }
 }
 
+/// Empties one of our own nonblocking timerfds once it fired.
+fn drain_timer(t: &OwnedFd) {
+    let mut v = 0u64;
+    // SAFETY: reads 8 bytes into `v` from our own nonblocking timerfd.
+    unsafe { libc::read(t.as_raw_fd(), (&raw mut v).cast(), 8) };
+}
+
 /// Waits on `ep` for `ms` (-1: for ever): true when the port is stopping.
 fn wait_stop(ep: &OwnedFd, ms: i32, state: &HostState) -> bool {
     let mut events = [libc::epoll_event { events: 0, u64: 0 }; 4];
@@ -368,7 +377,11 @@ impl Session {
             // The worker also sleeps on the port's rx interrupt line and on the moderation
             // timer.
             let handlers = daemon.get_epoll_handlers();
-            for (fd, ev) in [(net.0.irq_fd, EV_IRQ), (net.0.timer.as_raw_fd(), EV_TIMER)] {
+            for (fd, ev) in [
+                (net.0.irq_fd, EV_IRQ),
+                (net.0.timer.as_raw_fd(), EV_TIMER),
+                (net.0.guest_timer.as_raw_fd(), EV_GUEST_TIMER),
+            ] {
                 if let Err(e) = handlers[0].register_listener(fd, EventSet::IN, ev as u64) {
                     tracing::error!(port = %name, "vhost-user: cannot watch the port: {e}");
                     return;
@@ -555,6 +568,16 @@ struct NetInner {
     port: String,
     /// What `vale-ctl list` shows of the port.
     state: Arc<HostState>,
+    /// The port's moderation knob, among others.
+    shared: Arc<PortShared>,
+    /// Interrupt moderation toward the guest, per queue: when it was last interrupted
+    /// (nanoseconds since `epoch`), and whether an interrupt waits for the interval's end
+    /// (the guest timer is armed for it).
+    irq_last: [AtomicU64; NUM_QUEUES],
+    irq_pending: [AtomicBool; NUM_QUEUES],
+    epoch: std::time::Instant,
+    /// Armed for the first deferred interrupt to the guest.
+    guest_timer: OwnedFd,
     /// Descriptors the library takes over and never closes (see `exit_event`).
     forgotten: Mutex<Vec<RawFd>>,
     /// The rx chains and descriptors a frame toward the guest is being written into (kept
@@ -576,9 +599,9 @@ struct RxScratch {
 
 impl Net {
     fn new(steps: Arc<Mutex<Steps>>, state: Arc<HostState>) -> io::Result<Net> {
-        let (irq_fd, port) = {
+        let (irq_fd, port, shared) = {
             let s = lock(&steps);
-            (s.irq_fd(), s.port_name().to_string())
+            (s.irq_fd(), s.port_name().to_string(), s.shared())
         };
         let timer = epoll::new_timer()?;
         Ok(Net(Arc::new(NetInner {
@@ -591,6 +614,11 @@ impl Net {
             rxq: std::sync::OnceLock::new(),
             port,
             state,
+            shared,
+            irq_last: [AtomicU64::new(0), AtomicU64::new(0)],
+            irq_pending: [AtomicBool::new(false), AtomicBool::new(false)],
+            epoch: std::time::Instant::now(),
+            guest_timer: epoll::new_timer()?,
             forgotten: Mutex::new(Vec::new()),
             rx_scratch: Mutex::new(RxScratch::default()),
         })))
@@ -614,6 +642,49 @@ impl Net {
         if n != 0 {
             steps.count_bad_input(n);
             self.report(why);
+        }
+    }
+
+    /// Interrupts the guest on queue `q` (of `st`), or, with the port's moderation knob set
+    /// and the last interrupt less than an interval ago, once the interval is over: any
+    /// thread may call this; the port's worker fires what waits (see `fire_deferred`).
+    fn interrupt(&self, st: &VringState<Mem>, q: usize) {
+        let m = self.0.shared.moderation_ns.load(Relaxed);
+        if m == 0 {
+            signal_guest(st);
+            return;
+        }
+        let now = self.0.epoch.elapsed().as_nanos() as u64;
+        let last = self.0.irq_last[q].load(Relaxed);
+        if now.saturating_sub(last) >= m {
+            self.0.irq_last[q].store(now, Relaxed);
+            self.0.irq_pending[q].store(false, Relaxed);
+            signal_guest(st);
+        } else if !self.0.irq_pending[q].swap(true, Relaxed) {
+            epoll::arm_timer(&self.0.guest_timer, (last + m - now).max(1000));
+        }
+    }
+
+    /// Sends the deferred interrupts whose interval is over; re-arms the guest timer for the
+    /// rest.
+    fn fire_deferred(&self, vrings: &[Vring]) {
+        let m = self.0.shared.moderation_ns.load(Relaxed);
+        let mut next = u64::MAX;
+        for (q, vring) in vrings.iter().enumerate().take(NUM_QUEUES) {
+            if !self.0.irq_pending[q].load(Relaxed) {
+                continue;
+            }
+            let now = self.0.epoch.elapsed().as_nanos() as u64;
+            let last = self.0.irq_last[q].load(Relaxed);
+            if now.saturating_sub(last) >= m && self.0.irq_pending[q].swap(false, Relaxed) {
+                self.0.irq_last[q].store(now, Relaxed);
+                signal_guest(&vring.get_ref());
+            } else if self.0.irq_pending[q].load(Relaxed) {
+                next = next.min(last + m - now);
+            }
+        }
+        if next != u64::MAX {
+            epoll::arm_timer(&self.0.guest_timer, next.max(1000));
         }
     }
 
@@ -680,7 +751,7 @@ impl Net {
         let _ = out.flush();
         let mut vq = out.vq;
         if vq.needs_interrupt() {
-            signal_guest(&st);
+            self.interrupt(&st, RXQ);
         }
         vq.finish(st.get_queue_mut());
         let (bad, why) = (out.bad, std::mem::replace(&mut out.why, Bad::None));
@@ -823,7 +894,7 @@ impl Net {
         if used != 0 {
             vq.publish_used();
             if vq.needs_interrupt() {
-                signal_guest(&st);
+                self.interrupt(&st, TXQ);
             }
         }
         vq.finish(st.get_queue_mut());
@@ -866,7 +937,7 @@ impl Net {
         let (bad, why) = (out.bad, std::mem::replace(&mut out.why, Bad::None));
         let mut vq = out.vq;
         if vq.needs_interrupt() {
-            signal_guest(&st);
+            self.interrupt(&st, RXQ);
         }
         vq.finish(st.get_queue_mut());
         self.bad(steps, bad, &why);
@@ -1174,16 +1245,14 @@ impl VhostUserBackend for Net {
     ) -> io::Result<()> {
         match device_event {
             EV_IRQ => lock(&self.0.steps).drain_irq(),
-            EV_TIMER => {
-                let mut v = 0u64;
-                // SAFETY: reads 8 bytes into `v` from our own nonblocking timerfd.
-                unsafe { libc::read(self.0.timer.as_raw_fd(), (&raw mut v).cast(), 8) };
-            }
+            EV_TIMER => drain_timer(&self.0.timer),
+            EV_GUEST_TIMER => drain_timer(&self.0.guest_timer),
             _ => {}
         }
         if vrings.len() == NUM_QUEUES {
             self.0.rxq.get_or_init(|| vrings[RXQ].clone());
             self.pump(vrings);
+            self.fire_deferred(vrings);
         }
         Ok(())
     }
