@@ -395,12 +395,7 @@ impl Pipeline {
     fn deliver(&mut self, src: &Port, dst: &Arc<Port>, src_ring: u32, mut a: u16, mut b: u16) {
         let stats = dst.stats();
         let Some(att) = &dst.attachment else {
-            let mut dropped = 0;
-            while a != NIL || b != NIL {
-                take_next(&self.next, &mut a, &mut b);
-                dropped += 1;
-            }
-            add(&stats.rx_drops, dropped);
+            add(&stats.rx_drops, count_lists(&self.next, a, b));
             return;
         };
         let caps = Caps(att.caps.load(Relaxed));
@@ -431,7 +426,7 @@ impl Pipeline {
         let atok = reg.atok(ring);
         let ktoa = reg.ktoa(ring);
 
-        let (mut delivered, mut bytes, mut dropped, mut bad) = (0u64, 0u64, 0u64, 0u64);
+        let mut t = Tally::default();
         let mut src_bad = 0u64;
         let mut hwtail = rxr.lock.lock().unwrap_or_else(|e| e.into_inner());
         // The client's head, read once: slots from hwtail up to head-1 are ours to fill.
@@ -439,7 +434,7 @@ impl Pipeline {
         let free = if head < n {
             head.wrapping_sub(*hwtail).wrapping_sub(1) & mask
         } else {
-            bad += 1;
+            t.bad += 1;
             0
         };
         let mut out = DstRing {
@@ -457,17 +452,7 @@ impl Pipeline {
                 ptr: self.seg_store[s as usize..].as_ptr(),
                 len: l,
             }];
-            match out.put(&frag, l, 0, false, &mut self.dst_bufs) {
-                Put::Done => {
-                    delivered += 1;
-                    bytes += l as u64;
-                }
-                Put::Full => dropped += 1,
-                Put::Bad => {
-                    bad += 1;
-                    dropped += 1;
-                }
-            }
+            t.count(out.put(&frag, l, 0, false, &mut self.dst_bufs), l);
         }
         self.seg_spans.clear();
         while a != NIL || b != NIL {
@@ -479,59 +464,34 @@ impl Pipeline {
             if f.offload != 0 && !off.fits(caps) {
                 // Slow path: a TSO segment or a partial checksum toward a port that cannot
                 // take it.
-                let mut pieces: Vec<&[u8]> = std::mem::take(&mut self.pieces);
-                pieces.extend(
-                    frags
-                        .iter()
-                        // SAFETY: checked against the source's pool and buffer size in stage 1.
-                        .map(|g| unsafe { std::slice::from_raw_parts(g.ptr, g.len as usize) }),
-                );
-                let (dst_bufs, mut n, mut b_, mut lost) = (&mut self.dst_bufs, 0u64, 0u64, 0u64);
-                let r = self.resolver.resolve(&pieces, off, |seg| {
+                let dst_bufs = &mut self.dst_bufs;
+                let r = resolve_frags(&mut self.resolver, &mut self.pieces, frags, off, |seg| {
                     let frag = [Frag {
                         ptr: seg.as_ptr(),
                         len: seg.len() as u32,
                     }];
-                    match out.put(&frag, seg.len() as u32, 0, false, dst_bufs) {
-                        Put::Done => {
-                            n += 1;
-                            b_ += seg.len() as u64;
-                        }
-                        Put::Full => lost += 1,
-                        Put::Bad => {
-                            lost += 1;
-                            bad += 1;
-                        }
-                    }
+                    t.count(
+                        out.put(&frag, seg.len() as u32, 0, false, dst_bufs),
+                        seg.len() as u32,
+                    );
                 });
-                self.pieces = recycle(pieces);
                 if r.is_err() {
                     // Headers that contradict the offload request: the sender's fault.
                     src_bad += 1;
-                    dropped += 1;
+                    t.dropped += 1;
                 }
-                delivered += n;
-                bytes += b_;
-                dropped += lost;
                 continue;
             }
-            match out.put(frags, f.len, f.offload, true, &mut self.dst_bufs) {
-                Put::Done => {
-                    delivered += 1;
-                    bytes += f.len as u64;
-                }
-                Put::Full => dropped += 1,
-                Put::Bad => {
-                    bad += 1;
-                    dropped += 1;
-                }
-            }
+            t.count(
+                out.put(frags, f.len, f.offload, true, &mut self.dst_bufs),
+                f.len,
+            );
         }
         let tail = out.tail;
         // Counted before the client can see the frames (the tail store below).
-        add(&stats.rx_packets, delivered);
-        add(&stats.rx_bytes, bytes);
-        if delivered != 0 {
+        add(&stats.rx_packets, t.delivered);
+        add(&stats.rx_bytes, t.bytes);
+        if t.delivered != 0 {
             *hwtail = tail;
             // Release: the slots and payloads written above are visible before the new tail.
             ktoa.hwtail.store(tail, Release);
@@ -540,18 +500,13 @@ impl Pipeline {
             ktoa.hwcur.store(head, Relaxed);
         }
         drop(hwtail);
-        add(&stats.rx_drops, dropped);
-        if bad != 0 {
-            add(&stats.bad_input, bad);
+        add(&stats.rx_drops, t.dropped);
+        if t.bad != 0 {
+            add(&stats.bad_input, t.bad);
             dst.note_bad_input(format_args!("rx ring {r}: bad head or buffer index"));
         }
-        if src_bad != 0 {
-            add(&src.stats().bad_input, src_bad);
-            src.note_bad_input(format_args!(
-                "{src_bad} frame(s) with inconsistent offload headers"
-            ));
-        }
-        if delivered != 0 {
+        note_offload_errors(src, src_bad);
+        if t.delivered != 0 {
             // Same store / fence / load order as for tx completions above.
             fence(SeqCst);
             if atok.appl_need_kick.load(Relaxed) != 0 {
@@ -592,24 +547,14 @@ impl Pipeline {
         add(&stats.rx_bytes, d.bytes);
         add(&stats.rx_drops, d.dropped + resolve_drops);
         add(&stats.bad_input, d.bad_input);
-        if src_bad != 0 {
-            add(&src.stats().bad_input, src_bad);
-            src.note_bad_input(format_args!(
-                "{src_bad} frame(s) with inconsistent offload headers"
-            ));
-        }
+        note_offload_errors(src, src_bad);
         if d.declined {
             (*lists.0, *lists.1) = (a, b);
             seg_next
         } else {
             // Whatever the sink did not ask for is gone with the batch.
-            let mut left = (self.seg_spans.len() - seg_next.min(self.seg_spans.len())) as u64;
-            let (mut a, mut b) = (a, b);
-            while a != NIL || b != NIL {
-                take_next(&self.next, &mut a, &mut b);
-                left += 1;
-            }
-            add(&stats.rx_drops, left);
+            let segs = (self.seg_spans.len() - seg_next.min(self.seg_spans.len())) as u64;
+            add(&stats.rx_drops, segs + count_lists(&self.next, a, b));
             (*lists.0, *lists.1) = (NIL, NIL);
             self.seg_spans.len()
         }
@@ -636,23 +581,19 @@ impl DirectBatch<'_> {
     fn resolve(&mut self, i: usize) {
         let p = &mut *self.pipe;
         let (fs, fc) = p.frame_frags[i];
-        let mut pieces: Vec<&[u8]> = std::mem::take(&mut p.pieces);
-        pieces.extend(
-            p.frags[fs as usize..(fs + fc) as usize]
-                .iter()
-                // SAFETY: checked against the source's pool and buffer size in stage 1.
-                .map(|g| unsafe { std::slice::from_raw_parts(g.ptr, g.len as usize) }),
-        );
         p.seg_store.clear();
         p.seg_spans.clear();
         let (store, spans) = (&mut p.seg_store, &mut p.seg_spans);
-        let r = p
-            .resolver
-            .resolve(&pieces, Offload::from_word(p.frames[i].offload), |seg| {
+        let r = resolve_frags(
+            &mut p.resolver,
+            &mut p.pieces,
+            &p.frags[fs as usize..(fs + fc) as usize],
+            Offload::from_word(p.frames[i].offload),
+            |seg| {
                 spans.push((store.len() as u32, seg.len() as u32));
                 store.extend_from_slice(seg);
-            });
-        p.pieces = recycle(pieces);
+            },
+        );
         self.seg_next = 0;
         if r.is_err() {
             // Headers that contradict the offload request: the sender's fault.
@@ -818,6 +759,75 @@ impl DstRing<'_> {
 
 /// Pops the lower-numbered head of two frame lists (they never share a frame).
 #[inline(always)]
+/// Counts and logs (once per owner) frames of `src` whose headers contradict their offload
+/// request: the sender's fault.
+fn note_offload_errors(src: &Port, n: u64) {
+    if n != 0 {
+        add(&src.stats().bad_input, n);
+        src.note_bad_input(format_args!(
+            "{n} frame(s) with inconsistent offload headers"
+        ));
+    }
+}
+
+/// Finishes the offload work of a frame of `frags` in software; `emit` is given each
+/// resulting frame. `pieces` is scratch space (see [`recycle`]).
+fn resolve_frags(
+    resolver: &mut Resolver,
+    pieces: &mut Vec<&'static [u8]>,
+    frags: &[Frag],
+    off: Offload,
+    emit: impl FnMut(&[u8]),
+) -> Result<(), crate::offload::OffloadError> {
+    let mut list: Vec<&[u8]> = std::mem::take(pieces);
+    list.extend(
+        frags
+            .iter()
+            // SAFETY: checked against the source's pool and buffer size in stage 1.
+            .map(|g| unsafe { std::slice::from_raw_parts(g.ptr, g.len as usize) }),
+    );
+    let r = resolver.resolve(&list, off, emit);
+    *pieces = recycle(list);
+    r.map(|_| ())
+}
+
+/// What a delivery into a ring made of its frames.
+#[derive(Default)]
+struct Tally {
+    delivered: u64,
+    bytes: u64,
+    dropped: u64,
+    /// Dropped because the destination's client wrote a bad buffer index.
+    bad: u64,
+}
+
+impl Tally {
+    #[inline(always)]
+    fn count(&mut self, put: Put, len: u32) {
+        match put {
+            Put::Done => {
+                self.delivered += 1;
+                self.bytes += len as u64;
+            }
+            Put::Full => self.dropped += 1,
+            Put::Bad => {
+                self.bad += 1;
+                self.dropped += 1;
+            }
+        }
+    }
+}
+
+/// How many frames lists `a` and `b` hold.
+fn count_lists(next: &[u16], mut a: u16, mut b: u16) -> u64 {
+    let mut n = 0;
+    while a != NIL || b != NIL {
+        take_next(next, &mut a, &mut b);
+        n += 1;
+    }
+    n
+}
+
 fn take_next(next: &[u16], a: &mut u16, b: &mut u16) -> u16 {
     let from_a = *b == NIL || (*a != NIL && *a < *b);
     let list = if from_a { a } else { b };

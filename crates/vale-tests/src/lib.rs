@@ -307,17 +307,27 @@ impl Valed {
     }
 
     /// Starts `cmd`, a valed serving `dir`, logging to `dir/valed.log`.
-    fn spawn_in(dir: TempDir, mut cmd: Command) -> Valed {
-        let log = std::fs::File::create(dir.0.join("valed.log")).expect("log file");
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("start valed");
+    fn spawn_in(dir: TempDir, cmd: Command) -> Valed {
+        let child = Valed::spawn_logged(&dir.0, cmd, false);
         let v = Valed { dir, child };
         v.wait_ready();
         v
+    }
+
+    /// Starts `cmd` with its output in `dir/valed.log`, a new log or (`append`) the old one.
+    fn spawn_logged(dir: &Path, mut cmd: Command, append: bool) -> Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(dir.join("valed.log"))
+            .expect("log file");
+        cmd.stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start valed")
     }
 
     fn wait_ready(&self) {
@@ -338,16 +348,7 @@ impl Valed {
     pub fn restart_after_kill(&mut self) {
         self.signal(libc::SIGKILL);
         let _ = self.child.wait();
-        let log = std::fs::OpenOptions::new()
-            .append(true)
-            .open(self.dir.0.join("valed.log"))
-            .expect("log file");
-        self.child = tool("valed", &self.dir.0, &[])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("start valed");
+        self.child = Valed::spawn_logged(&self.dir.0, tool("valed", &self.dir.0, &[]), true);
         self.wait_ready();
     }
 

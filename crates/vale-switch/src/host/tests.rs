@@ -154,6 +154,16 @@ fn fake(
     (dev, wire, ready, sink)
 }
 
+/// What `engine.list()` says of port `name` of the first switch.
+fn port_info(engine: &Engine, name: &str) -> vale_abi::control::PortInfo {
+    engine.list()[0]
+        .ports
+        .iter()
+        .find(|p| p.name == name)
+        .unwrap()
+        .clone()
+}
+
 fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !cond() {
@@ -202,10 +212,7 @@ fn frames_cross_the_seam_both_ways() {
     });
     assert_eq!(*wire_a.from_switch.lock().unwrap(), to_a);
 
-    let port = |n: &str| {
-        let list = engine.list();
-        list[0].ports.iter().find(|p| p.name == n).unwrap().clone()
-    };
+    let port = |n: &str| port_info(&engine, n);
     // A direct sink's deliveries are counted once its call returns, after the frames left.
     wait_for("b's rx counter", || {
         port("vale0:b").counters.rx_packets == 300
@@ -256,14 +263,7 @@ fn a_direct_sink_that_declines_keeps_the_order() {
         "frames lost, doubled or reordered"
     );
     assert!(sink.calls.load(Relaxed) > 0);
-    let b = || {
-        engine.list()[0]
-            .ports
-            .iter()
-            .find(|p| p.name == "vale0:b")
-            .unwrap()
-            .counters
-    };
+    let b = || port_info(&engine, "vale0:b").counters;
     wait_for("b's counters", || b().rx_packets == 2000);
     assert_eq!(b().rx_drops, 0);
     engine.detach("vale0:a", &admin).unwrap();
@@ -497,12 +497,7 @@ impl Drop for HandGuest {
 }
 
 fn vm_port(engine: &Engine) -> vale_abi::control::PortInfo {
-    engine.list()[0]
-        .ports
-        .iter()
-        .find(|p| p.name == "vale0:vm")
-        .unwrap()
-        .clone()
+    port_info(engine, "vale0:vm")
 }
 
 /// A switch with a fake device on `vale0:peer` and a hand-driven guest on `vale0:vm` that

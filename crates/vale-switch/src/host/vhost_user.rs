@@ -312,15 +312,15 @@ impl Driver for Session {
 /// How long a detach waits for the library's threads to end.
 const STOP_LIMIT_MS: i32 = 3000;
 
-/// Whether `fd` becomes readable within `ms`.
-fn wait_readable(fd: &OwnedFd, ms: i32) -> bool {
+/// Whether `fd` is ready for `events` (`POLLIN`, `POLLOUT`) within `ms` (0: now).
+fn poll_one(fd: RawFd, events: i16, ms: i32) -> bool {
     let mut p = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
+        fd,
+        events,
         revents: 0,
     };
     // SAFETY: one pollfd of ours.
-    unsafe { libc::poll(&mut p, 1, ms) == 1 }
+    unsafe { libc::poll(&mut p, 1, ms) == 1 && p.revents & events != 0 }
 }
 
 /// Interrupts the guest on the queue of `st`, unless its call eventfd cannot take a write
@@ -329,22 +329,9 @@ fn wait_readable(fd: &OwnedFd, ms: i32) -> bool {
 /// long as the front end likes.
 fn signal_guest(st: &VringState<Mem>) {
     let Some(call) = st.get_call() else { return };
-    let mut p = libc::pollfd {
-        fd: call.as_raw_fd(),
-        events: libc::POLLOUT,
-        revents: 0,
-    };
-    // SAFETY: one pollfd of ours, no wait.
-    if unsafe { libc::poll(&mut p, 1, 0) } == 1 && p.revents & libc::POLLOUT != 0 {
+    if poll_one(call.as_raw_fd(), libc::POLLOUT, 0) {
         let _ = call.notify();
     }
-}
-
-/// Empties one of our own nonblocking timerfds once it fired.
-fn drain_timer(t: &OwnedFd) {
-    let mut v = 0u64;
-    // SAFETY: reads 8 bytes into `v` from our own nonblocking timerfd.
-    unsafe { libc::read(t.as_raw_fd(), (&raw mut v).cast(), 8) };
 }
 
 /// Waits on `ep` for `ms` (-1: for ever): true when the port is stopping.
@@ -506,7 +493,7 @@ impl Session {
                 // in a blocking read or write of a descriptor it shares (their flags are the
                 // front end's to change). Then its threads are left behind, so that detaching
                 // never waits on a guest.
-                if !wait_readable(&done, STOP_LIMIT_MS) {
+                if !poll_one(done.as_raw_fd(), libc::POLLIN, STOP_LIMIT_MS) {
                     tracing::error!(port = %name, "vhost-user: the front end holds the port's worker thread (a blocking eventfd of its own); leaving it behind");
                     relay.join();
                     return;
@@ -580,18 +567,19 @@ struct NetInner {
     guest_timer: OwnedFd,
     /// Descriptors the library takes over and never closes (see `exit_event`).
     forgotten: Mutex<Vec<RawFd>>,
-    /// The rx chains and descriptors a frame toward the guest is being written into (kept
-    /// between frames, so the data path allocates nothing once grown).
-    rx_scratch: Mutex<RxScratch>,
+    /// The data path's lists (descriptors, chains, a frame's pieces), kept between frames so
+    /// that it allocates nothing once they have grown.
+    scratch: Mutex<Scratch>,
 }
 
 #[derive(Default)]
-struct RxScratch {
+struct Scratch {
     /// The descriptors of the tx chain being read.
     tx_descs: Vec<Desc>,
     /// The pieces of the frame being written (see [`crate::forward::recycle`]).
     pieces: Vec<&'static [u8]>,
-    /// Per chain: its head index and how many of `descs` belong to it.
+    /// The rx chains a frame toward the guest is written into: head index and how many of
+    /// `descs` belong to it.
     chains: Vec<(u16, usize)>,
     /// Their descriptors.
     descs: Vec<Desc>,
@@ -620,7 +608,7 @@ impl Net {
             epoch: std::time::Instant::now(),
             guest_timer: epoll::new_timer()?,
             forgotten: Mutex::new(Vec::new()),
-            rx_scratch: Mutex::new(RxScratch::default()),
+            scratch: Mutex::new(Scratch::default()),
         })))
     }
 
@@ -709,58 +697,78 @@ impl Net {
             d.declined = true;
             return d;
         };
-        let mut st = vring.get_mut();
         let mem = self.0.mem.memory();
-        let Some(vq) = Virtq::new(st.get_queue(), &mem) else {
-            self.report(&Bad::Rings);
-            d.declined = true;
-            return d;
-        };
         let acked = Acked::of(self.0.features.load(Relaxed));
-        let mut scratch = lock(&self.0.rx_scratch);
-        let mut pieces: Vec<&[u8]> = std::mem::take(&mut scratch.pieces);
+        let pass = self.rx_pass(&mut vring.get_mut(), &mem, &acked, |out| {
+            let mut pieces: Vec<&[u8]> = std::mem::take(&mut out.scratch.pieces);
+            while let Some(f) = frames.next_frame() {
+                pieces.clear();
+                // SAFETY: the pipeline's iovecs point at live frame pieces of their length.
+                pieces.extend(f.iov[1..].iter().map(|v| unsafe {
+                    std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
+                }));
+                let len = f.len as u64;
+                match out.send(&pieces, f.offload) {
+                    Ok(true) => {
+                        d.frames += 1;
+                        d.bytes += len;
+                    }
+                    Ok(false) => {
+                        frames.put_back();
+                        d.declined = true;
+                        break;
+                    }
+                    Err(_) => d.dropped += 1,
+                }
+            }
+            out.scratch.pieces = crate::forward::recycle(pieces);
+        });
+        match pass {
+            Some(((), bad, why)) => {
+                d.bad_input = bad;
+                if bad != 0 {
+                    self.report(&why);
+                }
+            }
+            None => {
+                self.report(&Bad::Rings);
+                d.declined = true;
+            }
+        }
+        d
+    }
+
+    /// One pass over the guest's rx queue (locked in `st`): `f` sends through a [`GuestRx`];
+    /// then the used chains are published and the guest interrupted if it asks to be, and
+    /// the queue gets its new position. What `f` returned, and the bad chains met with the
+    /// last reason; None when the queue's rings are not in guest memory.
+    fn rx_pass<R>(
+        &self,
+        st: &mut std::sync::MutexGuard<'_, VringState<Mem>>,
+        mem: &GuestMemoryMmap,
+        acked: &Acked,
+        f: impl FnOnce(&mut GuestRx) -> R,
+    ) -> Option<(R, u64, Bad)> {
+        let vq = Virtq::new(st.get_queue(), mem)?;
+        let mut scratch = lock(&self.0.scratch);
         let mut out = GuestRx {
             vq,
-            mem: &mem,
+            mem,
             mrg_rxbuf: acked.mrg_rxbuf,
             scratch: &mut scratch,
             used: 0,
             bad: 0,
             why: Bad::None,
         };
-        while let Some(f) = frames.next_frame() {
-            pieces.clear();
-            // SAFETY: the pipeline's iovecs point at live frame pieces of their length.
-            pieces.extend(f.iov[1..].iter().map(|v| unsafe {
-                std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
-            }));
-            let len = f.len as u64;
-            match out.send(&pieces, f.offload) {
-                Ok(true) => {
-                    d.frames += 1;
-                    d.bytes += len;
-                }
-                Ok(false) => {
-                    frames.put_back();
-                    d.declined = true;
-                    break;
-                }
-                Err(_) => d.dropped += 1,
-            }
-        }
+        let r = f(&mut out);
+        // Chains returned for dropped frames are published too.
         let _ = out.flush();
         let mut vq = out.vq;
         if vq.needs_interrupt() {
-            self.interrupt(&st, RXQ);
+            self.interrupt(st, RXQ);
         }
         vq.finish(st.get_queue_mut());
-        let (bad, why) = (out.bad, std::mem::replace(&mut out.why, Bad::None));
-        scratch.pieces = crate::forward::recycle(pieces);
-        d.bad_input = bad;
-        if bad != 0 {
-            self.report(&why);
-        }
-        d
+        Some((r, out.bad, out.why))
     }
 
     /// Both directions until neither moves; then the guest's notifications are asked for
@@ -849,7 +857,7 @@ impl Net {
             self.bad(steps, 1, &Bad::Rings);
             return 0;
         };
-        let mut descs = std::mem::take(&mut lock(&self.0.rx_scratch).tx_descs);
+        let mut descs = std::mem::take(&mut lock(&self.0.scratch).tx_descs);
         let (mut used, mut bad, mut why) = (0usize, 0u64, Bad::None);
         let r = steps.ingress(|side| {
             let mut n = 0;
@@ -889,7 +897,7 @@ impl Net {
             }
             Ok(n)
         });
-        lock(&self.0.rx_scratch).tx_descs = descs;
+        lock(&self.0.scratch).tx_descs = descs;
         self.bad(steps, bad, &why);
         if used != 0 {
             vq.publish_used();
@@ -917,29 +925,11 @@ impl Net {
         if !st.is_enabled() || !st.get_queue().ready() {
             return (0, false);
         }
-        let Some(vq) = Virtq::new(st.get_queue(), mem) else {
+        let pass = self.rx_pass(&mut st, mem, acked, |out| steps.egress(out, BURST, false));
+        let Some((done, bad, why)) = pass else {
             self.bad(steps, 1, &Bad::Rings);
             return (0, false);
         };
-        let mut scratch = lock(&self.0.rx_scratch);
-        let mut out = GuestRx {
-            vq,
-            mem,
-            mrg_rxbuf: acked.mrg_rxbuf,
-            scratch: &mut scratch,
-            used: 0,
-            bad: 0,
-            why: Bad::None,
-        };
-        let done = steps.egress(&mut out, BURST, false);
-        // Chains returned for dropped frames are published too.
-        let _ = out.flush();
-        let (bad, why) = (out.bad, std::mem::replace(&mut out.why, Bad::None));
-        let mut vq = out.vq;
-        if vq.needs_interrupt() {
-            self.interrupt(&st, RXQ);
-        }
-        vq.finish(st.get_queue_mut());
         self.bad(steps, bad, &why);
         if done.blocked {
             // The guest has no buffers: its next kick on the rx queue brings us back.
@@ -1057,7 +1047,7 @@ struct GuestRx<'a, 'm> {
     mem: &'m GuestMemoryMmap,
     /// A frame may span several chains (their count is in its header's `num_buffers`).
     mrg_rxbuf: bool,
-    scratch: &'a mut RxScratch,
+    scratch: &'a mut Scratch,
     used: usize,
     bad: u64,
     why: Bad,
@@ -1245,8 +1235,12 @@ impl VhostUserBackend for Net {
     ) -> io::Result<()> {
         match device_event {
             EV_IRQ => lock(&self.0.steps).drain_irq(),
-            EV_TIMER => drain_timer(&self.0.timer),
-            EV_GUEST_TIMER => drain_timer(&self.0.guest_timer),
+            EV_TIMER => {
+                eventfd::drain(&self.0.timer);
+            }
+            EV_GUEST_TIMER => {
+                eventfd::drain(&self.0.guest_timer);
+            }
             _ => {}
         }
         if vrings.len() == NUM_QUEUES {
