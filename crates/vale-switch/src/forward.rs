@@ -140,6 +140,10 @@ pub struct Pipeline {
     /// Frames the resolver made for a direct sink: their bytes, and (start, length) of each.
     seg_store: Vec<u8>,
     seg_spans: Vec<(u32, u32)>,
+    /// The batch's frames are in memory their writer shares and may change (a guest's, not a
+    /// ring buffer): read to their exact length, and copied aside before offload work parses
+    /// them.
+    shared_source: bool,
     pub notifier: Notifier,
 }
 
@@ -163,6 +167,7 @@ impl Pipeline {
             pieces: Vec::with_capacity(MAX_FRAGS as usize),
             seg_store: Vec::new(),
             seg_spans: Vec::new(),
+            shared_source: false,
             notifier: Notifier::new(epoch),
         }
     }
@@ -295,18 +300,8 @@ impl Pipeline {
             return 0;
         }
 
-        if !self.frames.is_empty() {
-            // Stage 2: lookup, once for the batch.
-            let now_s = (self.notifier.now_ns() / 1_000_000_000) as u32;
-            let from = SourcePort {
-                index: src.index,
-                learn_limit: src.shared.learn_limit.load(Relaxed),
-            };
-            let refused = sw.lookup().lookup(from, &mut self.frames, now_s);
-            add(&src.stats().learn_refused, refused);
-            // Stage 3: deliver.
-            self.deliver_batch(sw, src, ring);
-        }
+        self.shared_source = false;
+        self.lookup_and_deliver(sw, src, ring);
 
         // Give the consumed slots back: every slot but one between hwcur and the new hwtail
         // is the client's again.
@@ -320,6 +315,91 @@ impl Pipeline {
             self.notifier.raise(src, IrqLine::Tx(ring));
         }
         (cur.wrapping_sub(hwcur)) & mask
+    }
+
+    /// Stages 2 and 3 for the frames gathered.
+    fn lookup_and_deliver(&mut self, sw: &Switch, src: &Arc<Port>, ring: u32) {
+        if self.frames.is_empty() {
+            return;
+        }
+        // Stage 2: lookup, once for the batch.
+        let now_s = (self.notifier.now_ns() / 1_000_000_000) as u32;
+        let from = SourcePort {
+            index: src.index,
+            learn_limit: src.shared.learn_limit.load(Relaxed),
+        };
+        let refused = sw.lookup().lookup(from, &mut self.frames, now_s);
+        add(&src.stats().learn_refused, refused);
+        // Stage 3: deliver.
+        self.deliver_batch(sw, src, ring);
+    }
+
+    /// Starts a batch of frames that stay where their source keeps them (a guest's transmit
+    /// buffers) instead of a tx ring: [`Pipeline::add_piece`] and [`Pipeline::end_frame`] for
+    /// each frame, then [`Pipeline::forward_batch`]. The switch's one copy reads them there.
+    pub fn start_batch(&mut self) {
+        self.frames.clear();
+        self.frame_frags.clear();
+        self.frags.clear();
+    }
+
+    /// Frames in the batch.
+    pub fn batch_len(&self) -> usize {
+        self.frames.len()
+    }
+
+    /// Appends `len` bytes at `ptr` to the frame being gathered.
+    ///
+    /// # Safety
+    /// The bytes stay mapped until [`Pipeline::forward_batch`] returns; their writer may change
+    /// them meanwhile (they are read exactly, once per use, never trusted).
+    pub unsafe fn add_piece(&mut self, ptr: *const u8, len: u32) {
+        if len != 0 {
+            self.frags.push(Frag { ptr, len });
+        }
+    }
+
+    /// Ends the frame whose pieces were added since the last one ended, with its checked
+    /// offload request. False, and the frame forgotten, when it cannot cross the switch: no
+    /// whole Ethernet header in its first piece, more than `MAX_FRAGS` pieces, longer than
+    /// `MAX_FRAME_LEN`; the caller counts it.
+    pub fn end_frame(&mut self, offload: Option<Offload>) -> bool {
+        let start = self
+            .frame_frags
+            .last()
+            .map_or(0, |&(s, c)| (s + c) as usize);
+        let pieces = &self.frags[start..];
+        let len: u64 = pieces.iter().map(|g| g.len as u64).sum();
+        let ok = !pieces.is_empty()
+            && pieces[0].len >= ETH_HLEN
+            && pieces.len() <= MAX_FRAGS as usize
+            && len <= MAX_FRAME_LEN as u64
+            && self.frames.len() < MAX_BATCH as usize;
+        if !ok {
+            self.frags.truncate(start);
+            return false;
+        }
+        let first = pieces[0];
+        prefetch(first.ptr);
+        self.frames.push(FrameMeta {
+            data: first.ptr,
+            first_len: first.len,
+            len: len as u32,
+            flags: 0,
+            dst: DEST_DROP,
+            offload: offload.map_or(0, Offload::to_word),
+        });
+        self.frame_frags
+            .push((start as u32, (self.frags.len() - start) as u32));
+        true
+    }
+
+    /// Forwards the batch gathered since [`Pipeline::start_batch`] as frames of `src`'s tx
+    /// ring `ring` (which picks the destinations' rx ring, as for ring sources).
+    pub fn forward_batch(&mut self, sw: &Switch, src: &Arc<Port>, ring: u32) {
+        self.shared_source = true;
+        self.lookup_and_deliver(sw, src, ring);
+        self.start_batch();
     }
 
     fn deliver_batch(&mut self, sw: &Switch, src: &Arc<Port>, ring: u32) {
@@ -465,16 +545,24 @@ impl Pipeline {
                 // Slow path: a TSO segment or a partial checksum toward a port that cannot
                 // take it.
                 let dst_bufs = &mut self.dst_bufs;
-                let r = resolve_frags(&mut self.resolver, &mut self.pieces, frags, off, |seg| {
-                    let frag = [Frag {
-                        ptr: seg.as_ptr(),
-                        len: seg.len() as u32,
-                    }];
-                    t.count(
-                        out.put(&frag, seg.len() as u32, 0, false, dst_bufs),
-                        seg.len() as u32,
-                    );
-                });
+                let copy = self.shared_source;
+                let r = resolve_frags(
+                    &mut self.resolver,
+                    &mut self.pieces,
+                    frags,
+                    off,
+                    copy,
+                    |seg| {
+                        let frag = [Frag {
+                            ptr: seg.as_ptr(),
+                            len: seg.len() as u32,
+                        }];
+                        t.count(
+                            out.put(&frag, seg.len() as u32, 0, false, dst_bufs),
+                            seg.len() as u32,
+                        );
+                    },
+                );
                 if r.is_err() {
                     // Headers that contradict the offload request: the sender's fault.
                     src_bad += 1;
@@ -482,8 +570,9 @@ impl Pipeline {
                 }
                 continue;
             }
+            let rounded = !self.shared_source;
             t.count(
-                out.put(frags, f.len, f.offload, true, &mut self.dst_bufs),
+                out.put(frags, f.len, f.offload, rounded, &mut self.dst_bufs),
                 f.len,
             );
         }
@@ -589,6 +678,7 @@ impl DirectBatch<'_> {
             &mut p.pieces,
             &p.frags[fs as usize..(fs + fc) as usize],
             Offload::from_word(p.frames[i].offload),
+            p.shared_source,
             |seg| {
                 spans.push((store.len() as u32, seg.len() as u32));
                 store.extend_from_slice(seg);
@@ -757,8 +847,6 @@ impl DstRing<'_> {
     }
 }
 
-/// Pops the lower-numbered head of two frame lists (they never share a frame).
-#[inline(always)]
 /// Counts and logs (once per owner) frames of `src` whose headers contradict their offload
 /// request: the sender's fault.
 fn note_offload_errors(src: &Port, n: u64) {
@@ -771,12 +859,14 @@ fn note_offload_errors(src: &Port, n: u64) {
 }
 
 /// Finishes the offload work of a frame of `frags` in software; `emit` is given each
-/// resulting frame. `pieces` is scratch space (see [`recycle`]).
+/// resulting frame. `pieces` is scratch space (see [`recycle`]). `copy`: the frame's writer
+/// may change it meanwhile, so it is parsed from a copy.
 fn resolve_frags(
     resolver: &mut Resolver,
     pieces: &mut Vec<&'static [u8]>,
     frags: &[Frag],
     off: Offload,
+    copy: bool,
     emit: impl FnMut(&[u8]),
 ) -> Result<(), crate::offload::OffloadError> {
     let mut list: Vec<&[u8]> = std::mem::take(pieces);
@@ -786,7 +876,7 @@ fn resolve_frags(
             // SAFETY: checked against the source's pool and buffer size in stage 1.
             .map(|g| unsafe { std::slice::from_raw_parts(g.ptr, g.len as usize) }),
     );
-    let r = resolver.resolve(&list, off, emit);
+    let r = resolver.resolve(&list, off, copy, emit);
     *pieces = recycle(list);
     r.map(|_| ())
 }
@@ -828,6 +918,8 @@ fn count_lists(next: &[u16], mut a: u16, mut b: u16) -> u64 {
     n
 }
 
+/// Pops the lower-numbered head of two frame lists (they never share a frame).
+#[inline(always)]
 fn take_next(next: &[u16], a: &mut u16, b: &mut u16) -> u16 {
     let from_a = *b == NIL || (*a != NIL && *a < *b);
     let list = if from_a { a } else { b };

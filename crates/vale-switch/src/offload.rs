@@ -262,10 +262,14 @@ impl Resolver {
     ///   length, and the full L4 checksum. A frame whose payload fits in one segment is
     ///   emitted as one frame, rewritten the same way.
     /// - Neither: the frame is emitted unchanged.
+    ///
+    /// `copy`: the frame is in memory its writer may change meanwhile (a guest's); it is
+    /// copied aside first, so that what was checked is what is used.
     pub fn resolve(
         &mut self,
         frame: &[&[u8]],
         off: Offload,
+        copy: bool,
         emit: impl FnMut(&[u8]),
     ) -> Result<usize, OffloadError> {
         let len = frame.iter().map(|p| p.len()).sum::<usize>();
@@ -274,7 +278,7 @@ impl Resolver {
         }
         // Fields, not methods, so that `src` may borrow `lin` while `out` is written.
         let src: &[u8] = match frame {
-            [one] => one,
+            [one] if !copy => one,
             _ => {
                 let mut at = 0;
                 for p in frame {

@@ -304,6 +304,19 @@ impl Steps {
         moved
     }
 
+    /// Ingress without the tx ring, for a device whose frames can stay where it keeps them
+    /// until the switch has copied them (a guest's transmit buffers): `gather` adds up to
+    /// `limit` frames to the batch ([`Pipeline::add_piece`], [`Pipeline::end_frame`]), then
+    /// this thread forwards them; only then may the device reuse their memory. What `gather`
+    /// returned.
+    pub fn ingress_direct<R>(&mut self, gather: impl FnOnce(&mut Pipeline, usize) -> R) -> R {
+        let limit = self.sw.batch.load(Relaxed) as usize;
+        self.pipe.start_batch();
+        let r = gather(&mut self.pipe, limit);
+        self.pipe.forward_batch(&self.sw, &self.port, 0);
+        r
+    }
+
     /// Egress: up to `burst` frames the switch delivered to the port, out through `dev`.
     /// `paused`: the device is away, frames are dropped unsent (senders see rx_drops grow,
     /// not a stall).

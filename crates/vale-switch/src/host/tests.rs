@@ -531,7 +531,7 @@ fn vhost_user_guest_input_is_checked() {
     // Without merged rx buffers a frame must fit one chain; no TSO of IPv6 asked for.
     let (engine, g, wire, ready) = guest_and_peer("checked", F_MRG_RXBUF | F_EVENT_IDX | 1 << 12);
 
-    // Guest tx: ten chains, eight of them hostile.
+    // Guest tx: eleven chains, eight of them hostile.
     let good = frame(0x7, [0xff; 6], 1, 60);
     let mut hdr_and_frame = plain_hdr(0);
     hdr_and_frame.extend_from_slice(&good);
@@ -577,22 +577,26 @@ fn vhost_user_guest_input_is_checked() {
     g.set_desc(TXQ, 5, 0x20000 + 5, 7 + 60, 0, 0);
     // 6: a frame written by the device (wrong direction).
     g.set_desc(TXQ, 6, 0x20000, 72, 2, 0);
-    let heads = [0u16, 1, 3, 4, 6, 7, 8, 9, 10];
+    // 11 -> 12 -> 13: the Ethernet header split over three descriptors: good.
+    g.set_desc(TXQ, 11, 0x20000, 12 + 3, 1, 12);
+    g.set_desc(TXQ, 12, 0x20000 + 15, 5, 1, 13);
+    g.set_desc(TXQ, 13, 0x20000 + 20, 52, 0, 0);
+    let heads = [0u16, 1, 3, 4, 6, 7, 8, 9, 10, 11];
     for (slot, head) in heads.into_iter().enumerate() {
         g.offer(TXQ, slot as u16, head);
     }
     g.kick(TXQ);
-    wait_for("the good frame at the peer", || {
-        wire.from_switch.lock().unwrap().len() == 1
+    wait_for("the good frames at the peer", || {
+        wire.from_switch.lock().unwrap().len() == 2
     });
-    assert_eq!(wire.from_switch.lock().unwrap()[0], good);
+    assert_eq!(wire.from_switch.lock().unwrap()[..], [good.clone(), good]);
     wait_for("every tx chain back in the used ring", || {
         g.u16_at(hg_used(TXQ) + 2) == heads.len() as u16
     });
     // A chain goes back used before it is counted.
-    wait_for("one frame and eight bad chains counted", || {
+    wait_for("two frames and eight bad chains counted", || {
         let c = vm_port(&engine).counters;
-        (c.tx_packets, c.bad_input) == (1, 8)
+        (c.tx_packets, c.bad_input) == (2, 8)
     });
     assert_eq!(vm_port(&engine).state, "up");
 
@@ -632,7 +636,7 @@ fn vhost_user_guest_input_is_checked() {
     g.offer(TXQ, next, 4);
     g.kick(TXQ);
     wait_for("the next good frame at the peer", || {
-        wire.from_switch.lock().unwrap().len() == 2
+        wire.from_switch.lock().unwrap().len() == 3
     });
     assert_eq!(vm_port(&engine).state, "up");
 

@@ -45,13 +45,14 @@ use vmm_sys_util::event::{
 
 use vale_abi::eventfd;
 
-use super::virtq::{read_guest, write_guest, Desc, Popped, Virtq, VirtqError};
+use super::virtq::{guest_piece, read_guest, write_guest, Desc, Popped, Virtq, VirtqError};
 use super::{DevError, Device, Driver, Egress, HostState, Steps, TxSide};
 use crate::epoll;
+use crate::forward::Pipeline;
 use crate::kind::{Delivered, DirectSink, OutFrames};
 use crate::offload::{self, Caps, Offload};
 use crate::port::PortShared;
-use vale_abi::region::MAX_FRAME_LEN;
+use vale_abi::region::{MAX_FRAGS, MAX_FRAME_LEN};
 
 /// The virtio-net header of virtio 1.0 (`struct virtio_net_hdr_v1`): 12 bytes.
 const HDR_LEN: usize = 12;
@@ -574,8 +575,8 @@ struct NetInner {
 
 #[derive(Default)]
 struct Scratch {
-    /// The descriptors of the tx chain being read.
-    tx_descs: Vec<Desc>,
+    /// The guest transmit path's.
+    tx: TxScratch,
     /// The pieces of the frame being written (see [`crate::forward::recycle`]).
     pieces: Vec<&'static [u8]>,
     /// The rx chains a frame toward the guest is written into: head index and how many of
@@ -841,7 +842,8 @@ impl Net {
         epoll::arm_timer(&self.0.timer, ns.max(1000));
     }
 
-    /// Guest transmit: descriptor chains of the tx queue into the port's tx ring, forwarded.
+    /// Guest transmit: a batch of the tx queue's chains, forwarded from where they lie in
+    /// guest memory (the switch's one copy reads them there), then returned used.
     fn guest_tx(
         &self,
         steps: &mut Steps,
@@ -857,14 +859,16 @@ impl Net {
             self.bad(steps, 1, &Bad::Rings);
             return 0;
         };
-        let mut descs = std::mem::take(&mut lock(&self.0.scratch).tx_descs);
+        let mut tx = std::mem::take(&mut lock(&self.0.scratch).tx);
         let (mut used, mut bad, mut why) = (0usize, 0u64, Bad::None);
-        let r = steps.ingress(|side| {
-            let mut n = 0;
-            let need = side.slots_for(MAX_GUEST_FRAME);
-            while n < BURST && side.room() >= need {
-                descs.clear();
-                let head = match vq.pop(&mut descs) {
+        steps.ingress_direct(|batch, limit| {
+            let limit = limit.min(BURST);
+            tx.heads.clear();
+            // Never reallocated within the batch: the pipeline holds pointers into it.
+            tx.heads.reserve(BURST);
+            while batch.batch_len() < limit && used < BURST {
+                tx.descs.clear();
+                let head = match vq.pop(&mut tx.descs) {
                     Popped::Empty => break,
                     Popped::Stuck(e) => {
                         bad += 1;
@@ -877,27 +881,20 @@ impl Net {
                         head
                     }
                     Popped::Chain(head) => {
-                        match copy_from_guest(&descs, mem, side)
-                            .and_then(|(len, hdr)| Ok((len, acked.offload(&hdr, len)?)))
-                        {
-                            Ok((len, off)) => {
-                                side.commit(len, off);
-                                n += 1;
-                            }
-                            Err(b) => {
-                                bad += 1;
-                                why = b;
-                            }
+                        if let Err(b) = tx.add_frame(mem, acked, batch) {
+                            bad += 1;
+                            why = b;
                         }
                         head
                     }
                 };
+                // Published only after the batch is forwarded: until then the guest must not
+                // reuse the buffers.
                 vq.push_used(head, 0);
                 used += 1;
             }
-            Ok(n)
         });
-        lock(&self.0.scratch).tx_descs = descs;
+        lock(&self.0.scratch).tx = tx;
         self.bad(steps, bad, &why);
         if used != 0 {
             vq.publish_used();
@@ -906,10 +903,7 @@ impl Net {
             }
         }
         vq.finish(st.get_queue_mut());
-        match r {
-            Ok(n) => n.max(used),
-            Err(_) => used,
-        }
+        used
     }
 
     /// Guest receive: what the switch delivered to the port, into the rx queue's chains.
@@ -967,6 +961,8 @@ enum Bad {
     Direction,
     Runt(usize),
     TooLong,
+    /// More pieces than a frame may have.
+    Scattered,
     TooSmall(usize),
     Offload(Offload),
 }
@@ -981,6 +977,7 @@ impl std::fmt::Display for Bad {
             Bad::Direction => write!(f, "descriptor of the wrong direction in a chain"),
             Bad::Runt(n) => write!(f, "frame of {n} bytes"),
             Bad::TooLong => write!(f, "frame longer than {MAX_GUEST_FRAME} bytes"),
+            Bad::Scattered => write!(f, "frame in more than {MAX_FRAGS} pieces"),
             Bad::TooSmall(n) => write!(f, "receive buffers too small for a frame of {n} bytes"),
             Bad::Offload(o) => write!(
                 f,
@@ -992,53 +989,107 @@ impl std::fmt::Display for Bad {
     }
 }
 
-/// Copies the frame of a tx chain into the free buffers of `side`, and its header (which may
-/// be split over any descriptors) aside; the frame's length and the header. Every guest
-/// address is checked against the memory table.
-fn copy_from_guest(
-    descs: &[Desc],
-    mem: &GuestMemoryMmap,
-    side: &mut TxSide,
-) -> Result<(usize, [u8; HDR_LEN]), Bad> {
-    let bsize = side.buf_size();
-    let mut hdr = [0u8; HDR_LEN];
-    let mut got = 0usize;
-    let mut len = 0usize;
-    for d in descs {
-        if d.write {
-            return Err(Bad::Direction);
-        }
-        let mut dlen = d.len as usize;
-        let mut addr = d.addr;
-        let s = (HDR_LEN - got).min(dlen);
-        if s != 0 && !read_guest(mem, &mut hdr[got..got + s], addr) {
-            return Err(Bad::Memory);
-        }
-        got += s;
-        dlen -= s;
-        addr = addr.checked_add(s as u64).ok_or(Bad::Memory)?;
-        while dlen != 0 {
-            if len >= MAX_GUEST_FRAME {
-                return Err(Bad::TooLong);
+/// The lists of the guest transmit path, kept between batches.
+#[derive(Default)]
+struct TxScratch {
+    /// The descriptors of the chain being read.
+    descs: Vec<Desc>,
+    /// Where the frame being read lies in valed's mapping of guest memory.
+    pieces: Vec<(*const u8, u32)>,
+    /// Copies of Ethernet headers the guest split over descriptors, one per frame of the
+    /// batch (the lookup reads a frame's first piece, which must hold the whole header).
+    heads: Vec<[u8; HEAD_COPY]>,
+}
+
+// SAFETY: the pointers are only used during one batch, under the scratch's lock.
+unsafe impl Send for TxScratch {}
+
+/// Bytes copied from the start of a frame whose Ethernet header is split.
+const HEAD_COPY: usize = 64;
+
+impl TxScratch {
+    /// Adds the frame of the tx chain in `descs` to `batch` where it lies in guest memory;
+    /// its virtio-net header (which may be split over any descriptors) is read aside and
+    /// checked. Every address is checked against the memory table.
+    fn add_frame(
+        &mut self,
+        mem: &GuestMemoryMmap,
+        acked: &Acked,
+        batch: &mut Pipeline,
+    ) -> Result<(), Bad> {
+        let mut hdr = [0u8; HDR_LEN];
+        let mut got = 0usize;
+        let mut len = 0usize;
+        self.pieces.clear();
+        for d in &self.descs {
+            if d.write {
+                return Err(Bad::Direction);
             }
-            let k = len / bsize;
-            let within = len % bsize;
-            let n = dlen.min(bsize - within).min(MAX_GUEST_FRAME - len);
-            // SAFETY: slot k of the free ones (the caller made room for a frame of
-            // MAX_GUEST_FRAME bytes), `within + n <= bsize`.
-            let dst = unsafe { std::slice::from_raw_parts_mut(side.buf(k as u32).add(within), n) };
-            if !read_guest(mem, dst, addr) {
+            let mut dlen = d.len as usize;
+            let mut addr = d.addr;
+            let s = (HDR_LEN - got).min(dlen);
+            if s != 0 && !read_guest(mem, &mut hdr[got..got + s], addr) {
                 return Err(Bad::Memory);
             }
-            addr = addr.checked_add(n as u64).ok_or(Bad::Memory)?;
-            dlen -= n;
-            len += n;
+            got += s;
+            dlen -= s;
+            addr = addr.checked_add(s as u64).ok_or(Bad::Memory)?;
+            if dlen > MAX_GUEST_FRAME - len {
+                return Err(Bad::TooLong);
+            }
+            len += dlen;
+            // A descriptor may span regions of the memory table: one piece per region.
+            while dlen != 0 {
+                let (p, n) = guest_piece(mem, addr, dlen).ok_or(Bad::Memory)?;
+                if self.pieces.len() == MAX_FRAGS as usize {
+                    return Err(Bad::Scattered);
+                }
+                self.pieces.push((p, n as u32));
+                addr = addr.checked_add(n as u64).ok_or(Bad::Memory)?;
+                dlen -= n;
+            }
         }
+        if got < HDR_LEN || len < 14 {
+            return Err(Bad::Runt(len));
+        }
+        let off = acked.offload(&hdr, len)?;
+        let mut skip = 0usize;
+        if (self.pieces[0].1 as usize) < 14 {
+            // The Ethernet header is split: its first bytes are copied aside, one piece.
+            let k = self.heads.len();
+            self.heads.push([0; HEAD_COPY]);
+            let head = &mut self.heads[k];
+            let want = len.min(HEAD_COPY);
+            for &(p, n) in &self.pieces {
+                let c = (n as usize).min(want - skip);
+                // SAFETY: `n` bytes at `p` are in one mapped region of guest memory (checked
+                // by `guest_piece`); `head` is ours.
+                unsafe { std::ptr::copy_nonoverlapping(p, head[skip..].as_mut_ptr(), c) };
+                skip += c;
+                if skip == want {
+                    break;
+                }
+            }
+            // SAFETY: `heads` is only cleared at the start of the next batch, and within one
+            // it stays within the capacity reserved for it (one entry per chain, at most
+            // BURST), so it is never moved while the pipeline holds this pointer.
+            unsafe { batch.add_piece(head.as_ptr(), want as u32) };
+        }
+        for &(p, n) in &self.pieces {
+            let n = n as usize;
+            let cut = skip.min(n);
+            skip -= cut;
+            if cut < n {
+                // SAFETY: inside one mapped region (see `guest_piece`); the caller keeps the
+                // memory table (`mem`) alive until the batch is forwarded.
+                unsafe { batch.add_piece(p.add(cut), (n - cut) as u32) };
+            }
+        }
+        if !batch.end_frame(off) {
+            return Err(Bad::Scattered);
+        }
+        Ok(())
     }
-    if got < HDR_LEN || len < 14 {
-        return Err(Bad::Runt(len));
-    }
-    Ok((len, hdr))
 }
 
 /// The rx queue as the way out of the egress step and of the direct sink, for one pass.

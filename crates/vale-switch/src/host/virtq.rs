@@ -228,6 +228,22 @@ pub fn guest_range(mem: &GuestMemoryMmap, addr: GuestAddress, len: usize) -> Opt
     region.get_host_address(MemoryRegionAddress(off)).ok()
 }
 
+/// Where the first of `len` bytes of guest memory at `addr` are in valed, and how many of
+/// them lie there contiguously (up to the end of the region that holds `addr`); None when
+/// `addr` is not in guest memory.
+#[inline]
+pub fn guest_piece(
+    mem: &GuestMemoryMmap,
+    addr: GuestAddress,
+    len: usize,
+) -> Option<(*const u8, usize)> {
+    let region = mem.find_region(addr)?;
+    let off = addr.raw_value() - region.start_addr().raw_value();
+    let n = (region.len() - off).min(len as u64) as usize;
+    let p = region.get_host_address(MemoryRegionAddress(off)).ok()?;
+    Some((p as *const u8, n))
+}
+
 /// Copies guest memory at `addr` into `dst`; false when it is not all in guest memory. A range
 /// across regions goes through vm-memory.
 pub fn read_guest(mem: &GuestMemoryMmap, dst: &mut [u8], addr: GuestAddress) -> bool {

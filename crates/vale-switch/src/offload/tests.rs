@@ -295,11 +295,15 @@ fn verify(f: &[u8]) -> Parsed {
     p
 }
 
-/// Resolves `pieces` with `r`, checks that `count` agrees and that nothing was emitted on
-/// error, and returns the emitted frames.
+/// Resolves `pieces` with `r`, checks that `count` agrees, that nothing was emitted on error
+/// and that parsing from a copy gives the same, and returns the emitted frames.
 fn run(r: &mut Resolver, pieces: &[&[u8]], off: Offload) -> Result<Vec<Vec<u8>>, OffloadError> {
     let mut frames = Vec::new();
-    let got = r.resolve(pieces, off, |f| frames.push(f.to_vec()));
+    let got = r.resolve(pieces, off, false, |f| frames.push(f.to_vec()));
+    let mut copied = Vec::new();
+    let again = r.resolve(pieces, off, true, |f| copied.push(f.to_vec()));
+    assert_eq!(got, again, "a copy resolves differently");
+    assert_eq!(frames, copied, "a copy resolves differently");
     assert_eq!(
         Resolver::count(pieces, off),
         got,
@@ -875,7 +879,7 @@ fn offload_timing() {
         let t = std::time::Instant::now();
         let mut bytes = 0;
         for _ in 0..n {
-            r.resolve(&[&f], off, |o| bytes += o.len()).unwrap();
+            r.resolve(&[&f], off, false, |o| bytes += o.len()).unwrap();
         }
         let ns = t.elapsed().as_nanos() as f64 / n as f64;
         println!(
@@ -888,7 +892,7 @@ fn offload_timing() {
     let n = 200_000;
     let t = std::time::Instant::now();
     for _ in 0..n {
-        r.resolve(&[&f], off, |o| assert_eq!(o.len(), f.len()))
+        r.resolve(&[&f], off, false, |o| assert_eq!(o.len(), f.len()))
             .unwrap();
     }
     let ns = t.elapsed().as_nanos() as f64 / n as f64;
