@@ -165,7 +165,13 @@ While attached, the interface's received frames go to the switch instead of the 
 there, and serves one front end after the other (QEMU '-chardev socket,path=PATH,reconnect=1'); \
 with --client valed connects to a front end listening there instead (QEMU \
 'server=on,wait=off'), again after each disconnection. The guest's RAM must be shared memory \
-('-object memory-backend-memfd,...,share=on'). The port is down while no front end is connected.",
+('-object memory-backend-memfd,...,share=on'). The port is down while no front end is connected. \
+The port offers --queues queue pairs (QEMU '-netdev vhost-user,queues=N' with \
+'-device virtio-net-pci,mq=on', up to as many); each pair has a thread of its own in valed, \
+and the frames of one flow toward the guest stay on one receive queue. valed also offers \
+the MTU ('-device virtio-net-pci,host_mtu=9000'), link status, checksum and TCP segmentation \
+offload both ways, merged receive buffers and event indices; 'vale-ctl list' shows what the \
+guest took.",
         group(clap::ArgGroup::new("device").required(true).args(["tap", "iface", "vhost_user"]))
     )]
     Attach {
@@ -190,6 +196,9 @@ with --client valed connects to a front end listening there instead (QEMU \
         /// Connect to a front end listening at the vhost-user socket
         #[arg(long, requires = "vhost_user")]
         client: bool,
+        /// Queue pairs the vhost-user port offers, 1-16 (default 4)
+        #[arg(long, value_name = "N", requires = "vhost_user", value_parser = clap::value_parser!(u8).range(1..=16))]
+        queues: Option<u8>,
     },
     /// Give a TAP or NIC port's device back
     #[command(
@@ -311,6 +320,7 @@ fn run(cli: &Cli) -> Result<(), Failure> {
             mode,
             vhost_user,
             client,
+            queues,
         } => {
             let mut args = BTreeMap::new();
             let kind = match (tap, iface) {
@@ -321,6 +331,9 @@ fn run(cli: &Cli) -> Result<(), Failure> {
                     args.insert("path".to_string(), path.to_string_lossy().into_owned());
                     if *client {
                         args.insert("client".to_string(), "yes".to_string());
+                    }
+                    if let Some(q) = queues {
+                        args.insert("queues".to_string(), q.to_string());
                     }
                     "vhost-user"
                 }

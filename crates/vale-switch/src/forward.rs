@@ -489,7 +489,8 @@ impl Pipeline {
                 != att.region.ktoa(ring).hwtail.load(Acquire);
             if !waiting {
                 self.seg_spans.clear();
-                seg_next = self.deliver_direct(src, dst, &**sink, caps, (&mut a, &mut b));
+                let flow = (src.index as u32) << 16 | src_ring;
+                seg_next = self.deliver_direct(src, dst, &**sink, caps, flow, (&mut a, &mut b));
                 if a == NIL && b == NIL && seg_next == self.seg_spans.len() {
                     return;
                 }
@@ -615,6 +616,7 @@ impl Pipeline {
         dst: &Port,
         sink: &dyn DirectSink,
         caps: Caps,
+        flow: u32,
         lists: (&mut u16, &mut u16),
     ) -> usize {
         let mut out = DirectBatch {
@@ -628,7 +630,7 @@ impl Pipeline {
             src_bad: 0,
             resolve_drops: 0,
         };
-        let d = sink.send_batch(&mut out);
+        let d = sink.send_batch(&mut out, flow);
         let (a, b, seg_next) = (out.a, out.b, out.seg_next);
         let (src_bad, resolve_drops) = (out.src_bad, out.resolve_drops);
         let stats = dst.stats();

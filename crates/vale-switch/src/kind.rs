@@ -115,6 +115,8 @@ pub struct Delivered {
 /// does the rest first). While frames wait in the port's rx ring it is not called, so that
 /// they keep their order.
 pub trait DirectSink: Send + Sync {
-    /// Sends the frames of one batch for this port: once per destination per batch.
-    fn send_batch(&self, frames: &mut dyn OutFrames) -> Delivered;
+    /// Sends the frames of one batch for this port: once per destination per batch. `flow`
+    /// is the same for every batch from one source ring: a kind with several queues keeps
+    /// such frames on one queue, so that they stay in order.
+    fn send_batch(&self, frames: &mut dyn OutFrames, flow: u32) -> Delivered;
 }

@@ -347,6 +347,10 @@ pub struct GuestConfig {
     pub netns: Option<String>,
     /// CPUs QEMU (all its threads) may run on; empty: any.
     pub cpus: Vec<usize>,
+    /// The guest's own CPUs (QEMU's `-smp`).
+    pub smp: u32,
+    /// More properties of the virtio-net device, e.g. `,mq=on,host_mtu=9000`.
+    pub device: String,
 }
 
 impl GuestConfig {
@@ -362,6 +366,8 @@ impl GuestConfig {
             offloads: false,
             netns: None,
             cpus: Vec::new(),
+            smp: 1,
+            device: String::new(),
         }
     }
 }
@@ -408,6 +414,8 @@ impl Guest {
                        guest_ecn=off,guest_ufo=off,host_tso4=off,host_tso6=off,host_ecn=off,\
                        host_ufo=off,mrg_rxbuf=off";
         }
+        device += &cfg.device;
+        let smp = cfg.smp.to_string();
         let mut c = match &cfg.netns {
             Some(ns) => {
                 let mut c = Command::new("ip");
@@ -416,7 +424,7 @@ impl Guest {
             }
             None => Command::new(&kit.qemu),
         };
-        c.args(["-accel", "tcg", "-m", "256", "-smp", "1", "-nodefaults"])
+        c.args(["-accel", "tcg", "-m", "256", "-smp", &smp, "-nodefaults"])
             .args(["-display", "none", "-monitor", "none", "-no-reboot"])
             .arg("-kernel")
             .arg(&kit.kernel)

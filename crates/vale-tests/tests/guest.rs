@@ -283,6 +283,8 @@ fn vhost_user_guest(
         offloads: true,
         netns: None,
         cpus: Vec::new(),
+        smp: 1,
+        device: String::new(),
     }
 }
 
@@ -303,13 +305,20 @@ fn two_guests_ping_through_vhost_user_ports() {
         .map(|i| v.run_dir().join(format!("vm{i}.sock")))
         .collect();
     let cfg = |i: usize| {
-        vhost_user_guest(
+        let mut c = vhost_user_guest(
             &format!("g{}", i + 1),
             &socks[i],
             i == 1,
             &format!("{}/24", IPS[i]),
             MACS[i],
-        )
+        );
+        if i == 1 {
+            // Two queue pairs (one per guest CPU) and an MTU set by the host.
+            c.netdev += ",queues=2";
+            c.device = ",mq=on,host_mtu=9000".to_string();
+            c.smp = 2;
+        }
+        c
     };
     // g1: valed listens. g2: QEMU listens, valed connects (once QEMU is there).
     v.ctl_ok(&[
@@ -336,6 +345,8 @@ fn two_guests_ping_through_vhost_user_ports() {
         "--vhost-user",
         socks[1].to_str().unwrap(),
         "--client",
+        "--queues",
+        "2",
     ]);
     assert_eq!(v.port("vale0:g2").unwrap().mode.as_deref(), Some("client"));
     let boots: Vec<Duration> = guests.iter_mut().map(|g| g.wait_ready()).collect();
@@ -362,6 +373,23 @@ fn two_guests_ping_through_vhost_user_ports() {
             "{p}: {n}"
         );
     }
+    // g2 took both queue pairs and the MTU QEMU set through valed.
+    let n = v.port("vale0:g2").unwrap().negotiated.unwrap_or_default();
+    assert!(
+        n.contains(",mq,mtu;") && n.contains("queue pairs 2 in use of 2; mtu 9000"),
+        "{n}"
+    );
+    let n = v.port("vale0:g1").unwrap().negotiated.unwrap_or_default();
+    assert!(n.contains("queue pairs 1 in use of 4;"), "{n}");
+    let g2 = &mut guests[1];
+    assert_eq!(g2.ok("cat /sys/class/net/eth0/mtu", T).trim(), "9000");
+    assert_eq!(
+        g2.ok("ls /sys/class/net/eth0/queues", T)
+            .split_whitespace()
+            .count(),
+        4,
+        "rx-0, rx-1, tx-0, tx-1"
+    );
 
     // TCP with the guests' offloads on: TSO segments larger than the MTU cross the switch
     // whole, from one guest's memory into the other's.

@@ -247,6 +247,7 @@ pub struct Steps {
     /// How long a driver that can keeps looking at a dry device before it sleeps (valed's
     /// `--busy-poll-us`).
     pub busy_poll: std::time::Duration,
+    epoch: Instant,
 }
 
 impl Steps {
@@ -254,6 +255,7 @@ impl Steps {
         Steps {
             sw,
             port,
+            epoch,
             pipe: Pipeline::new(epoch),
             pieces: Vec::with_capacity(MAX_FRAGS as usize),
             busy_poll: std::time::Duration::ZERO,
@@ -309,12 +311,27 @@ impl Steps {
     /// `limit` frames to the batch ([`Pipeline::add_piece`], [`Pipeline::end_frame`]), then
     /// this thread forwards them; only then may the device reuse their memory. What `gather`
     /// returned.
-    pub fn ingress_direct<R>(&mut self, gather: impl FnOnce(&mut Pipeline, usize) -> R) -> R {
+    /// `ring`: which of the device's queues the frames come from (the switch keeps frames of
+    /// one source ring in order, in one destination ring or queue).
+    pub fn ingress_direct<R>(
+        &mut self,
+        ring: u32,
+        gather: impl FnOnce(&mut Pipeline, usize) -> R,
+    ) -> R {
         let limit = self.sw.batch.load(Relaxed) as usize;
         self.pipe.start_batch();
         let r = gather(&mut self.pipe, limit);
-        self.pipe.forward_batch(&self.sw, &self.port, 0);
+        self.pipe.forward_batch(&self.sw, &self.port, ring);
         r
+    }
+
+    /// Steps of the same port with a pipeline of their own, for another thread of a device
+    /// with several queues: for [`Steps::ingress_direct`] (the port's rx ring stays this
+    /// one's).
+    pub fn fork(&self) -> Steps {
+        let mut s = Steps::new(self.sw.clone(), self.port.clone(), self.epoch);
+        s.busy_poll = self.busy_poll;
+        s
     }
 
     /// Egress: up to `burst` frames the switch delivered to the port, out through `dev`.

@@ -178,7 +178,7 @@ pub struct TapSink {
 }
 
 impl DirectSink for TapSink {
-    fn send_batch(&self, frames: &mut dyn OutFrames) -> Delivered {
+    fn send_batch(&self, frames: &mut dyn OutFrames, _flow: u32) -> Delivered {
         let mut d = Delivered::default();
         while let Some(f) = frames.next_frame() {
             match self.send(f.iov, f.offload) {

@@ -96,7 +96,7 @@ struct FakeSink {
 }
 
 impl DirectSink for FakeSink {
-    fn send_batch(&self, frames: &mut dyn OutFrames) -> Delivered {
+    fn send_batch(&self, frames: &mut dyn OutFrames, _flow: u32) -> Delivered {
         self.calls.fetch_add(1, Relaxed);
         let mut d = Delivered::default();
         let mut got = match &self.wire {
@@ -326,8 +326,14 @@ fn hg_used(q: u64) -> u64 {
 }
 
 impl HandGuest {
-    /// Attaches `vale0:vm` and connects to it, acking the offered features but `refuse`.
+    /// Attaches `vale0:vm` and connects to it, acking the offered features but `refuse`, and
+    /// every protocol feature offered; sets up queue pair 0.
     fn connect(engine: &Engine, tag: &str, refuse: u64) -> HandGuest {
+        HandGuest::connect_pairs(engine, tag, refuse, 1)
+    }
+
+    /// As `connect`, setting up `pairs` queue pairs (at most 2 in this layout).
+    fn connect_pairs(engine: &Engine, tag: &str, refuse: u64, pairs: usize) -> HandGuest {
         use vhost::vhost_user::message::VhostUserProtocolFeatures;
         use vhost::vhost_user::{Frontend, VhostUserFrontend};
         use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
@@ -359,14 +365,19 @@ impl HandGuest {
             .unwrap();
         assert!(sock.exists());
 
-        let mut fe = Frontend::connect(&sock, 2).unwrap();
+        let queues = 2 * pairs;
+        let mut fe = Frontend::connect(&sock, queues as u64).unwrap();
         fe.set_owner().unwrap();
         let features = fe.get_features().unwrap();
         assert_eq!(features & (1 << 32), 1 << 32, "VERSION_1 offered");
         fe.set_features(features & !refuse).unwrap();
-        fe.get_protocol_features().unwrap();
-        fe.set_protocol_features(VhostUserProtocolFeatures::empty())
-            .unwrap();
+        let offered = fe.get_protocol_features().unwrap();
+        let want = VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::REPLY_ACK
+            | VhostUserProtocolFeatures::MTU
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
+        assert_eq!(offered, want, "protocol features offered");
+        fe.set_protocol_features(offered).unwrap();
         fe.set_mem_table(&[VhostUserMemoryRegionInfo {
             guest_phys_addr: 0,
             memory_size: HG_MEM as u64,
@@ -375,13 +386,13 @@ impl HandGuest {
             mmap_handle: memfd.as_raw_fd(),
         }])
         .unwrap();
-        let kicks: Vec<EventFd> = (0..2)
+        let kicks: Vec<EventFd> = (0..queues)
             .map(|_| EventFd::new(libc::EFD_NONBLOCK).unwrap())
             .collect();
-        let calls: Vec<EventFd> = (0..2)
+        let calls: Vec<EventFd> = (0..queues)
             .map(|_| EventFd::new(libc::EFD_NONBLOCK).unwrap())
             .collect();
-        for q in 0..2usize {
+        for q in 0..queues {
             fe.set_vring_num(q, HG_QSZ).unwrap();
             fe.set_vring_addr(
                 q,
@@ -805,6 +816,110 @@ fn vhost_user_guest_interrupts_are_moderated() {
         waited >= Duration::from_millis(10),
         "the interrupt came {waited:?} after the one before: not deferred"
     );
+    g.close(&engine);
+    engine.detach("vale0:peer", &Caller::valed()).unwrap();
+}
+
+/// Several queue pairs: the front end learns from valed how many pairs it offers (pairs, not
+/// queues) and how many memory regions it takes; pair 1's transmit queue is served (by its
+/// own worker); a flow toward the guest stays on one receive queue, in order; `vale-ctl list`
+/// shows the pairs in use.
+#[test]
+fn vhost_user_queue_pairs() {
+    use vhost::vhost_user::VhostUserFrontend;
+    let engine = Engine::new(EngineConfig::default()).unwrap();
+    let (dev, wire, ready, _) = fake("peer", false);
+    engine
+        .attach_device("vale0:peer", Box::new(dev), &Caller::valed())
+        .unwrap();
+    let mut g = HandGuest::connect_pairs(&engine, "mq", 0, 2);
+    let fe = g.fe.as_mut().unwrap();
+    assert_eq!(
+        fe.get_queue_num().unwrap(),
+        super::vhost_user::DEFAULT_PAIRS as u64
+    );
+    assert_eq!(fe.get_max_mem_slots().unwrap(), 32);
+
+    // Pair 1 (queue 3) sends five frames.
+    let sent: Vec<Vec<u8>> = (0..5).map(|i| frame(0x7, [0xff; 6], i, 60)).collect();
+    for (k, f) in sent.iter().enumerate() {
+        let mut m = plain_hdr(0);
+        m.extend_from_slice(f);
+        let at = 0x20000 + 0x100 * k as u64;
+        g.put(at, &m);
+        g.set_desc(3, k as u16, at, m.len() as u32, 0, 0);
+        g.offer(3, k as u16, k as u16);
+    }
+    g.kick(3);
+    wait_for("pair 1's frames at the peer", || {
+        wire.from_switch.lock().unwrap().len() == 5
+    });
+    assert_eq!(*wire.from_switch.lock().unwrap(), sent);
+
+    // Receive buffers on both pairs; pair 0's worker wakes on them.
+    for q in [0u64, 2] {
+        for i in 0..8u16 {
+            g.set_desc(q, i, 0x40000 + q * 0x8000 + 0x800 * i as u64, 0x800, 2, 0);
+            g.offer(q, i, i);
+        }
+        g.kick(q);
+    }
+    wait_for("both pairs in use", || {
+        vm_port(&engine)
+            .negotiated
+            .is_some_and(|n| n.contains("queue pairs 2 in use of 4"))
+    });
+
+    // One flow of six frames from the peer: all on one receive queue, in order.
+    let to_vm: Vec<Vec<u8>> = (0..6)
+        .map(|i| frame(0x8, [2, 0, 0, 0, 0, 0x7], 20 + i, 100))
+        .collect();
+    wire.offer(&to_vm, &ready);
+    let used = |q: u64| g.u16_at(hg_used(q) + 2);
+    wait_for("six frames in the guest", || used(0) + used(2) == 6);
+    let q = if used(0) == 6 { 0 } else { 2 };
+    assert_eq!(used(q), 6, "one flow, one queue");
+    for i in 0..6u16 {
+        let (id, len) = g.used_elem(q, i);
+        assert_eq!((id, len), (i as u32, 12 + 100));
+        let got = g.get(0x40000 + q * 0x8000 + 0x800 * i as u64 + 12, 100);
+        assert_eq!(got, to_vm[i as usize], "frame {i} in order");
+    }
+    g.close(&engine);
+    engine.detach("vale0:peer", &Caller::valed()).unwrap();
+}
+
+/// A front end that adds memory regions beyond the number valed told it is disconnected: the
+/// port goes down, with one log line (valed holds a descriptor and a mapping per region).
+#[test]
+fn vhost_user_memory_regions_are_capped() {
+    use vhost::vhost_user::VhostUserFrontend;
+    use vhost::VhostUserMemoryRegionInfo;
+    let engine = Engine::new(EngineConfig::default()).unwrap();
+    let (dev, _wire, _ready, _) = fake("peer", false);
+    engine
+        .attach_device("vale0:peer", Box::new(dev), &Caller::valed())
+        .unwrap();
+    let mut g = HandGuest::connect(&engine, "slots", 0);
+    let fe = g.fe.as_mut().unwrap();
+    let slots = fe.get_max_mem_slots().unwrap();
+    // Up to the limit, each a page of the guest's memory at its own address (the first
+    // table holds one region already): served.
+    let region = |k: u64| VhostUserMemoryRegionInfo {
+        guest_phys_addr: 0x1_0000_0000 + k * 0x1000,
+        memory_size: 0x1000,
+        userspace_addr: g.base as u64 + k * 0x1000,
+        mmap_offset: k * 0x1000,
+        mmap_handle: g._memfd.as_raw_fd(),
+    };
+    for k in 0..slots - 1 {
+        fe.add_mem_region(&region(k)).unwrap();
+    }
+    assert_eq!(fe.get_queue_num().unwrap(), 4, "still served");
+    assert_eq!(vm_port(&engine).state, "up");
+    // One more: the connection ends.
+    let _ = fe.add_mem_region(&region(slots));
+    wait_for("the port down", || vm_port(&engine).state == "down");
     g.close(&engine);
     engine.detach("vale0:peer", &Caller::valed()).unwrap();
 }

@@ -33,7 +33,7 @@ use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_ECN, VIRTIO_NET_F_GUEST_TSO4,
     VIRTIO_NET_F_GUEST_TSO6, VIRTIO_NET_F_HOST_ECN, VIRTIO_NET_F_HOST_TSO4, VIRTIO_NET_F_HOST_TSO6,
-    VIRTIO_NET_F_MRG_RXBUF,
+    VIRTIO_NET_F_MQ, VIRTIO_NET_F_MRG_RXBUF, VIRTIO_NET_F_MTU, VIRTIO_NET_F_STATUS,
 };
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::QueueT;
@@ -70,6 +70,9 @@ const NET_FEATURES: &[u32] = &[
     VIRTIO_NET_F_HOST_ECN,
     VIRTIO_NET_F_MRG_RXBUF,
     VIRTIO_RING_F_EVENT_IDX,
+    VIRTIO_NET_F_MQ,
+    VIRTIO_NET_F_MTU,
+    VIRTIO_NET_F_STATUS,
 ];
 
 /// The name of a feature of [`NET_FEATURES`], as the virtio spec writes it.
@@ -85,6 +88,9 @@ fn feature_name(bit: u32) -> &'static str {
         VIRTIO_NET_F_HOST_ECN => "host_ecn",
         VIRTIO_NET_F_MRG_RXBUF => "mrg_rxbuf",
         VIRTIO_RING_F_EVENT_IDX => "event_idx",
+        VIRTIO_NET_F_MQ => "mq",
+        VIRTIO_NET_F_MTU => "mtu",
+        VIRTIO_NET_F_STATUS => "status",
         _ => "?",
     }
 }
@@ -153,32 +159,46 @@ impl Acked {
         Ok(off.needs_work().then_some(off))
     }
 }
+/// Largest MTU a front end may set: the largest frame less an Ethernet header and a VLAN tag.
+const MAX_MTU: u64 = MAX_FRAME_LEN as u64 - 18;
 /// Descriptors per queue a front end may ask for.
 const QUEUE_SIZE: usize = 1024;
 /// Frames moved per step before the other direction gets its turn.
 const BURST: usize = 256;
 
-const RXQ: usize = 0;
-const TXQ: usize = 1;
-const NUM_QUEUES: usize = 2;
-/// Event ids of the worker's own descriptors (0..=NUM_QUEUES are the library's).
-const EV_IRQ: u16 = NUM_QUEUES as u16 + 1;
-const EV_TIMER: u16 = NUM_QUEUES as u16 + 2;
-const EV_GUEST_TIMER: u16 = NUM_QUEUES as u16 + 3;
+/// Queue pairs a port offers unless its `queues` argument says otherwise, and at most.
+pub const DEFAULT_PAIRS: usize = 4;
+pub const MAX_PAIRS: usize = 16;
+
+/// The queues of pair `p`: receive (toward the guest) and transmit.
+fn rxq(p: usize) -> usize {
+    2 * p
+}
+fn txq(p: usize) -> usize {
+    2 * p + 1
+}
 
 type Mem = GuestMemoryAtomic<GuestMemoryMmap>;
 type Vring = VringMutex<Mem>;
 
 /// `vhost-user`: `path` (the socket), `client` (yes: valed connects to a front end listening
-/// there; no: valed listens there).
+/// there; no: valed listens there), `queues` (queue pairs offered, 1 to [`MAX_PAIRS`]).
 pub const KIND: super::Kind = super::Kind {
     name: "vhost-user",
-    args: &["path", "client"],
+    args: &["path", "client", "queues"],
     open: |args| {
         let path = super::required(args, "vhost-user", "path")?;
+        let pairs = match args.get("queues") {
+            None => DEFAULT_PAIRS,
+            Some(q) => match q.parse::<usize>() {
+                Ok(n @ 1..=MAX_PAIRS) => n,
+                _ => return Err(format!("queues must be 1 to {MAX_PAIRS}, not '{q}'")),
+            },
+        };
         Ok(Box::new(VhostUser::open(
             path,
             super::flag(args, "client")?,
+            pairs,
         )?))
     },
 };
@@ -186,6 +206,8 @@ pub const KIND: super::Kind = super::Kind {
 pub struct VhostUser {
     path: String,
     client: bool,
+    /// Queue pairs offered.
+    pairs: usize,
     /// Server mode: bound at attach time, so a bad path fails the attach.
     listener: Option<Listener>,
     sink: Arc<RxSink>,
@@ -199,10 +221,10 @@ struct RxSink {
 }
 
 impl DirectSink for RxSink {
-    fn send_batch(&self, frames: &mut dyn OutFrames) -> Delivered {
+    fn send_batch(&self, frames: &mut dyn OutFrames, flow: u32) -> Delivered {
         let net = lock(&self.net).clone();
         match net {
-            Some(net) => net.deliver(frames),
+            Some(net) => net.deliver(frames, flow),
             None => {
                 // No guest: the frames are dropped (counted by the switch).
                 let mut d = Delivered::default();
@@ -216,7 +238,7 @@ impl DirectSink for RxSink {
 }
 
 impl VhostUser {
-    pub fn open(path: &str, client: bool) -> Result<VhostUser, String> {
+    pub fn open(path: &str, client: bool, pairs: usize) -> Result<VhostUser, String> {
         if path.is_empty() || path.contains('\0') {
             return Err(format!("bad vhost-user socket path '{path}'"));
         }
@@ -232,6 +254,7 @@ impl VhostUser {
         Ok(VhostUser {
             path: path.to_string(),
             client,
+            pairs,
             listener,
             sink: Arc::new(RxSink::default()),
         })
@@ -263,6 +286,7 @@ impl Device for VhostUser {
     fn own_driver(&mut self) -> Option<Box<dyn Driver>> {
         Some(Box::new(Session {
             path: self.path.clone(),
+            pairs: self.pairs,
             listener: self.listener.take(),
             sink: self.sink.clone(),
         }))
@@ -282,6 +306,7 @@ impl Egress for VhostUser {
 /// The port's driver: one front end after the other, until the port is detached.
 struct Session {
     path: String,
+    pairs: usize,
     /// None: client mode.
     listener: Option<Listener>,
     sink: Arc<RxSink>,
@@ -346,7 +371,7 @@ impl Session {
     fn run(mut self, ep: OwnedFd, steps: Arc<Mutex<Steps>>, state: Arc<HostState>) {
         let name = lock(&steps).port_name().to_string();
         while !state.stopping.load(Relaxed) {
-            let net = match Net::new(steps.clone(), state.clone()) {
+            let net = match Net::new(steps.clone(), state.clone(), self.pairs) {
                 Ok(n) => n,
                 Err(e) => {
                     tracing::error!(port = %name, "vhost-user: cannot set up the device: {e}");
@@ -362,16 +387,23 @@ impl Session {
                     return;
                 }
             };
-            // The worker also sleeps on the port's rx interrupt line and on the moderation
-            // timer.
+            // The library runs one worker per queue pair. Pair 0's also sleeps on the port's
+            // rx interrupt line and on the timer of deferred interrupts toward the guest; each
+            // on the timer of its own deferred interrupts toward other ports.
             let handlers = daemon.get_epoll_handlers();
-            for (fd, ev) in [
-                (net.0.irq_fd, EV_IRQ),
-                (net.0.timer.as_raw_fd(), EV_TIMER),
-                (net.0.guest_timer.as_raw_fd(), EV_GUEST_TIMER),
-            ] {
-                if let Err(e) = handlers[0].register_listener(fd, EventSet::IN, ev as u64) {
-                    tracing::error!(port = %name, "vhost-user: cannot watch the port: {e}");
+            let mut watch = vec![
+                (0, net.0.irq_fd, net.ev_irq()),
+                (0, net.0.guest_timer.as_raw_fd(), net.ev_guest_timer()),
+            ];
+            for (p, pair) in net.0.pairs.iter().enumerate() {
+                watch.push((p, pair.timer.as_raw_fd(), net.ev_timer()));
+            }
+            for (p, fd, ev) in watch {
+                let r = handlers
+                    .get(p)
+                    .map(|h| h.register_listener(fd, EventSet::IN, ev as u64));
+                if !matches!(r, Some(Ok(()))) {
+                    tracing::error!(port = %name, "vhost-user: cannot watch the port: {r:?}");
                     return;
                 }
             }
@@ -413,7 +445,12 @@ impl Session {
                 daemon
                     .start(&mut l)
                     .map_err(|e| io::Error::other(e.to_string()))?;
-                relay::Relay::start(front, back, &name)
+                let net2 = net.clone();
+                let answers = relay::Answers {
+                    pairs: self.pairs as u64,
+                    set_mtu: Box::new(move |mtu| net2.set_mtu(mtu)),
+                };
+                relay::Relay::start(front, back, &name, answers)
             });
             let relay = match relay {
                 Ok(r) => r,
@@ -541,18 +578,19 @@ impl Egress for Nowhere {
 struct Net(Arc<NetInner>);
 
 struct NetInner {
-    steps: Arc<Mutex<Steps>>,
+    /// One per queue pair, each served by its own library worker.
+    pairs: Vec<Pair>,
     /// The guest's memory, as the library maps it from the front end's table.
     mem: Mem,
     irq_fd: RawFd,
-    /// Armed when interrupts toward other ports were deferred (moderation).
-    timer: OwnedFd,
     /// A hostile or broken guest was reported once on this connection.
     reported: AtomicBool,
     /// The virtio features the guest acked.
     features: AtomicU64,
-    /// The guest's rx queue, once the library has shown it (for the direct sink).
-    rxq: std::sync::OnceLock<Vring>,
+    /// The MTU the front end set (0: none).
+    mtu: std::sync::atomic::AtomicU32,
+    /// The pairs whose queues the guest enabled (a bit each), as last seen by their workers.
+    enabled: std::sync::atomic::AtomicU32,
     port: String,
     /// What `vale-ctl list` shows of the port.
     state: Arc<HostState>,
@@ -561,15 +599,27 @@ struct NetInner {
     /// Interrupt moderation toward the guest, per queue: when it was last interrupted
     /// (nanoseconds since `epoch`), and whether an interrupt waits for the interval's end
     /// (the guest timer is armed for it).
-    irq_last: [AtomicU64; NUM_QUEUES],
-    irq_pending: [AtomicBool; NUM_QUEUES],
+    irq_last: Vec<AtomicU64>,
+    irq_pending: Vec<AtomicBool>,
     epoch: std::time::Instant,
     /// Armed for the first deferred interrupt to the guest.
     guest_timer: OwnedFd,
     /// Descriptors the library takes over and never closes (see `exit_event`).
     forgotten: Mutex<Vec<RawFd>>,
+}
+
+/// A queue pair's own: what its worker forwards with, and scratch space.
+struct Pair {
+    /// The port's steps: pair 0 has the port's own (it also empties the port's rx ring
+    /// toward the guest); the others a pipeline of their own for their transmit queue.
+    steps: Arc<Mutex<Steps>>,
+    /// Armed when this pair's forwarding deferred interrupts toward other ports (moderation).
+    timer: OwnedFd,
+    /// Its queues, receive and transmit, once the library has shown them to its worker.
+    queues: std::sync::OnceLock<[Vring; 2]>,
     /// The data path's lists (descriptors, chains, a frame's pieces), kept between frames so
-    /// that it allocates nothing once they have grown.
+    /// that it allocates nothing once they have grown; the receive side's is used by whoever
+    /// fills this pair's receive queue.
     scratch: Mutex<Scratch>,
 }
 
@@ -587,40 +637,68 @@ struct Scratch {
 }
 
 impl Net {
-    fn new(steps: Arc<Mutex<Steps>>, state: Arc<HostState>) -> io::Result<Net> {
+    fn new(steps: Arc<Mutex<Steps>>, state: Arc<HostState>, pairs: usize) -> io::Result<Net> {
         let (irq_fd, port, shared) = {
             let s = lock(&steps);
             (s.irq_fd(), s.port_name().to_string(), s.shared())
         };
-        let timer = epoll::new_timer()?;
+        let mut list = Vec::with_capacity(pairs);
+        for p in 0..pairs {
+            let steps = if p == 0 {
+                steps.clone()
+            } else {
+                Arc::new(Mutex::new(lock(&steps).fork()))
+            };
+            list.push(Pair {
+                steps,
+                timer: epoll::new_timer()?,
+                queues: std::sync::OnceLock::new(),
+                scratch: Mutex::new(Scratch::default()),
+            });
+        }
+        let queues = 2 * pairs;
         Ok(Net(Arc::new(NetInner {
-            steps,
+            pairs: list,
             mem: GuestMemoryAtomic::new(GuestMemoryMmap::new()),
             irq_fd,
-            timer,
             reported: AtomicBool::new(false),
             features: AtomicU64::new(0),
-            rxq: std::sync::OnceLock::new(),
+            mtu: Default::default(),
+            enabled: Default::default(),
             port,
             state,
             shared,
-            irq_last: [AtomicU64::new(0), AtomicU64::new(0)],
-            irq_pending: [AtomicBool::new(false), AtomicBool::new(false)],
+            irq_last: (0..queues).map(|_| AtomicU64::new(0)).collect(),
+            irq_pending: (0..queues).map(|_| AtomicBool::new(false)).collect(),
             epoch: std::time::Instant::now(),
             guest_timer: epoll::new_timer()?,
             forgotten: Mutex::new(Vec::new()),
-            scratch: Mutex::new(Scratch::default()),
         })))
     }
 
-    /// Closes the descriptors the library forgot, once its daemon (and the worker thread that
+    fn queues(&self) -> usize {
+        2 * self.0.pairs.len()
+    }
+
+    /// Event ids of the workers' own descriptors (0..=queues are the library's).
+    fn ev_irq(&self) -> u16 {
+        self.queues() as u16 + 1
+    }
+    fn ev_timer(&self) -> u16 {
+        self.queues() as u16 + 2
+    }
+    fn ev_guest_timer(&self) -> u16 {
+        self.queues() as u16 + 3
+    }
+
+    /// Closes the descriptors the library forgot, once its daemon (and the worker threads that
     /// used them) is gone. Each is checked to still be an eventfd first.
     fn close_forgotten(&self) {
         for fd in lock(&self.0.forgotten).drain(..) {
             let link = std::fs::read_link(format!("/proc/self/fd/{fd}"));
             if link.is_ok_and(|l| l.as_os_str() == "anon_inode:[eventfd]") {
                 // SAFETY: the library gave up this descriptor (into_raw_fd) and its only
-                // user, the worker thread, has been joined.
+                // user, a worker thread, has been joined.
                 unsafe { libc::close(fd) };
             }
         }
@@ -636,7 +714,7 @@ impl Net {
 
     /// Interrupts the guest on queue `q` (of `st`), or, with the port's moderation knob set
     /// and the last interrupt less than an interval ago, once the interval is over: any
-    /// thread may call this; the port's worker fires what waits (see `fire_deferred`).
+    /// thread may call this; pair 0's worker fires what waits (see `fire_deferred`).
     fn interrupt(&self, st: &VringState<Mem>, q: usize) {
         let m = self.0.shared.moderation_ns.load(Relaxed);
         if m == 0 {
@@ -656,10 +734,15 @@ impl Net {
 
     /// Sends the deferred interrupts whose interval is over; re-arms the guest timer for the
     /// rest.
-    fn fire_deferred(&self, vrings: &[Vring]) {
+    fn fire_deferred(&self) {
         let m = self.0.shared.moderation_ns.load(Relaxed);
         let mut next = u64::MAX;
-        for (q, vring) in vrings.iter().enumerate().take(NUM_QUEUES) {
+        // Queue 2p + k is pair p's k-th (receive, transmit).
+        let queues = self.0.pairs.iter().enumerate().filter_map(|(p, pair)| {
+            let [rx, tx] = pair.queues.get()?;
+            Some([(rxq(p), rx), (txq(p), tx)])
+        });
+        for (q, vring) in queues.flatten() {
             if !self.0.irq_pending[q].load(Relaxed) {
                 continue;
             }
@@ -684,23 +767,50 @@ impl Net {
         }
     }
 
-    /// A forwarding thread's batch for the guest, straight into its rx buffers. Declines the
-    /// rest when the guest has no buffers now: those frames wait in the port's rx ring, and
-    /// the port's worker sends them once the guest adds buffers (it kicks).
-    fn deliver(&self, frames: &mut dyn OutFrames) -> Delivered {
+    /// The receive queue for frames of `flow` (see [`DirectSink::send_batch`]): one of the
+    /// enabled pairs', the same for the same flow while the guest's choice of pairs stays.
+    fn rx_pair(&self, flow: u32) -> usize {
+        let enabled = self.0.enabled.load(Relaxed);
+        let n = enabled.count_ones();
+        if n <= 1 {
+            return 0;
+        }
+        // The (flow mod n)-th enabled pair. Spread flows of one source port over pairs too.
+        let h = flow.wrapping_mul(0x9e37_79b9) >> 16;
+        let mut k = h % n;
+        let mut bits = enabled;
+        loop {
+            let p = bits.trailing_zeros() as usize;
+            if k == 0 {
+                return p;
+            }
+            k -= 1;
+            bits &= bits - 1;
+        }
+    }
+
+    /// A forwarding thread's batch for the guest, straight into its rx buffers (of the queue
+    /// of `flow`). Declines the rest when the guest has no buffers there now: those frames
+    /// wait in the port's rx ring, and pair 0's worker sends them once the guest adds buffers
+    /// (it kicks).
+    fn deliver(&self, frames: &mut dyn OutFrames, flow: u32) -> Delivered {
         let mut d = Delivered::default();
-        let ready = self.0.rxq.get().filter(|v| {
-            let st = v.get_ref();
-            st.is_enabled() && st.get_queue().ready()
-        });
-        let Some(vring) = ready else {
-            // No rx queue yet: the ring keeps the frames for the guest.
+        let p = self.rx_pair(flow);
+        let Some([vring, _]) = self.0.pairs[p].queues.get() else {
+            // No queues yet: the ring keeps the frames for the guest.
             d.declined = true;
             return d;
         };
+        {
+            let st = vring.get_ref();
+            if !st.is_enabled() || !st.get_queue().ready() {
+                d.declined = true;
+                return d;
+            }
+        }
         let mem = self.0.mem.memory();
         let acked = Acked::of(self.0.features.load(Relaxed));
-        let pass = self.rx_pass(&mut vring.get_mut(), &mem, &acked, |out| {
+        let pass = self.rx_pass(p, &mut vring.get_mut(), &mem, &acked, |out| {
             let mut pieces: Vec<&[u8]> = std::mem::take(&mut out.scratch.pieces);
             while let Some(f) = frames.next_frame() {
                 pieces.clear();
@@ -739,19 +849,20 @@ impl Net {
         d
     }
 
-    /// One pass over the guest's rx queue (locked in `st`): `f` sends through a [`GuestRx`];
-    /// then the used chains are published and the guest interrupted if it asks to be, and
-    /// the queue gets its new position. What `f` returned, and the bad chains met with the
-    /// last reason; None when the queue's rings are not in guest memory.
+    /// One pass over the receive queue of pair `p` (locked in `st`): `f` sends through a
+    /// [`GuestRx`]; then the used chains are published and the guest interrupted if it asks
+    /// to be, and the queue gets its new position. What `f` returned, and the bad chains met
+    /// with the last reason; None when the queue's rings are not in guest memory.
     fn rx_pass<R>(
         &self,
+        p: usize,
         st: &mut std::sync::MutexGuard<'_, VringState<Mem>>,
         mem: &GuestMemoryMmap,
         acked: &Acked,
         f: impl FnOnce(&mut GuestRx) -> R,
     ) -> Option<(R, u64, Bad)> {
         let vq = Virtq::new(st.get_queue(), mem)?;
-        let mut scratch = lock(&self.0.scratch);
+        let mut scratch = lock(&self.0.pairs[p].scratch);
         let mut out = GuestRx {
             vq,
             mem,
@@ -766,31 +877,40 @@ impl Net {
         let _ = out.flush();
         let mut vq = out.vq;
         if vq.needs_interrupt() {
-            self.interrupt(st, RXQ);
+            self.interrupt(st, rxq(p));
         }
         vq.finish(st.get_queue_mut());
         Some((r, out.bad, out.why))
     }
 
-    /// Both directions until neither moves; then the guest's notifications are asked for
-    /// again: on the tx queue always, on the rx queue only while frames wait for buffers.
-    fn pump(&self, vrings: &[Vring]) {
-        let mut steps = lock(&self.0.steps);
+    /// Pair `p`'s worker: its transmit queue (and for pair 0 the port's rx ring toward the
+    /// guest's receive queue 0) until nothing moves; then the guest's notifications are asked
+    /// for again: on the transmit queue always, on receive queue 0 only while frames wait
+    /// for buffers.
+    fn pump(&self, p: usize, [rx, tx]: &[Vring; 2]) {
+        let pair = &self.0.pairs[p];
+        let mut steps = lock(&pair.steps);
         let mem = self.0.mem.memory();
         let acked = Acked::of(self.0.features.load(Relaxed));
         let busy_poll = steps.busy_poll;
+        let rx = (p == 0).then_some(rx);
+        self.note_enabled(p, tx);
         loop {
-            notify(&vrings[TXQ], false);
-            notify(&vrings[RXQ], false);
-            let mut rx_blocked;
+            notify(tx, false);
+            if let Some(rx) = rx {
+                notify(rx, false);
+            }
+            let mut rx_blocked = false;
             // With busy-polling, a dry guest is looked at again until the interval passes
             // since the last frame, before its notifications are turned on and the thread
             // sleeps (a kick and a wake-up less per burst, for a core kept busy).
             let mut dry_since: Option<std::time::Instant> = None;
             loop {
-                let moved_in = self.guest_tx(&mut steps, &vrings[TXQ], &mem, &acked);
-                let (moved_out, blocked) = self.guest_rx(&mut steps, &vrings[RXQ], &mem, &acked);
-                rx_blocked = blocked;
+                let moved_in = self.guest_tx(p, &mut steps, tx, &mem, &acked);
+                let mut moved_out = 0;
+                if let Some(rx) = rx {
+                    (moved_out, rx_blocked) = self.guest_rx(&mut steps, rx, &mem, &acked);
+                }
                 if moved_in + moved_out != 0 {
                     dry_since = None;
                     continue;
@@ -803,49 +923,90 @@ impl Net {
             }
             // A chain the guest made available meanwhile is served now, not left for a
             // notification that will not come.
-            let more_tx = notify(&vrings[TXQ], true);
-            let more_rx = rx_blocked && notify(&vrings[RXQ], true);
+            let more_tx = notify(tx, true);
+            let more_rx = rx_blocked && rx.is_some_and(|rx| notify(rx, true));
             if !more_tx && !more_rx {
                 break;
             }
         }
         if let Some(ns) = steps.fire_due() {
-            self.arm_timer(ns);
+            // At least 1 µs: a moderation deadline due now is served by the next event anyway.
+            epoll::arm_timer(&pair.timer, ns.max(1000));
         }
+    }
+
+    /// Notes whether the guest has pair `p`'s transmit queue enabled (it enables a pair's
+    /// queues together); the port's description follows.
+    fn note_enabled(&self, p: usize, tx: &Vring) {
+        let on = {
+            let st = tx.get_ref();
+            st.is_enabled() && st.get_queue().ready()
+        };
+        let bit = 1u32 << p;
+        let was = self.0.enabled.load(Relaxed) & bit != 0;
+        if on != was {
+            if on {
+                self.0.enabled.fetch_or(bit, Relaxed);
+            } else {
+                self.0.enabled.fetch_and(!bit, Relaxed);
+            }
+            self.describe();
+        }
+    }
+
+    /// The MTU the front end gives the guest (NET_SET_MTU): false when out of range.
+    fn set_mtu(&self, mtu: u64) -> bool {
+        if !(68..=MAX_MTU).contains(&mtu) {
+            return false;
+        }
+        self.0.mtu.store(mtu as u32, Relaxed);
+        self.describe();
+        true
     }
 
     fn acked(&self, features: u64) {
         self.0.features.store(features, Relaxed);
         let caps = Acked::caps(features);
-        lock(&self.0.steps).set_caps(caps);
+        for pair in &self.0.pairs {
+            lock(&pair.steps).set_caps(caps);
+        }
+        self.describe();
+    }
+
+    /// What `vale-ctl list` shows of the connection: features, queue pairs, MTU, offloads.
+    fn describe(&self) {
+        let features = self.0.features.load(Relaxed);
         let names: Vec<&str> = NET_FEATURES
             .iter()
             .filter(|&&bit| has(features, bit))
             .map(|&bit| feature_name(bit))
             .collect();
-        let offloads = match caps.names() {
+        let offloads = match Acked::caps(features).names() {
             n if n.is_empty() => "none".to_string(),
             n => n.join(","),
         };
+        let mtu = match self.0.mtu.load(Relaxed) {
+            0 => String::new(),
+            m => format!("; mtu {m}"),
+        };
         *lock(&self.0.state.negotiated) = format!(
-            "features {}; 1 queue pair; offloads to the guest {offloads}",
+            "features {}; queue pairs {} in use of {}{mtu}; offloads to the guest {offloads}",
             if names.is_empty() {
                 "none".to_string()
             } else {
                 names.join(",")
-            }
+            },
+            self.0.enabled.load(Relaxed).count_ones(),
+            self.0.pairs.len(),
         );
     }
 
-    fn arm_timer(&self, ns: u64) {
-        // At least 1 µs: a moderation deadline due now is served by the next event anyway.
-        epoll::arm_timer(&self.0.timer, ns.max(1000));
-    }
-
-    /// Guest transmit: a batch of the tx queue's chains, forwarded from where they lie in
-    /// guest memory (the switch's one copy reads them there), then returned used.
+    /// Guest transmit on pair `p`: a batch of the transmit queue's chains, forwarded from
+    /// where they lie in guest memory (the switch's one copy reads them there), then returned
+    /// used.
     fn guest_tx(
         &self,
+        p: usize,
         steps: &mut Steps,
         vring: &Vring,
         mem: &GuestMemoryMmap,
@@ -859,9 +1020,10 @@ impl Net {
             self.bad(steps, 1, &Bad::Rings);
             return 0;
         };
-        let mut tx = std::mem::take(&mut lock(&self.0.scratch).tx);
+        let scratch = &self.0.pairs[p].scratch;
+        let mut tx = std::mem::take(&mut lock(scratch).tx);
         let (mut used, mut bad, mut why) = (0usize, 0u64, Bad::None);
-        steps.ingress_direct(|batch, limit| {
+        steps.ingress_direct(p as u32, |batch, limit| {
             let limit = limit.min(BURST);
             tx.heads.clear();
             // Never reallocated within the batch: the pipeline holds pointers into it.
@@ -894,19 +1056,19 @@ impl Net {
                 used += 1;
             }
         });
-        lock(&self.0.scratch).tx = tx;
+        lock(scratch).tx = tx;
         self.bad(steps, bad, &why);
         if used != 0 {
             vq.publish_used();
             if vq.needs_interrupt() {
-                self.interrupt(&st, TXQ);
+                self.interrupt(&st, txq(p));
             }
         }
         vq.finish(st.get_queue_mut());
         used
     }
 
-    /// Guest receive: what the switch delivered to the port, into the rx queue's chains.
+    /// Guest receive: what the switch delivered to the port's rx ring, into receive queue 0.
     /// Frames moved, and whether frames wait for the guest's buffers.
     fn guest_rx(
         &self,
@@ -919,7 +1081,9 @@ impl Net {
         if !st.is_enabled() || !st.get_queue().ready() {
             return (0, false);
         }
-        let pass = self.rx_pass(&mut st, mem, acked, |out| steps.egress(out, BURST, false));
+        let pass = self.rx_pass(0, &mut st, mem, acked, |out| {
+            steps.egress(out, BURST, false)
+        });
         let Some((done, bad, why)) = pass else {
             self.bad(steps, 1, &Bad::Rings);
             return (0, false);
@@ -1236,7 +1400,7 @@ impl VhostUserBackend for Net {
     type Vring = Vring;
 
     fn num_queues(&self) -> usize {
-        NUM_QUEUES
+        self.queues()
     }
 
     fn max_queue_size(&self) -> usize {
@@ -1257,7 +1421,16 @@ impl VhostUserBackend for Net {
     }
 
     fn protocol_features(&self) -> VhostUserProtocolFeatures {
-        VhostUserProtocolFeatures::empty()
+        // REPLY_ACK the library adds itself; the relay answers GET_QUEUE_NUM,
+        // GET_MAX_MEM_SLOTS and NET_SET_MTU.
+        VhostUserProtocolFeatures::MQ
+            | VhostUserProtocolFeatures::MTU
+            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS
+    }
+
+    fn queues_per_thread(&self) -> Vec<u64> {
+        // A worker per queue pair.
+        (0..self.0.pairs.len()).map(|p| 0b11 << rxq(p)).collect()
     }
 
     fn set_event_idx(&self, _enabled: bool) {}
@@ -1282,44 +1455,66 @@ impl VhostUserBackend for Net {
         device_event: u16,
         _evset: EventSet,
         vrings: &[Vring],
-        _thread_id: usize,
+        thread_id: usize,
     ) -> io::Result<()> {
-        match device_event {
-            EV_IRQ => lock(&self.0.steps).drain_irq(),
-            EV_TIMER => {
-                eventfd::drain(&self.0.timer);
-            }
-            EV_GUEST_TIMER => {
-                eventfd::drain(&self.0.guest_timer);
-            }
-            _ => {}
+        // Worker `thread_id` serves pair `thread_id`: `vrings` are its receive and transmit
+        // queues.
+        let p = thread_id;
+        let (Some(pair), [rx, tx]) = (self.0.pairs.get(p), vrings) else {
+            return Ok(());
+        };
+        if device_event == self.ev_irq() {
+            lock(&self.0.pairs[0].steps).drain_irq();
+        } else if device_event == self.ev_timer() {
+            eventfd::drain(&self.0.pairs[p].timer);
+        } else if device_event == self.ev_guest_timer() {
+            eventfd::drain(&self.0.guest_timer);
         }
-        if vrings.len() == NUM_QUEUES {
-            self.0.rxq.get_or_init(|| vrings[RXQ].clone());
-            self.pump(vrings);
-            self.fire_deferred(vrings);
+        let queues = pair.queues.get_or_init(|| [rx.clone(), tx.clone()]);
+        self.pump(p, queues);
+        if p == 0 {
+            self.fire_deferred();
         }
         Ok(())
     }
 }
 
-/// Between a front end and the library, valed passes every message through, but for one habit
-/// of QEMU (7.2) that the library refuses and that would end the connection: QEMU sends
-/// SET_VRING_ENABLE before SET_FEATURES has acked VHOST_USER_F_PROTOCOL_FEATURES (at every
-/// device reset), and counts on it afterwards. Such a message is held, the latest per ring,
-/// and passed on right after a SET_FEATURES that acks protocol features (without them the
-/// rings are enabled by SET_FEATURES itself, and the held ones are dropped).
+/// Between a front end and the library, valed passes every message through, but for these:
+///
+/// - QEMU (7.2) sends SET_VRING_ENABLE before SET_FEATURES has acked
+///   VHOST_USER_F_PROTOCOL_FEATURES (at every device reset), and counts on it afterwards; the
+///   library refuses it and would end the connection. Such a message is held, the latest per
+///   ring, and passed on right after a SET_FEATURES that acks protocol features (without them
+///   the rings are enabled by SET_FEATURES itself, and the held ones are dropped).
+/// - GET_QUEUE_NUM is answered here with the queue *pairs* offered (what QEMU and DPDK
+///   compare their `queues` with; the library would answer the number of virtqueues).
+/// - GET_MAX_MEM_SLOTS is answered here with [`MAX_MEM_SLOTS`] (the library would allow 509
+///   regions, each a descriptor and a mapping held by valed), and a front end that adds more
+///   regions than that is disconnected.
+/// - NET_SET_MTU (which the library does not know) is taken here.
+/// - A memory region added again, or removed again, is answered here (QEMU 7.2 sends its
+///   regions once per queue pair; the library would end the connection).
 mod relay {
-    use std::io::{self, Write};
+    use std::collections::BTreeSet;
+    use std::io::{self, Read, Write};
     use std::net::Shutdown;
     use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+    use std::sync::{Arc, Mutex};
 
     use std::os::unix::net::UnixStream;
     use std::thread::JoinHandle;
     use vale_abi::control;
 
     const SET_FEATURES: u32 = 2;
+    const SET_MEM_TABLE: u32 = 5;
+    const GET_QUEUE_NUM: u32 = 17;
     const SET_VRING_ENABLE: u32 = 18;
+    const NET_SET_MTU: u32 = 20;
+    const GET_MAX_MEM_SLOTS: u32 = 36;
+    const ADD_MEM_REG: u32 = 37;
+    const REM_MEM_REG: u32 = 38;
+    const VERSION: u32 = 0x1;
+    const REPLY: u32 = 0x4;
     const NEED_REPLY: u32 = 0x8;
     const PROTOCOL_FEATURES: u64 = 1 << 30;
     /// Largest message body taken (the protocol's own bound is far lower for what we accept).
@@ -1328,20 +1523,42 @@ mod relay {
     const MAX_EARLY: usize = 64;
     /// Most descriptors one message may carry (the protocol's bound).
     const MAX_FDS: usize = 8;
+    /// Most guest memory regions a front end may have mapped at once.
+    pub const MAX_MEM_SLOTS: usize = 32;
+
+    /// What the relay answers itself.
+    pub struct Answers {
+        /// Queue pairs offered.
+        pub pairs: u64,
+        /// Takes the MTU of NET_SET_MTU: false when it is out of range.
+        pub set_mtu: Box<dyn Fn(u64) -> bool + Send>,
+    }
 
     /// The two threads of one connection; joined by [`Relay::join`].
     pub struct Relay {
         threads: [JoinHandle<()>; 2],
     }
 
+    fn bad(why: String) -> io::Error {
+        io::Error::new(io::ErrorKind::InvalidData, why)
+    }
+
     impl Relay {
-        pub fn start(front: UnixStream, back: UnixStream, port: &str) -> io::Result<Relay> {
+        pub fn start(
+            front: UnixStream,
+            back: UnixStream,
+            port: &str,
+            answers: Answers,
+        ) -> io::Result<Relay> {
             let (f2, b2) = (front.try_clone()?, back.try_clone()?);
+            // Both directions write to the front end: one whole message at a time.
+            let writing = Arc::new(Mutex::new(()));
+            let writing2 = writing.clone();
             let port = port.to_string();
             let down = std::thread::Builder::new()
                 .name("vale-vhost-relay".into())
                 .spawn(move || {
-                    if let Err(e) = to_backend(&front, &back) {
+                    if let Err(e) = to_backend(&front, &back, &answers, &writing) {
                         if e.kind() == io::ErrorKind::InvalidData {
                             tracing::warn!(%port, "vhost-user front end: {e}; connection closed");
                         }
@@ -1352,8 +1569,7 @@ mod relay {
             let up = std::thread::Builder::new()
                 .name("vale-vhost-relay".into())
                 .spawn(move || {
-                    let (mut b, mut f) = (&b2, &f2);
-                    let _ = io::copy(&mut b, &mut f);
+                    let _ = to_front(&b2, &f2, &writing2);
                     let _ = f2.shutdown(Shutdown::Both);
                     let _ = b2.shutdown(Shutdown::Both);
                 })?;
@@ -1379,10 +1595,9 @@ mod relay {
                 n => got += n,
             }
             if fds.len() > MAX_FDS {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("front end message with more than {MAX_FDS} descriptors"),
-                ));
+                return Err(bad(format!(
+                    "front end message with more than {MAX_FDS} descriptors"
+                )));
             }
         }
         Ok(true)
@@ -1400,9 +1615,46 @@ mod relay {
         w.write_all(&buf[sent..])
     }
 
-    fn to_backend(front: &UnixStream, back: &UnixStream) -> io::Result<()> {
+    /// The library's replies, to the front end whole (the other direction may write an
+    /// answer of its own between two of them).
+    fn to_front(back: &UnixStream, front: &UnixStream, writing: &Mutex<()>) -> io::Result<()> {
+        let mut buf = vec![0u8; 12 + MAX_BODY];
+        let mut b = back;
+        loop {
+            b.read_exact(&mut buf[..12])?;
+            let size = u32::from_le_bytes(buf[8..12].try_into().unwrap()) as usize;
+            if size > MAX_BODY {
+                return Err(bad(format!("backend message of {size} bytes")));
+            }
+            b.read_exact(&mut buf[12..12 + size])?;
+            let _w = writing.lock().unwrap_or_else(|e| e.into_inner());
+            let mut f = front;
+            f.write_all(&buf[..12 + size])?;
+        }
+    }
+
+    /// Answers request `req` with `value`.
+    fn reply(front: &UnixStream, writing: &Mutex<()>, req: u32, value: u64) -> io::Result<()> {
+        let mut m = [0u8; 20];
+        m[..4].copy_from_slice(&req.to_le_bytes());
+        m[4..8].copy_from_slice(&(VERSION | REPLY).to_le_bytes());
+        m[8..12].copy_from_slice(&8u32.to_le_bytes());
+        m[12..].copy_from_slice(&value.to_le_bytes());
+        let _w = writing.lock().unwrap_or_else(|e| e.into_inner());
+        let mut f = front;
+        f.write_all(&m)
+    }
+
+    fn to_backend(
+        front: &UnixStream,
+        back: &UnixStream,
+        answers: &Answers,
+        writing: &Mutex<()>,
+    ) -> io::Result<()> {
         let mut protocol = false;
         let mut early: Vec<[u8; 20]> = Vec::new();
+        // The guest memory regions the front end has given: (guest address, size).
+        let mut regions: BTreeSet<(u64, u64)> = BTreeSet::new();
         let mut buf = vec![0u8; 12 + MAX_BODY];
         let mut fds = Vec::with_capacity(MAX_FDS);
         loop {
@@ -1410,21 +1662,19 @@ mod relay {
             if !recv_exact(front, &mut buf[..12], &mut fds)? {
                 return Ok(());
             }
-            let word = |i: usize| u32::from_le_bytes(buf[i..i + 4].try_into().unwrap());
-            let (req, flags, size) = (word(0), word(4), word(8) as usize);
+            let word = |b: &[u8], i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+            let long = |b: &[u8], i: usize| u64::from_le_bytes(b[i..i + 8].try_into().unwrap());
+            let (req, flags, size) = (word(&buf, 0), word(&buf, 4), word(&buf, 8) as usize);
             if size > MAX_BODY {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    format!("front end message {req} of {size} bytes"),
-                ));
+                return Err(bad(format!("front end message {req} of {size} bytes")));
             }
             if size != 0 && !recv_exact(front, &mut buf[12..12 + size], &mut fds)? {
                 return Ok(());
             }
+            let body = &buf[12..12 + size];
             match req {
                 SET_FEATURES if size == 8 => {
-                    let v = u64::from_le_bytes(buf[12..20].try_into().unwrap());
-                    protocol = v & PROTOCOL_FEATURES != 0;
+                    protocol = long(body, 0) & PROTOCOL_FEATURES != 0;
                     send_all(back, &buf[..12 + size], &fds)?;
                     if protocol {
                         // Now the library takes them: the enables QEMU sent too early.
@@ -1444,6 +1694,53 @@ mod relay {
                         early.push(buf[..20].try_into().unwrap());
                     }
                     continue;
+                }
+                GET_QUEUE_NUM => {
+                    reply(front, writing, req, answers.pairs)?;
+                    continue;
+                }
+                GET_MAX_MEM_SLOTS => {
+                    reply(front, writing, req, MAX_MEM_SLOTS as u64)?;
+                    continue;
+                }
+                NET_SET_MTU => {
+                    let ok = size == 8 && (answers.set_mtu)(long(body, 0));
+                    if flags & NEED_REPLY != 0 {
+                        reply(front, writing, req, u64::from(!ok))?;
+                    }
+                    continue;
+                }
+                // The memory table as the library will have it: (address, size) of each
+                // region. A table message carries at most MAX_FDS regions.
+                SET_MEM_TABLE if size >= 8 => {
+                    let n = (word(body, 0) as usize).min((size - 8) / 32);
+                    regions = (0..n)
+                        .map(|k| (long(body, 8 + 32 * k), long(body, 16 + 32 * k)))
+                        .collect();
+                }
+                // QEMU (7.2) sends its regions once per queue pair: a region the table has
+                // already is taken (and its descriptor closed), one it no longer has is gone
+                // (the library would end the connection on either).
+                ADD_MEM_REG if size >= 24 => {
+                    if !regions.insert((long(body, 8), long(body, 16))) {
+                        if flags & NEED_REPLY != 0 {
+                            reply(front, writing, req, 0)?;
+                        }
+                        continue;
+                    }
+                    if regions.len() > MAX_MEM_SLOTS {
+                        return Err(bad(format!(
+                            "front end adds more than {MAX_MEM_SLOTS} memory regions"
+                        )));
+                    }
+                }
+                REM_MEM_REG if size >= 24 => {
+                    if !regions.remove(&(long(body, 8), long(body, 16))) {
+                        if flags & NEED_REPLY != 0 {
+                            reply(front, writing, req, 0)?;
+                        }
+                        continue;
+                    }
                 }
                 _ => {}
             }

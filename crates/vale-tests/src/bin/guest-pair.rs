@@ -160,6 +160,8 @@ fn config(a: &Args, i: usize) -> GuestConfig {
         offloads: true,
         netns,
         cpus: a.cpus.get(i).map(|&c| vec![c]).unwrap_or_default(),
+        smp: 1,
+        device: String::new(),
     }
 }
 
