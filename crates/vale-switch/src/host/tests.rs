@@ -327,12 +327,7 @@ fn hg_used(q: u64) -> u64 {
 
 impl HandGuest {
     /// Attaches `vale0:vm` and connects to it, acking the offered features but `refuse`, and
-    /// every protocol feature offered; sets up queue pair 0.
-    fn connect(engine: &Engine, tag: &str, refuse: u64) -> HandGuest {
-        HandGuest::connect_pairs(engine, tag, refuse, 1)
-    }
-
-    /// As `connect`, setting up `pairs` queue pairs (at most 2 in this layout).
+    /// every protocol feature offered; sets up `pairs` queue pairs (at most 2 in this layout).
     fn connect_pairs(engine: &Engine, tag: &str, refuse: u64, pairs: usize) -> HandGuest {
         use vhost::vhost_user::message::VhostUserProtocolFeatures;
         use vhost::vhost_user::{Frontend, VhostUserFrontend};
@@ -515,12 +510,21 @@ fn vm_port(engine: &Engine) -> vale_abi::control::PortInfo {
 /// acked the offered features but `refuse`: the engine, the guest, the peer's wire and the
 /// peer's ready line.
 fn guest_and_peer(tag: &str, refuse: u64) -> (Arc<Engine>, HandGuest, Arc<Wire>, Arc<OwnedFd>) {
+    guest_with_pairs_and_peer(tag, refuse, 1)
+}
+
+/// As `guest_and_peer`, the guest setting up `pairs` queue pairs.
+fn guest_with_pairs_and_peer(
+    tag: &str,
+    refuse: u64,
+    pairs: usize,
+) -> (Arc<Engine>, HandGuest, Arc<Wire>, Arc<OwnedFd>) {
     let engine = Engine::new(EngineConfig::default()).unwrap();
     let (dev, wire, ready, _) = fake("peer", false);
     engine
         .attach_device("vale0:peer", Box::new(dev), &Caller::valed())
         .unwrap();
-    let g = HandGuest::connect(&engine, tag, refuse);
+    let g = HandGuest::connect_pairs(&engine, tag, refuse, pairs);
     (engine, g, wire, ready)
 }
 
@@ -827,12 +831,7 @@ fn vhost_user_guest_interrupts_are_moderated() {
 #[test]
 fn vhost_user_queue_pairs() {
     use vhost::vhost_user::VhostUserFrontend;
-    let engine = Engine::new(EngineConfig::default()).unwrap();
-    let (dev, wire, ready, _) = fake("peer", false);
-    engine
-        .attach_device("vale0:peer", Box::new(dev), &Caller::valed())
-        .unwrap();
-    let mut g = HandGuest::connect_pairs(&engine, "mq", 0, 2);
+    let (engine, mut g, wire, ready) = guest_with_pairs_and_peer("mq", 0, 2);
     let fe = g.fe.as_mut().unwrap();
     assert_eq!(
         fe.get_queue_num().unwrap(),
@@ -895,12 +894,7 @@ fn vhost_user_queue_pairs() {
 fn vhost_user_memory_regions_are_capped() {
     use vhost::vhost_user::VhostUserFrontend;
     use vhost::VhostUserMemoryRegionInfo;
-    let engine = Engine::new(EngineConfig::default()).unwrap();
-    let (dev, _wire, _ready, _) = fake("peer", false);
-    engine
-        .attach_device("vale0:peer", Box::new(dev), &Caller::valed())
-        .unwrap();
-    let mut g = HandGuest::connect(&engine, "slots", 0);
+    let (engine, mut g, _wire, _ready) = guest_and_peer("slots", 0);
     let fe = g.fe.as_mut().unwrap();
     let slots = fe.get_max_mem_slots().unwrap();
     // Up to the limit, each a page of the guest's memory at its own address (the first

@@ -1721,8 +1721,14 @@ mod relay {
                 // QEMU (7.2) sends its regions once per queue pair: a region the table has
                 // already is taken (and its descriptor closed), one it no longer has is gone
                 // (the library would end the connection on either).
-                ADD_MEM_REG if size >= 24 => {
-                    if !regions.insert((long(body, 8), long(body, 16))) {
+                ADD_MEM_REG | REM_MEM_REG if size >= 24 => {
+                    let region = (long(body, 8), long(body, 16));
+                    let changed = if req == ADD_MEM_REG {
+                        regions.insert(region)
+                    } else {
+                        regions.remove(&region)
+                    };
+                    if !changed {
                         if flags & NEED_REPLY != 0 {
                             reply(front, writing, req, 0)?;
                         }
@@ -1732,14 +1738,6 @@ mod relay {
                         return Err(bad(format!(
                             "front end adds more than {MAX_MEM_SLOTS} memory regions"
                         )));
-                    }
-                }
-                REM_MEM_REG if size >= 24 => {
-                    if !regions.remove(&(long(body, 8), long(body, 16))) {
-                        if flags & NEED_REPLY != 0 {
-                            reply(front, writing, req, 0)?;
-                        }
-                        continue;
                     }
                 }
                 _ => {}
