@@ -11,6 +11,7 @@
 //! kind whose library owns its event loop (vhost-user) brings its own driver and calls the
 //! same steps from its threads.
 
+mod guard;
 pub mod nic;
 pub mod tap;
 pub mod vhost_user;

@@ -895,6 +895,7 @@ fn vhost_user_memory_regions_are_capped() {
     use vhost::vhost_user::VhostUserFrontend;
     use vhost::VhostUserMemoryRegionInfo;
     let (engine, mut g, _wire, _ready) = guest_and_peer("slots", 0);
+    wait_for("the port up", || vm_port(&engine).state == "up");
     let fe = g.fe.as_mut().unwrap();
     let slots = fe.get_max_mem_slots().unwrap();
     // Up to the limit, each a page of the guest's memory at its own address (the first
@@ -916,4 +917,48 @@ fn vhost_user_memory_regions_are_capped() {
     wait_for("the port down", || vm_port(&engine).state == "down");
     g.close(&engine);
     engine.detach("vale0:peer", &Caller::valed()).unwrap();
+}
+
+/// A front end that shrinks the guest's memory file under valed (valed's next access there
+/// would raise SIGBUS): valed goes on, the connection ends with the port down and counted,
+/// and the switch keeps serving its other ports.
+#[test]
+fn vhost_user_guest_memory_shrunk_under_valed() {
+    let (engine, g, wire, ready) = guest_and_peer("shrink", 0);
+    let good = frame(0x7, [0xff; 6], 1, 60);
+    let mut m = plain_hdr(0);
+    m.extend_from_slice(&good);
+    g.put(0x20000, &m);
+    g.set_desc(TXQ, 0, 0x20000, m.len() as u32, 0, 0);
+    g.offer(TXQ, 0, 0);
+    g.kick(TXQ);
+    wait_for("the frame at the peer", || {
+        wire.from_switch.lock().unwrap().len() == 1
+    });
+    let bad_before = vm_port(&engine).counters.bad_input;
+
+    // The whole file goes; from now on neither valed nor this test may touch the guest's
+    // pages (the test's own mapping would fault too).
+    // SAFETY: our own descriptor.
+    assert_eq!(unsafe { libc::ftruncate(g._memfd.as_raw_fd(), 0) }, 0);
+    g.kick(TXQ);
+    g.kick(RXQ);
+    // A frame toward the guest: the switch's thread writes into its memory.
+    wire.offer(&[frame(0x8, [2, 0, 0, 0, 0, 0x7], 2, 100)], &ready);
+    wait_for("the port down", || vm_port(&engine).state == "down");
+    assert!(vm_port(&engine).counters.bad_input > bad_before);
+
+    // The switch goes on: a second fake port takes the peer's frames.
+    let (dev2, wire2, _ready2, _) = fake("peer2", false);
+    engine
+        .attach_device("vale0:peer2", Box::new(dev2), &Caller::valed())
+        .unwrap();
+    wire.offer(&[frame(0x8, [0xff; 6], 3, 100)], &ready);
+    wait_for("the peer's broadcast at peer2", || {
+        !wire2.from_switch.lock().unwrap().is_empty()
+    });
+    g.close(&engine);
+    for p in ["vale0:peer", "vale0:peer2"] {
+        engine.detach(p, &Caller::valed()).unwrap();
+    }
 }

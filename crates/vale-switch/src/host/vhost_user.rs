@@ -37,7 +37,10 @@ use virtio_bindings::virtio_net::{
 };
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::QueueT;
-use vm_memory::{Address, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap};
+use vm_memory::{
+    Address, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap,
+    GuestMemoryRegion, MemoryRegionAddress,
+};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
@@ -45,6 +48,7 @@ use vmm_sys_util::event::{
 
 use vale_abi::eventfd;
 
+use super::guard::{self, Guarded};
 use super::virtq::{guest_piece, read_guest, write_guest, Desc, Popped, Virtq, VirtqError};
 use super::{DevError, Device, Driver, Egress, HostState, Steps, TxSide};
 use crate::epoll;
@@ -441,6 +445,19 @@ impl Session {
                 }
             };
             let _ = front.set_nonblocking(false);
+            *lock(&net.0.front) = front.try_clone().ok();
+            {
+                // Frames delivered while nobody was there are stale: dropped, not handed over.
+                let mut s = lock(&steps);
+                while s.egress(&mut Nowhere, usize::MAX, true).moved != 0 {}
+                // Until this guest acks its features, it takes no offload work.
+                s.set_caps(Caps::NONE);
+                s.want_irq(true);
+                // From now on frames for the guest are kept for it (in the port's rx ring
+                // until its queues are ready), not dropped: before the front end can finish
+                // its set-up and start sending.
+                *lock(&self.sink.net) = Some(net.clone());
+            }
             let relay = relay::backend_pair().and_then(|(mut l, back, _dir)| {
                 daemon
                     .start(&mut l)
@@ -456,19 +473,12 @@ impl Session {
                 Ok(r) => r,
                 Err(e) => {
                     tracing::warn!(port = %name, "vhost-user: cannot serve the front end: {e}");
+                    *lock(&self.sink.net) = None;
+                    lock(&steps).want_irq(false);
                     continue;
                 }
             };
             tracing::info!(port = %name, path = %self.path, "vhost-user front end connected");
-            {
-                // Frames delivered while nobody was there are stale: dropped, not handed over.
-                let mut s = lock(&steps);
-                while s.egress(&mut Nowhere, usize::MAX, true).moved != 0 {}
-                // Until this guest acks its features, it takes no offload work.
-                s.set_caps(Caps::NONE);
-                s.want_irq(true);
-                *lock(&self.sink.net) = Some(net.clone());
-            }
             state.set_up(&name, true, &"");
             let Some(shutdown) = daemon.shutdown_handle() else {
                 relay.join();
@@ -606,6 +616,15 @@ struct NetInner {
     guest_timer: OwnedFd,
     /// Descriptors the library takes over and never closes (see `exit_event`).
     forgotten: Mutex<Vec<RawFd>>,
+    /// The mappings of the guest's memory tables that are still alive, guarded against the
+    /// front end shrinking them (see [`super::guard`]).
+    guarded: Mutex<Vec<(std::sync::Weak<GuestMemoryMmap>, Guarded)>>,
+    /// [`guard::hits`] when last looked at.
+    hits_seen: AtomicU64,
+    /// The front end shrank the guest's memory: nothing more is read or written there.
+    broken: AtomicBool,
+    /// The connection, to end it from the data path.
+    front: Mutex<Option<std::os::unix::net::UnixStream>>,
 }
 
 /// A queue pair's own: what its worker forwards with, and scratch space.
@@ -673,6 +692,10 @@ impl Net {
             epoch: std::time::Instant::now(),
             guest_timer: epoll::new_timer()?,
             forgotten: Mutex::new(Vec::new()),
+            guarded: Mutex::new(Vec::new()),
+            hits_seen: AtomicU64::new(guard::hits()),
+            broken: AtomicBool::new(false),
+            front: Mutex::new(None),
         })))
     }
 
@@ -760,6 +783,44 @@ impl Net {
         }
     }
 
+    /// Guards the mappings of the memory table the library has now; forgets those no longer
+    /// mapped.
+    fn guard_memory(&self) {
+        let now = self.0.mem.memory().into_inner();
+        let ranges = now.iter().filter_map(|r| {
+            let p = r.get_host_address(MemoryRegionAddress(0)).ok()?;
+            Some((p as usize, r.len() as usize))
+        });
+        let g = Guarded::new(ranges);
+        let mut list = lock(&self.0.guarded);
+        list.retain(|(m, _)| m.strong_count() != 0);
+        list.push((Arc::downgrade(&now), g));
+    }
+
+    /// Whether the front end shrank the guest's memory under valed; the first time it is
+    /// seen, the connection ends with one log line.
+    fn shrank(&self) -> bool {
+        if self.0.broken.load(Relaxed) {
+            return true;
+        }
+        let hits = guard::hits();
+        if self.0.hits_seen.swap(hits, Relaxed) == hits {
+            return false;
+        }
+        if !lock(&self.0.guarded).iter().any(|(_, g)| g.hit()) {
+            return false;
+        }
+        if !self.0.broken.swap(true, Relaxed) {
+            tracing::error!(port = %self.0.port, "vhost-user: the front end shrank the guest's memory under valed; connection closed");
+            // Not through the steps, whose lock a worker may hold here.
+            crate::port::add(&self.0.shared.stats.bad_input, 1);
+            if let Some(f) = lock(&self.0.front).as_ref() {
+                let _ = f.shutdown(std::net::Shutdown::Both);
+            }
+        }
+        true
+    }
+
     /// Logs the first malformed input of a connection.
     fn report(&self, why: &dyn std::fmt::Display) {
         if !self.0.reported.swap(true, Relaxed) {
@@ -795,6 +856,12 @@ impl Net {
     /// (it kicks).
     fn deliver(&self, frames: &mut dyn OutFrames, flow: u32) -> Delivered {
         let mut d = Delivered::default();
+        if self.shrank() {
+            while frames.next_frame().is_some() {
+                d.dropped += 1;
+            }
+            return d;
+        }
         let p = self.rx_pair(flow);
         let Some([vring, _]) = self.0.pairs[p].queues.get() else {
             // No queues yet: the ring keeps the frames for the guest.
@@ -846,6 +913,8 @@ impl Net {
                 d.declined = true;
             }
         }
+        // A fault in the guest's memory during the pass was mended with zeros.
+        self.shrank();
         d
     }
 
@@ -888,6 +957,9 @@ impl Net {
     /// for again: on the transmit queue always, on receive queue 0 only while frames wait
     /// for buffers.
     fn pump(&self, p: usize, [rx, tx]: &[Vring; 2]) {
+        if self.shrank() {
+            return;
+        }
         let pair = &self.0.pairs[p];
         let mut steps = lock(&pair.steps);
         let mem = self.0.mem.memory();
@@ -901,12 +973,14 @@ impl Net {
                 notify(rx, false);
             }
             let mut rx_blocked = false;
+            let mut tx_stuck;
             // With busy-polling, a dry guest is looked at again until the interval passes
             // since the last frame, before its notifications are turned on and the thread
             // sleeps (a kick and a wake-up less per burst, for a core kept busy).
             let mut dry_since: Option<std::time::Instant> = None;
             loop {
-                let moved_in = self.guest_tx(p, &mut steps, tx, &mem, &acked);
+                let moved_in;
+                (moved_in, tx_stuck) = self.guest_tx(p, &mut steps, tx, &mem, &acked);
                 let mut moved_out = 0;
                 if let Some(rx) = rx {
                     (moved_out, rx_blocked) = self.guest_rx(&mut steps, rx, &mem, &acked);
@@ -922,13 +996,17 @@ impl Net {
                 std::hint::spin_loop();
             }
             // A chain the guest made available meanwhile is served now, not left for a
-            // notification that will not come.
-            let more_tx = notify(tx, true);
+            // notification that will not come. An avail index that cannot be right waits
+            // for the guest's next kick (looking again at once would spin for as long as
+            // the guest leaves it so); memory the front end shrank ends the connection.
+            let more_tx = notify(tx, true) && !tx_stuck;
             let more_rx = rx_blocked && rx.is_some_and(|rx| notify(rx, true));
-            if !more_tx && !more_rx {
+            if (!more_tx && !more_rx) || self.shrank() {
                 break;
             }
         }
+        drop(mem);
+        self.shrank();
         if let Some(ns) = steps.fire_due() {
             // At least 1 µs: a moderation deadline due now is served by the next event anyway.
             epoll::arm_timer(&pair.timer, ns.max(1000));
@@ -1003,7 +1081,7 @@ impl Net {
 
     /// Guest transmit on pair `p`: a batch of the transmit queue's chains, forwarded from
     /// where they lie in guest memory (the switch's one copy reads them there), then returned
-    /// used.
+    /// used. The chains taken, and whether the avail ring could not be read.
     fn guest_tx(
         &self,
         p: usize,
@@ -1011,18 +1089,18 @@ impl Net {
         vring: &Vring,
         mem: &GuestMemoryMmap,
         acked: &Acked,
-    ) -> usize {
+    ) -> (usize, bool) {
         let mut st = vring.get_mut();
         if !st.is_enabled() || !st.get_queue().ready() {
-            return 0;
+            return (0, false);
         }
         let Some(mut vq) = Virtq::new(st.get_queue(), mem) else {
             self.bad(steps, 1, &Bad::Rings);
-            return 0;
+            return (0, true);
         };
         let scratch = &self.0.pairs[p].scratch;
         let mut tx = std::mem::take(&mut lock(scratch).tx);
-        let (mut used, mut bad, mut why) = (0usize, 0u64, Bad::None);
+        let (mut used, mut bad, mut why, mut stuck) = (0usize, 0u64, Bad::None, false);
         steps.ingress_direct(p as u32, |batch, limit| {
             let limit = limit.min(BURST);
             tx.heads.clear();
@@ -1035,6 +1113,7 @@ impl Net {
                     Popped::Stuck(e) => {
                         bad += 1;
                         why = Bad::Queue(e);
+                        stuck = true;
                         break;
                     }
                     Popped::Bad(head, e) => {
@@ -1065,7 +1144,7 @@ impl Net {
             }
         }
         vq.finish(st.get_queue_mut());
-        used
+        (used, stuck)
     }
 
     /// Guest receive: what the switch delivered to the port's rx ring, into receive queue 0.
@@ -1437,6 +1516,7 @@ impl VhostUserBackend for Net {
 
     fn update_memory(&self, _mem: Mem) -> io::Result<()> {
         // The library replaced the table inside `self.0.mem`, the same atomic.
+        self.guard_memory();
         Ok(())
     }
 
