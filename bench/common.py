@@ -147,6 +147,10 @@ def int_list(s):
     return [int(x) for x in s.split(",") if x.strip()]
 
 
+def float_list(s):
+    return [float(x) for x in s.split(",") if x.strip()]
+
+
 # ---------------------------------------------------------------- clean-up and processes
 
 _cleanups = []

@@ -22,10 +22,18 @@ middle (valed, or the middle testpmd's lcores) runs on both; shared pins nothing
 (--cpus A,B,C, e.g. on a 16-core machine) gives each party a CPU of its own: sender A,
 middle B, receiver C (both lcores of a testpmd on its CPU; valed's threads all on B).
 
-Fixed offered loads are not measured: testpmd 22.11's txonly has no rate limit.
+Fixed offered loads (--loads 0.5,1,2,4, in Mpps): testpmd 22.11's txonly has no rate limit,
+so the sender is then vhost-paced (crates/vale-tests/src/bin/vhost-paced.rs), a vhost-user
+front end of vale's own that posts frames at the rate for --seconds, in bursts every 20 us,
+and mostly sleeps (on two vCPUs the three busy-polling parties of the saturation runs starve
+each other). Same sender, same testpmd rxonly receiver, vale or the vhost PMD in the middle;
+per load: frames posted (offered), frames the receiver counted (delivered), loss = 1 -
+delivered / offered, and the frames the sender could not post because the middle had not
+returned its descriptors yet (backlog: the middle did not keep up).
 
     cargo build --release && bench/vhost_user.py [--runs 5] [--seconds 2] [--sizes 60,1514]
                                                  [--layout split|shared|pinned --cpus 2,4,6]
+                                                 [--loads 0.5,1,2,4]
 
 Needs root (testpmd's runtime directories, apt-get for dpdk-dev).
 """
@@ -100,6 +108,91 @@ def vale_run(v, socks, size, a, cpus, dpdk):
     return r
 
 
+def paced(sock, size, mpps_load, a, rx):
+    """vhost-paced into `sock` at the load, counted at testpmd `rx`: {offered, delivered, loss,
+    backlog} (frames per second over the sender's seconds, loss a fraction)."""
+    before = rx.stats()["rx"]
+    out = common.subprocess.run(
+        [f"{common.BIN}/vhost-paced", "--socket", sock, "--rate", str(mpps_load * 1e6),
+         "--seconds", str(a.seconds), "--len", str(size), "--dst", RX_MAC],
+        capture_output=True, text=True, timeout=a.seconds + 60)
+    if out.returncode != 0:
+        raise RuntimeError(f"vhost-paced: {out.stderr.strip()}")
+    r = common.json.loads(out.stdout.strip().splitlines()[-1])
+    time.sleep(0.3)
+    got = rx.stats()["rx"] - before
+    return {"offered_pps": r["posted"] / r["seconds"], "delivered_pps": got / r["seconds"],
+            "loss": 1 - got / max(r["posted"], 1), "backlog_pps": r["backlog"] / r["seconds"]}
+
+
+def receiver(sock, cpus, dpdk):
+    rx = peers.Testpmd("rx", [f"net_virtio_user0,path={sock},queues=1,queue_size=1024,mac={RX_MAC}"],
+                       "rxonly", cpus["rx"], dpdk=dpdk)
+    rx.wait_forwarding()
+    return rx
+
+
+def vale_load_run(v, socks, size, load, a, cpus, dpdk):
+    rx = receiver(socks[1], cpus, dpdk)
+    try:
+        v.wait_state("up", ports=("vale1:vm2",))
+        return paced(socks[0], size, load, a, rx)
+    finally:
+        rx.kill()
+
+
+def peer_load_run(d, size, load, a, cpus, dpdk):
+    s0, s1 = f"{d}/vhost0.sock", f"{d}/vhost1.sock"
+    for s in (s0, s1):
+        if os.path.exists(s):
+            os.unlink(s)
+    mid = peers.Testpmd("vh", [f"net_vhost0,iface={s0},queues=1", f"net_vhost1,iface={s1},queues=1"], "io",
+                        cpus["middle"], dpdk=dpdk)
+    try:
+        mid.wait_forwarding()
+        rx = receiver(s1, cpus, dpdk)
+        try:
+            return paced(s0, size, load, a, rx)
+        finally:
+            rx.kill()
+    finally:
+        mid.kill()
+
+
+def loads_main(a, v, socks, d, sizes, cpus, dpdk, systems):
+    """The fixed-load runs: a table per size of offered, delivered and loss for each system."""
+    results = []
+    for s in sizes:
+        for load in common.float_list(a.loads):
+            runs = {k: [] for k in systems}
+            for i in range(a.runs):
+                runs["vale"].append(vale_load_run(v, socks, s, load, a, cpus, dpdk))
+                if "dpdk_vhost" in systems:
+                    runs["dpdk_vhost"].append(peer_load_run(d, s, load, a, cpus, dpdk))
+                print(f"{s} B at {load} Mpps run {i + 1}: " + ", ".join(
+                    f"{k} {runs[k][-1]['delivered_pps'] / 1e6:.3f} Mpps ({runs[k][-1]['loss'] * 100:.2f}% lost)"
+                    for k in systems), flush=True)
+            r = {"frame_len": s, "load_mpps": load}
+            for k in systems:
+                r[k] = {f: summary([x[f] for x in runs[k]]) for f in runs[k][0]}
+            results.append(r)
+    rows = []
+    for r in results:
+        row = [r["frame_len"], r["load_mpps"]]
+        for k in systems:
+            x = r[k]
+            row += [mpps(x["offered_pps"]), mpps(x["delivered_pps"]), f"{x['loss']['median'] * 100:.2f}%"]
+        rows.append(row)
+    print(f"\nvhost-paced -> middle -> virtio_user rxonly, {a.runs} runs of {a.seconds} s per load; "
+          f"layout {a.layout}: sender cpu {cpus['tx']}, middle cpu {cpus['middle']}, receiver cpu {cpus['rx']}")
+    headers = ["len", "load Mpps"]
+    for k in systems:
+        name = "vale" if k == "vale" else "vhost PMD"
+        headers += [f"{name} offered", f"{name} delivered", f"{name} loss"]
+    common.table(headers, rows)
+    return results
+
+
 def peer_run(d, size, a, cpus, dpdk):
     s0, s1 = f"{d}/vhost0.sock", f"{d}/vhost1.sock"
     for s in (s0, s1):
@@ -127,11 +220,11 @@ class ValeVhost(common.Valed):
         for port, s in zip(("vale1:vm1", "vale1:vm2"), socks):
             self.ctl("attach", port, "--vhost-user", s)
 
-    def wait_state(self, state, limit=30.0):
+    def wait_state(self, state, limit=30.0, ports=("vale1:vm1", "vale1:vm2")):
         deadline = time.monotonic() + limit
         while True:
             p = self.ports()
-            if all(p[n]["state"] == state for n in ("vale1:vm1", "vale1:vm2")):
+            if all(p[n]["state"] == state for n in ports):
                 return p
             if time.monotonic() > deadline:
                 raise RuntimeError(f"vale1's vhost-user ports not {state} after {limit:g} s: {p}")
@@ -147,6 +240,8 @@ def main():
                     help="valed --busy-poll-us: how long its threads keep looking at a dry ring or guest "
                          "before they sleep (default 0, valed's default)")
     ap.add_argument("--warmup", type=float, default=1.0, help="seconds of traffic before counting (default 1; --quick 0.5)")
+    ap.add_argument("--loads", metavar="MPPS", help="fixed offered loads instead of saturation, "
+                                                    "e.g. 0.5,1,2,4 (Mpps; the sender is vhost-paced)")
     ap.add_argument("--dpdk", metavar="DIR", help="a relocatable DPDK folder (bin/dpdk-testpmd, lib/, pmds/) "
                                                   "instead of Debian's packages")
     a = common.parse(ap)
@@ -169,6 +264,16 @@ def main():
     v = ValeVhost(cpus, socks, a.busy_poll_us)
 
     systems = ["vale"] + ([] if a.no_peers else ["dpdk_vhost"])
+    if a.loads:
+        results = loads_main(a, v, socks, d, sizes, cpus, dpdk, systems)
+        common.stop(v.proc, common.signal.SIGTERM)
+        layout = {"name": a.layout, "sender": cpus["tx"], "receiver_lcores": cpus["rx"],
+                  "middle": cpus["middle"], "valed_busy_poll_us": a.busy_poll_us}
+        setup = {"sender": "vhost-paced: VERSION_1 only, queue_size 1024, bursts every 20 us",
+                 "receiver": "testpmd rxonly, net_virtio_user0 queues=1 queue_size=1024",
+                 "loss": "1 - receiver's RX-packets delta / frames posted"}
+        common.write_report(a.out, "vhost_user_loads", a, layout, results, setup=setup, systems=systems)
+        return
     results = []
     for s in sizes:
         runs = {k: [] for k in systems}
