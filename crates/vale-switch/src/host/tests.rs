@@ -962,3 +962,25 @@ fn vhost_user_guest_memory_shrunk_under_valed() {
         engine.detach(p, &Caller::valed()).unwrap();
     }
 }
+
+/// Frames toward a guest with several queue pairs: each flow (source port and ring) to one
+/// pair, only pairs the guest enabled, flows spread over them.
+#[test]
+fn flows_spread_over_the_enabled_pairs() {
+    use super::vhost_user::pair_of;
+    assert_eq!(pair_of(12345, 0), 0);
+    assert_eq!(pair_of(12345, 0b1), 0);
+    for enabled in [0b11u32, 0b1010, 0b1111, 0xffff] {
+        let mut seen = 0u32;
+        for port in 0..64u32 {
+            for ring in 0..4u32 {
+                let flow = port << 16 | ring;
+                let p = pair_of(flow, enabled);
+                assert_ne!(enabled & 1 << p, 0, "pair {p} not enabled in {enabled:#b}");
+                assert_eq!(p, pair_of(flow, enabled), "one flow, one pair");
+                seen |= 1 << p;
+            }
+        }
+        assert_eq!(seen, enabled, "every enabled pair takes flows");
+    }
+}

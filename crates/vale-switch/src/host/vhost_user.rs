@@ -828,26 +828,9 @@ impl Net {
         }
     }
 
-    /// The receive queue for frames of `flow` (see [`DirectSink::send_batch`]): one of the
-    /// enabled pairs', the same for the same flow while the guest's choice of pairs stays.
+    /// The pair whose receive queue takes frames of `flow` (see [`pair_of`]).
     fn rx_pair(&self, flow: u32) -> usize {
-        let enabled = self.0.enabled.load(Relaxed);
-        let n = enabled.count_ones();
-        if n <= 1 {
-            return 0;
-        }
-        // The (flow mod n)-th enabled pair. Spread flows of one source port over pairs too.
-        let h = flow.wrapping_mul(0x9e37_79b9) >> 16;
-        let mut k = h % n;
-        let mut bits = enabled;
-        loop {
-            let p = bits.trailing_zeros() as usize;
-            if k == 0 {
-                return p;
-            }
-            k -= 1;
-            bits &= bits - 1;
-        }
+        pair_of(flow, self.0.enabled.load(Relaxed))
     }
 
     /// A forwarding thread's batch for the guest, straight into its rx buffers (of the queue
@@ -868,12 +851,18 @@ impl Net {
             d.declined = true;
             return d;
         };
-        {
+        let ready = {
             let st = vring.get_ref();
-            if !st.is_enabled() || !st.get_queue().ready() {
-                d.declined = true;
-                return d;
+            st.is_enabled() && st.get_queue().ready()
+        };
+        if !ready {
+            if p != 0 && self.0.enabled.fetch_and(!(1 << p), Relaxed) & 1 << p != 0 {
+                // The guest gave this pair up (fewer CPUs, `ethtool -L`): flows go to the
+                // pairs it still uses from the next batch on.
+                self.describe();
             }
+            d.declined = true;
+            return d;
         }
         let mem = self.0.mem.memory();
         let acked = Acked::of(self.0.features.load(Relaxed));
@@ -1174,6 +1163,24 @@ impl Net {
         }
         (done.moved, false)
     }
+}
+
+/// The pair among `enabled` (a bit each) that takes frames of `flow` (see
+/// [`DirectSink::send_batch`]): the same for the same flow while the guest's choice of pairs
+/// stays, flows spread over the pairs; pair 0 when none or one is enabled.
+pub(crate) fn pair_of(flow: u32, enabled: u32) -> usize {
+    let n = enabled.count_ones();
+    if n <= 1 {
+        return 0;
+    }
+    // The (hash mod n)-th enabled pair; the multiply spreads source ports and rings alike.
+    let mut k = (flow.wrapping_mul(0x9e37_79b9) >> 16) % n;
+    let mut bits = enabled;
+    while k != 0 {
+        bits &= bits - 1;
+        k -= 1;
+    }
+    bits.trailing_zeros() as usize
 }
 
 /// Turns the guest's notifications on a queue on or off (`VRING_USED_F_NO_NOTIFY`, or the
