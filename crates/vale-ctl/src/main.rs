@@ -403,6 +403,25 @@ fn main() -> ExitCode {
 
 fn run(cli: &Cli) -> Result<(), Failure> {
     let run_dir = cli.run_dir.clone().unwrap_or_else(default_run_dir);
+    // Usage errors clap cannot see come before any word with valed.
+    let lookup_req = match &cli.command {
+        Command::Lookup {
+            switch,
+            module,
+            args,
+            access,
+            trunk,
+            default,
+        } => Some(lookup_request(
+            switch,
+            module.as_deref(),
+            args,
+            access,
+            trunk,
+            default.as_deref(),
+        )?),
+        _ => None,
+    };
     let sock = connect(&run_dir)?;
     match &cli.command {
         Command::List { name } => {
@@ -468,48 +487,8 @@ fn run(cli: &Cli) -> Result<(), Failure> {
         Command::Destroy { name } => {
             done(cli, ask(&sock, &Request::Destroy { name: name.clone() })?)
         }
-        Command::Lookup {
-            switch,
-            module,
-            args,
-            access,
-            trunk,
-            default,
-        } => {
-            let req = match module {
-                None => Request::Lookup {
-                    switch: switch.clone(),
-                },
-                Some(module) => {
-                    let vlan_flags = !access.is_empty() || !trunk.is_empty() || default.is_some();
-                    if vlan_flags && module != "vlan" {
-                        return Err(Failure::Usage(
-                            "--access, --trunk and --default configure the vlan module only".into(),
-                        ));
-                    }
-                    let mut all = vlan_args(switch, access, trunk, default.as_deref())
-                        .map_err(Failure::Usage)?;
-                    all.extend(args.iter().map(|(key, value)| ModuleArg {
-                        key: key.clone(),
-                        value: value.clone(),
-                    }));
-                    // valed resolves no path against our directory: send it absolute.
-                    let module = if module.contains('/') {
-                        let p = Path::new(module);
-                        std::path::absolute(p)
-                            .unwrap_or_else(|_| p.to_path_buf())
-                            .to_string_lossy()
-                            .into_owned()
-                    } else {
-                        module.clone()
-                    };
-                    Request::SetLookup {
-                        switch: switch.clone(),
-                        module,
-                        args: all,
-                    }
-                }
-            };
+        Command::Lookup { .. } => {
+            let req = lookup_req.expect("made above");
             match ask(&sock, &req)? {
                 Reply::Lookup { lookup } if cli.json => {
                     let text =
@@ -571,6 +550,50 @@ fn output(text: &str) -> Result<(), Failure> {
         }
         _ => Ok(()),
     }
+}
+
+/// The request of `vale-ctl lookup`: show (no module) or set.
+fn lookup_request(
+    switch: &str,
+    module: Option<&str>,
+    args: &[(String, String)],
+    access: &[String],
+    trunk: &[String],
+    default: Option<&str>,
+) -> Result<Request, Failure> {
+    Ok(match module {
+        None => Request::Lookup {
+            switch: switch.to_string(),
+        },
+        Some(module) => {
+            let vlan_flags = !access.is_empty() || !trunk.is_empty() || default.is_some();
+            if vlan_flags && module != "vlan" {
+                return Err(Failure::Usage(
+                    "--access, --trunk and --default configure the vlan module only".into(),
+                ));
+            }
+            let mut all = vlan_args(switch, access, trunk, default).map_err(Failure::Usage)?;
+            all.extend(args.iter().map(|(key, value)| ModuleArg {
+                key: key.clone(),
+                value: value.clone(),
+            }));
+            // valed resolves no path against our directory: send it absolute.
+            let module = if module.contains('/') {
+                let p = Path::new(module);
+                std::path::absolute(p)
+                    .unwrap_or_else(|_| p.to_path_buf())
+                    .to_string_lossy()
+                    .into_owned()
+            } else {
+                module.to_string()
+            };
+            Request::SetLookup {
+                switch: switch.to_string(),
+                module,
+                args: all,
+            }
+        }
+    })
 }
 
 /// `vale-ctl lookup valeX` as text.
@@ -813,5 +836,80 @@ mod tests {
         let ends: Vec<usize> = [1, 2, 3, 6, 7].iter().map(|&i| lines[i].len()).collect();
         assert!(ends.windows(2).all(|w| w[0] == w[1]), "{text}");
         assert_eq!(render(&[]), "");
+    }
+
+    #[test]
+    fn lookup_requests() {
+        let cli = Cli::try_parse_from([
+            "vale-ctl",
+            "lookup",
+            "vale0",
+            "vlan",
+            "--access",
+            "a=10",
+            "--trunk",
+            "vale0:up=10,20",
+            "--default",
+            "none",
+            "--arg",
+            "entries=64",
+        ])
+        .unwrap();
+        let Command::Lookup {
+            switch,
+            module,
+            args,
+            access,
+            trunk,
+            default,
+        } = cli.command
+        else {
+            panic!("not lookup")
+        };
+        let req = lookup_request(
+            &switch,
+            module.as_deref(),
+            &args,
+            &access,
+            &trunk,
+            default.as_deref(),
+        );
+        let Ok(Request::SetLookup { module, args, .. }) = req else {
+            panic!("not set")
+        };
+        assert_eq!(module, "vlan");
+        let kv: Vec<String> = args
+            .iter()
+            .map(|a| format!("{}={}", a.key, a.value))
+            .collect();
+        assert_eq!(
+            kv,
+            [
+                "access=vale0:a=10",
+                "trunk=vale0:up=10,20",
+                "default=none",
+                "entries=64"
+            ]
+        );
+        // A path goes absolute; --arg needs a module; vlan flags need vlan.
+        let Ok(Request::SetLookup { module, .. }) =
+            lookup_request("vale0", Some("./m.so"), &[], &[], &[], None)
+        else {
+            panic!("not set")
+        };
+        assert!(
+            module.starts_with('/') && module.ends_with("/m.so"),
+            "{module}"
+        );
+        assert!(Cli::try_parse_from(["vale-ctl", "lookup", "vale0", "--arg", "a=b"]).is_err());
+        assert!(Cli::try_parse_from(["vale-ctl", "lookup", "vale0", "x", "--arg", "ab"]).is_err());
+        assert!(matches!(
+            lookup_request("vale0", Some("hub"), &[], &["a=1".into()], &[], None),
+            Err(Failure::Usage(_))
+        ));
+        assert!(matches!(
+            lookup_request("vale0", Some("vlan"), &[], &["vale1:a=1".into()], &[], None),
+            Err(Failure::Usage(_))
+        ));
     }
 }

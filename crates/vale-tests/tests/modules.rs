@@ -162,12 +162,22 @@ fn vlans_are_isolated_and_tags_follow_the_ports() {
             none.clone()
         ]
     );
-    // Tagged 10 to a, which VLAN 10 learnt: a only, untagged; a 1514-byte frame too.
-    for len in [60, 1514] {
+    // Tagged 10 to a, which VLAN 10 learnt: a only, untagged; and back from a to e, which
+    // the trunk's frames taught VLAN 10: the trunk only, tagged. Frames of one slot and
+    // chains of several (the tag moves bytes across slot boundaries).
+    for len in [60, 1514, 2110, 4000, 9000] {
         let f = test_frame(len, MAC_E, MAC_A, 4);
         let got = deliver(&up, &tag(&f, 10), &all);
         assert_eq!(got[0], vec![f.clone()], "a, len {len}");
         assert!(got[1..].iter().all(|g| g.is_empty()), "only a, len {len}");
+        let f = test_frame(len, MAC_A, MAC_E, 4);
+        let got = deliver(&a, &f, &all);
+        assert_eq!(got[4], vec![tag(&f, 10)], "the trunk, len {len}");
+        assert_eq!(
+            got.iter().map(Vec::len).sum::<usize>(),
+            1,
+            "only the trunk, len {len}"
+        );
     }
     // a to c's address: c is known in VLAN 20 only, so in VLAN 10 the frame floods.
     let f = test_frame(60, MAC_A, MAC_C, 5);
@@ -202,9 +212,9 @@ fn vlans_are_isolated_and_tags_follow_the_ports() {
     assert_eq!(counter(&l, "vlans"), 3);
     // The senders' counters: every frame sent counted once, the refused ones as drops.
     let ca = v.counters("vale0:a");
-    assert_eq!((ca.tx_packets, ca.tx_drops), (3, 1), "{ca:?}");
+    assert_eq!((ca.tx_packets, ca.tx_drops), (8, 1), "{ca:?}");
     let cu = v.counters("vale0:up");
-    assert_eq!((cu.tx_packets, cu.tx_drops), (5, 2), "{cu:?}");
+    assert_eq!((cu.tx_packets, cu.tx_drops), (8, 2), "{cu:?}");
     assert_eq!(
         v.counters("vale0:x").tx_drops,
         1,
@@ -215,6 +225,52 @@ fn vlans_are_isolated_and_tags_follow_the_ports() {
         assert!(recv_frames(p).is_empty(), "{}", p.name());
     }
     assert_eq!(v.counters("vale0:x").rx_packets, 0);
+}
+
+/// vale_lookup.h compiles cleanly as C and C++, and its types have the layout of the Rust
+/// side's (`FrameMeta`, `CBatch`, `CModule`, ...).
+#[test]
+fn the_header_matches_the_engine() {
+    let dir = TempDir::new("modules");
+    let check = r#"
+#include <stddef.h>
+#include "vale_lookup.h"
+#define CHECK(c) _Static_assert(c, #c)
+CHECK(sizeof(struct vale_frame) == 24);
+CHECK(offsetof(struct vale_frame, first_len) == 8);
+CHECK(offsetof(struct vale_frame, len) == 12);
+CHECK(offsetof(struct vale_frame, flags) == 16);
+CHECK(offsetof(struct vale_frame, dst) == 18);
+CHECK(offsetof(struct vale_frame, ring) == 20);
+CHECK(sizeof(struct vale_batch) == 24);
+CHECK(offsetof(struct vale_batch, src_port) == 12);
+CHECK(offsetof(struct vale_batch, now_s) == 16);
+CHECK(sizeof(struct vale_arg) == 16);
+CHECK(sizeof(struct vale_counter) == 40);
+CHECK(offsetof(struct vale_lookup_module, name) == 8);
+CHECK(offsetof(struct vale_lookup_module, counters) == 56);
+CHECK(sizeof(struct vale_lookup_module) == 64);
+CHECK(VALE_LOOKUP_ABI_VERSION == 1);
+CHECK(VALE_DST_FLOOD == 0xffff && VALE_DST_DROP == 0xfffe && VALE_MAX_PORTS == 2048);
+CHECK(VALE_NS_NO_LEARN == 0x0008);
+const struct vale_lookup_module *vale_lookup_module(void) { return 0; }
+"#;
+    c_module(&dir.0, "libcheck.so", check);
+    let src = dir.0.join("check.cc");
+    std::fs::write(&src, check.replace("_Static_assert", "static_assert")).unwrap();
+    let mut cxx = Command::new("c++");
+    cxx.args([
+        "-std=c++11",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-fsyntax-only",
+        "-I",
+    ])
+    .arg(root().join("crates/vale-switch/include"))
+    .arg(&src);
+    let o = cxx.output().expect("c++");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 }
 
 #[test]

@@ -278,3 +278,30 @@ impl Lookup for SharedModule {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    /// The layout the header's static checks (vale-tests, modules.rs) hold the C side to.
+    #[test]
+    fn layout_is_the_headers() {
+        assert_eq!(size_of::<FrameMeta>(), 24);
+        assert_eq!(offset_of!(FrameMeta, dst), 18);
+        assert_eq!(offset_of!(FrameMeta, ring), 20);
+        assert_eq!(size_of::<CBatch>(), 24);
+        assert_eq!(offset_of!(CBatch, src_port), 12);
+        assert_eq!(offset_of!(CBatch, now_s), 16);
+        assert_eq!(size_of::<CArg>(), 16);
+        assert_eq!(size_of::<CCounter>(), 40);
+        assert_eq!(offset_of!(CModule, name), 8);
+        assert_eq!(offset_of!(CModule, counters), 56);
+        assert_eq!(size_of::<CModule>(), 64);
+        assert_eq!(
+            vale_abi::netmap::NS_NO_LEARN,
+            0x0008,
+            "VALE_NS_NO_LEARN in vale_lookup.h"
+        );
+    }
+}
