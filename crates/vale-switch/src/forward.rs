@@ -147,6 +147,9 @@ pub struct Pipeline {
     held: Vec<Held>,
     /// Stage 2's rewritten batch for modules that do VLANs (see [`Pipeline::scope`]).
     scoped: (Vec<FrameMeta>, Vec<Held>, Vec<(u32, u32)>),
+    /// The ports of one VLAN but the source, and how each takes it: asked of the module once
+    /// per VLAN per batch.
+    members: Vec<(u16, Egress)>,
     /// (first fragment, fragment count) of each frame.
     frame_frags: Vec<(u32, u32)>,
     frags: Vec<Frag>,
@@ -179,6 +182,7 @@ impl Pipeline {
             frames: Vec::with_capacity(b),
             held: Vec::with_capacity(b),
             scoped: (Vec::new(), Vec::new(), Vec::new()),
+            members: Vec::with_capacity(MAX_PORTS),
             frame_frags: Vec::with_capacity(b),
             frags: Vec::with_capacity(4 * b),
             next: vec![NIL; b],
@@ -370,12 +374,70 @@ impl Pipeline {
     /// its own. Entries stay in batch order, so each destination gets its frames in order.
     /// Returns the frames lost because the rewritten batch would not fit its indices.
     fn scope(&mut self, module: &dyn Lookup, table: &PortTable, src: u16) -> u64 {
+        let n = self.frames.len();
+        let mut members = std::mem::take(&mut self.members);
+        // The VLAN `members` lists (a batch from an access port is all one VLAN).
+        let mut members_of = u16::MAX;
+        let refresh = |members: &mut Vec<(u16, Egress)>, vid: u16| {
+            members.clear();
+            for p in table.iter().flatten() {
+                if p.index != src {
+                    match module.egress(p.index, vid) {
+                        Egress::Skip => {}
+                        e => members.push((p.index, e)),
+                    }
+                }
+            }
+        };
+        // In place, as long as each frame is one entry, as it is (unicast inside an access
+        // VLAN, a flood to one other member): the common case costs no copy.
+        let mut i = 0;
+        while i < n {
+            let f = self.frames[i];
+            let vid = f.vlan & VLAN_VID;
+            let tagged = f.vlan & VLAN_TAGGED != 0;
+            let as_is = |e: Egress| {
+                !matches!(
+                    (e, tagged),
+                    (Egress::Tagged, false) | (Egress::Untagged, true)
+                )
+            };
+            let dst = if f.vlan == 0 || f.dst == DEST_DROP {
+                f.dst
+            } else if f.dst != DEST_FLOOD {
+                match module.egress(f.dst, vid) {
+                    Egress::Skip => DEST_DROP,
+                    e if as_is(e) => f.dst,
+                    _ => break,
+                }
+            } else {
+                if members_of != vid {
+                    refresh(&mut members, vid);
+                    members_of = vid;
+                }
+                match members[..] {
+                    [] => DEST_DROP,
+                    [(p, e)] if as_is(e) => p,
+                    _ => break,
+                }
+            };
+            self.frames[i].dst = dst;
+            i += 1;
+        }
+        if i == n {
+            self.members = members;
+            return 0;
+        }
+        // From frame i on, into a new batch: the frames before it as they are now.
         let mut out = std::mem::take(&mut self.scoped);
         out.0.clear();
         out.1.clear();
         out.2.clear();
+        out.0.extend_from_slice(&self.frames[..i]);
+        out.1.extend_from_slice(&self.held[..i]);
+        out.2.extend_from_slice(&self.frame_frags[..i]);
         let mut lost = 0u64;
-        for i in 0..self.frames.len() {
+        for i in i..n {
             let f = self.frames[i];
             let vid = f.vlan & VLAN_VID;
             if f.vlan == 0 || f.dst == DEST_DROP {
@@ -386,18 +448,16 @@ impl Pipeline {
                     e => self.entry(&mut out, &mut lost, i, f.dst, e),
                 }
             } else {
-                let before = out.0.len() as u64 + lost;
-                for p in table.iter().flatten() {
-                    if p.index != src {
-                        match module.egress(p.index, vid) {
-                            Egress::Skip => {}
-                            e => self.entry(&mut out, &mut lost, i, p.index, e),
-                        }
-                    }
+                if members_of != vid {
+                    refresh(&mut members, vid);
+                    members_of = vid;
                 }
-                if out.0.len() as u64 + lost == before {
+                if members.is_empty() {
                     // No other member: nowhere to go.
                     self.entry(&mut out, &mut lost, i, DEST_DROP, Egress::Skip);
+                }
+                for &(p, e) in &members {
+                    self.entry(&mut out, &mut lost, i, p, e);
                 }
             }
         }
@@ -405,6 +465,7 @@ impl Pipeline {
         std::mem::swap(&mut self.held, &mut out.1);
         std::mem::swap(&mut self.frame_frags, &mut out.2);
         self.scoped = out;
+        self.members = members;
         if self.next.len() < self.frames.len() {
             self.next.resize(self.frames.len(), NIL);
         }
@@ -414,6 +475,7 @@ impl Pipeline {
     /// Appends to `out` the entry of frame `i` for `dst`, which takes its VLAN `e`; counts it
     /// in `lost` if the batch's indices are all used (they are u16, NIL excluded).
     #[allow(clippy::type_complexity)]
+    #[inline(always)]
     fn entry(
         &mut self,
         out: &mut (Vec<FrameMeta>, Vec<Held>, Vec<(u32, u32)>),
@@ -427,7 +489,14 @@ impl Pipeline {
             return;
         }
         let f = self.frames[i];
-        let (h, frags) = self.edit(i, e, f.vlan & VLAN_TAGGED != 0, f.vlan & VLAN_VID);
+        let tagged = f.vlan & VLAN_TAGGED != 0;
+        let (h, frags) = match (e, tagged) {
+            (Egress::Tagged, false) | (Egress::Untagged, true) => {
+                self.edit(i, e, tagged, f.vlan & VLAN_VID)
+            }
+            // As it is: the common case, kept short.
+            _ => (self.held[i], self.frame_frags[i]),
+        };
         out.0.push(FrameMeta { dst, ..f });
         out.1.push(h);
         out.2.push(frags);

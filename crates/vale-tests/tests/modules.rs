@@ -193,6 +193,24 @@ fn vlans_are_isolated_and_tags_follow_the_ports() {
             none.clone()
         ]
     );
+    // One batch mixing frames that stay one entry (unicast to b, which VLAN 10 learnt from
+    // its answer below) with one that becomes several (a broadcast, to b and, tagged, to the
+    // trunk): every port gets its frames in order.
+    send_all(&b, &[test_frame(60, MAC_B, MAC_A, 50)]);
+    assert_eq!(recv_frames(&a).len(), 1);
+    let batch: Vec<Vec<u8>> = vec![
+        test_frame(60, MAC_A, MAC_B, 51),
+        test_frame(60, MAC_A, BROADCAST, 52),
+        test_frame(100, MAC_A, MAC_B, 53),
+        test_frame(60, MAC_A, BROADCAST, 54),
+    ];
+    send_all(&a, &batch);
+    assert_eq!(recv_frames(&b), batch, "b, in order");
+    assert_eq!(
+        recv_frames(&up),
+        vec![tag(&batch[1], 10), tag(&batch[3], 10)]
+    );
+    assert!([&c, &d, &x].iter().all(|p| recv_frames(p).is_empty()));
     // x (not named: VLAN 1) is alone in its VLAN.
     let got = deliver(&x, &test_frame(60, MAC_D, BROADCAST, 6), &all);
     assert!(got.iter().all(|g| g.is_empty()), "{got:?}");
@@ -212,7 +230,7 @@ fn vlans_are_isolated_and_tags_follow_the_ports() {
     assert_eq!(counter(&l, "vlans"), 3);
     // The senders' counters: every frame sent counted once, the refused ones as drops.
     let ca = v.counters("vale0:a");
-    assert_eq!((ca.tx_packets, ca.tx_drops), (8, 1), "{ca:?}");
+    assert_eq!((ca.tx_packets, ca.tx_drops), (12, 1), "{ca:?}");
     let cu = v.counters("vale0:up");
     assert_eq!((cu.tx_packets, cu.tx_drops), (8, 2), "{cu:?}");
     assert_eq!(

@@ -23,7 +23,7 @@ use vale_abi::netmap::NS_NO_LEARN;
 
 use super::{
     check_keys, is_group, number_arg, Args, Egress, FrameMeta, LearningBridge, Lookup, SourcePort,
-    DEST_DROP, DEST_FLOOD, VLAN_TAGGED,
+    DEST_DROP, DEST_FLOOD, VLAN_TAGGED, VLAN_VID,
 };
 use crate::port::PortIndex;
 use crate::switch::MAX_PORTS;
@@ -70,7 +70,7 @@ pub struct Vlan {
     /// The learning table of each VLAN, and which table is a VID's (index + 1; 0: none).
     tables: Vec<LearningBridge>,
     table_of: Box<[u16; 4096]>,
-    /// The configuration as given, for `vale-ctl lookup`.
+    /// Frames refused at ingress, by reason.
     foreign_tag: AtomicU64,
     not_allowed: AtomicU64,
     untagged_on_trunk: AtomicU64,
@@ -204,38 +204,35 @@ impl Vlan {
         }
     }
 
-    /// The VLAN of a frame from a port in `mode`, with [`VLAN_TAGGED`] if it came tagged;
-    /// `None` (counted) if the port may not send it.
-    #[inline]
-    fn classify(&self, mode: &Mode, f: &FrameMeta) -> Option<u16> {
-        let tag = match f.be16(12) {
-            Some(TPID) => match f.be16(14) {
-                Some(tci) => Some(tci & 0x0fff),
-                // A tag cut short by the end of the first slot.
-                None => {
-                    add(&self.foreign_tag);
-                    return None;
-                }
-            },
-            _ => None,
+    /// The VLAN of a tagged frame (`tci`: its tag's control field, if the first slot holds
+    /// it) from a port in `mode`, with [`VLAN_TAGGED`]; `None` (counted) if the port may not
+    /// send it.
+    #[cold]
+    fn classify_tagged(&self, mode: &Mode, tci: Option<u16>) -> Option<u16> {
+        let Some(tci) = tci else {
+            // A tag cut short by the end of the first slot.
+            add(&self.foreign_tag);
+            return None;
         };
-        match (mode, tag) {
-            (Mode::Access(v), None) => Some(*v),
-            (Mode::Access(v), Some(t)) if t == *v => Some(t | VLAN_TAGGED),
-            (Mode::Access(_), Some(_)) => {
+        let t = tci & VLAN_VID;
+        match mode {
+            Mode::Access(v) if t == *v => Some(t | VLAN_TAGGED),
+            Mode::Access(_) => {
                 add(&self.foreign_tag);
                 None
             }
-            (Mode::Trunk(_), None) => {
-                add(&self.untagged_on_trunk);
-                None
-            }
-            (Mode::Trunk(set), Some(t)) if has(set, t) => Some(t | VLAN_TAGGED),
-            (Mode::Trunk(_), Some(_)) => {
+            Mode::Trunk(set) if has(set, t) => Some(t | VLAN_TAGGED),
+            Mode::Trunk(_) => {
                 add(&self.not_allowed);
                 None
             }
         }
+    }
+
+    /// The learning table of VLAN `vid`, which some port is in.
+    #[inline(always)]
+    fn table(&self, vid: u16) -> &LearningBridge {
+        &self.tables[self.table_of[(vid & VLAN_VID) as usize] as usize - 1]
     }
 }
 
@@ -259,21 +256,38 @@ impl Lookup for Vlan {
             }
             return 0;
         };
+        // An access port's untagged frames, the common case, all go to one table.
+        let untagged = match mode {
+            Mode::Access(v) => Some((*v, self.table(*v))),
+            Mode::Trunk(_) => None,
+        };
         let mut refused = 0;
+        // Back-to-back frames from one host in one VLAN learn once.
+        let mut last_learnt = (u64::MAX, 0);
         for f in frames.iter_mut() {
-            let Some(vlan) = self.classify(mode, f) else {
-                f.dst = DEST_DROP;
-                continue;
+            // The engine guarantees 14 bytes: the EtherType is there.
+            let (vlan, table) = match (f.be16(12), untagged) {
+                (Some(TPID), _) => match self.classify_tagged(mode, f.be16(14)) {
+                    Some(vlan) => (vlan, self.table(vlan)),
+                    None => {
+                        f.dst = DEST_DROP;
+                        continue;
+                    }
+                },
+                (_, Some(u)) => u,
+                (_, None) => {
+                    add(&self.untagged_on_trunk);
+                    f.dst = DEST_DROP;
+                    continue;
+                }
             };
-            let vid = vlan & !VLAN_TAGGED;
-            // Every VLAN a port is in has a table.
-            let table = &self.tables[self.table_of[vid as usize] as usize - 1];
+            let vid = vlan & VLAN_VID;
             let s = f.src_mac();
-            if !is_group(s)
-                && f.flags & NS_NO_LEARN == 0
-                && !table.learn(s, src.index, src.learn_limit, now_s)
-            {
-                refused += 1;
+            if (s, vid) != last_learnt && !is_group(s) && f.flags & NS_NO_LEARN == 0 {
+                if !table.learn(s, src.index, src.learn_limit, now_s) {
+                    refused += 1;
+                }
+                last_learnt = (s, vid);
             }
             let d = f.dst_mac();
             f.dst = if is_group(d) {
@@ -336,7 +350,6 @@ impl Lookup for Vlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lookup::VLAN_VID;
 
     fn args(list: &[(&str, &str)]) -> Vec<(String, String)> {
         list.iter()
