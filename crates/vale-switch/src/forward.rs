@@ -121,9 +121,12 @@ impl Notifier {
 }
 
 /// What the engine keeps of a frame beside the lookup module's view of it ([`FrameMeta`]):
-/// its true length and its offload word, which no module sees or changes.
+/// its fragments, its true length and its offload word, which no module sees or changes.
 #[derive(Clone, Copy)]
 struct Held {
+    /// The frame's first fragment in `frags`, and how many it has.
+    first: u32,
+    count: u32,
     len: u32,
     /// The frame's offload word ([`Offload`]), 0 for none.
     offload: u64,
@@ -146,12 +149,10 @@ pub struct Pipeline {
     frames: Vec<FrameMeta>,
     held: Vec<Held>,
     /// Stage 2's rewritten batch for modules that do VLANs (see [`Pipeline::scope`]).
-    scoped: (Vec<FrameMeta>, Vec<Held>, Vec<(u32, u32)>),
+    scoped: (Vec<FrameMeta>, Vec<Held>),
     /// The ports of one VLAN but the source, and how each takes it: asked of the module once
     /// per VLAN per batch.
     members: Vec<(u16, Egress)>,
-    /// (first fragment, fragment count) of each frame.
-    frame_frags: Vec<(u32, u32)>,
     frags: Vec<Frag>,
     /// Next frame in the same destination list (mSwitch), or NIL.
     next: Vec<u16>,
@@ -181,9 +182,8 @@ impl Pipeline {
         Pipeline {
             frames: Vec::with_capacity(b),
             held: Vec::with_capacity(b),
-            scoped: (Vec::new(), Vec::new(), Vec::new()),
+            scoped: (Vec::new(), Vec::new()),
             members: Vec::with_capacity(MAX_PORTS),
-            frame_frags: Vec::with_capacity(b),
             frags: Vec::with_capacity(4 * b),
             next: vec![NIL; b],
             dst_head: vec![NIL; MAX_PORTS],
@@ -235,7 +235,6 @@ impl Pipeline {
         let batch = sw.batch.load(Relaxed) as usize;
         self.frames.clear();
         self.held.clear();
-        self.frame_frags.clear();
         let mut sent_bytes = 0u64;
         self.frags.clear();
         let mut bad = 0u64;
@@ -313,11 +312,12 @@ impl Pipeline {
             self.frames
                 .push(FrameMeta::new(first.ptr, first.len, total, first_flags));
             self.held.push(Held {
+                first: frag_start as u32,
+                count,
                 len: total,
                 offload,
             });
             sent_bytes += total as u64;
-            self.frame_frags.push((frag_start as u32, count));
         }
         txr.dropping_chain.store(dropping, Relaxed);
         if bad != 0 {
@@ -432,10 +432,8 @@ impl Pipeline {
         let mut out = std::mem::take(&mut self.scoped);
         out.0.clear();
         out.1.clear();
-        out.2.clear();
         out.0.extend_from_slice(&self.frames[..i]);
         out.1.extend_from_slice(&self.held[..i]);
-        out.2.extend_from_slice(&self.frame_frags[..i]);
         let mut lost = 0u64;
         for i in i..n {
             let f = self.frames[i];
@@ -463,7 +461,6 @@ impl Pipeline {
         }
         std::mem::swap(&mut self.frames, &mut out.0);
         std::mem::swap(&mut self.held, &mut out.1);
-        std::mem::swap(&mut self.frame_frags, &mut out.2);
         self.scoped = out;
         self.members = members;
         if self.next.len() < self.frames.len() {
@@ -474,11 +471,10 @@ impl Pipeline {
 
     /// Appends to `out` the entry of frame `i` for `dst`, which takes its VLAN `e`; counts it
     /// in `lost` if the batch's indices are all used (they are u16, NIL excluded).
-    #[allow(clippy::type_complexity)]
     #[inline(always)]
     fn entry(
         &mut self,
-        out: &mut (Vec<FrameMeta>, Vec<Held>, Vec<(u32, u32)>),
+        out: &mut (Vec<FrameMeta>, Vec<Held>),
         lost: &mut u64,
         i: usize,
         dst: u16,
@@ -490,24 +486,23 @@ impl Pipeline {
         }
         let f = self.frames[i];
         let tagged = f.vlan & VLAN_TAGGED != 0;
-        let (h, frags) = match (e, tagged) {
+        let h = match (e, tagged) {
             (Egress::Tagged, false) | (Egress::Untagged, true) => {
                 self.edit(i, e, tagged, f.vlan & VLAN_VID)
             }
             // As it is: the common case, kept short.
-            _ => (self.held[i], self.frame_frags[i]),
+            _ => self.held[i],
         };
         out.0.push(FrameMeta { dst, ..f });
         out.1.push(h);
-        out.2.push(frags);
     }
 
     /// Frame `i` as a port that takes its VLAN `e` gets it: its length and offload word, and
     /// its fragments, new ones (appended to `frags`) if the tag goes in or out. `Skip`: as
     /// it is.
-    fn edit(&mut self, i: usize, e: Egress, tagged: bool, vid: u16) -> (Held, (u32, u32)) {
+    fn edit(&mut self, i: usize, e: Egress, tagged: bool, vid: u16) -> Held {
         let mut h = self.held[i];
-        let (fs, fc) = self.frame_frags[i];
+        let (fs, fc) = (h.first, h.count);
         let first = self.frags[fs as usize];
         let start = self.frags.len() as u32;
         // The tag sits after the two addresses.
@@ -533,7 +528,7 @@ impl Pipeline {
                 }
                 -4
             }
-            _ => return (h, (fs, fc)),
+            _ => return h,
         };
         for k in fs + 1..fs + fc {
             let g = self.frags[k as usize];
@@ -546,7 +541,9 @@ impl Pipeline {
             o.csum_start = o.csum_start.saturating_add_signed(shift as i16);
             h.offload = o.to_word();
         }
-        (h, (start, self.frags.len() as u32 - start))
+        h.first = start;
+        h.count = self.frags.len() as u32 - start;
+        h
     }
 
     /// Stage 3. `sent`: frames and bytes the source sent in this batch (as gathered, before
@@ -685,7 +682,7 @@ impl Pipeline {
         while a != NIL || b != NIL {
             let i = take_next(&self.next, &mut a, &mut b) as usize;
             let f = self.held[i];
-            let (fs, fc) = self.frame_frags[i];
+            let (fs, fc) = (f.first, f.count);
             let frags = &self.frags[fs as usize..(fs + fc) as usize];
             let off = Offload::from_word(f.offload);
             if f.offload != 0 && !off.fits(caps) {
@@ -807,7 +804,7 @@ impl DirectBatch<'_> {
     /// Finishes frame `i`'s offload work in software, into `seg_store`.
     fn resolve(&mut self, i: usize) {
         let p = &mut *self.pipe;
-        let (fs, fc) = p.frame_frags[i];
+        let (fs, fc) = (p.held[i].first, p.held[i].count);
         p.seg_store.clear();
         p.seg_spans.clear();
         let (store, spans) = (&mut p.seg_store, &mut p.seg_spans);
@@ -867,7 +864,7 @@ impl OutFrames for DirectBatch<'_> {
             self.last_was_seg = false;
             let p = &mut *self.pipe;
             let f = p.held[i];
-            let (fs, fc) = p.frame_frags[i];
+            let (fs, fc) = (f.first, f.count);
             p.iov.clear();
             // The sink's header goes first.
             p.iov.push(libc::iovec {
