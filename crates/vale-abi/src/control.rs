@@ -65,7 +65,21 @@ pub enum Request {
     },
     /// Give a TAP or NIC port's device back (a persistent port stays, empty).
     Detach { port: String },
+    /// The lookup module of switch `switch`: its name, configuration and counters. The
+    /// reply is [`Reply::Lookup`].
+    Lookup { switch: String },
+    /// Make `module` the lookup module of switch `switch`, configured by `args`: a built-in
+    /// module's name (`learning`, `hub`, `vlan`) or the absolute path of a shared object
+    /// (`vale_lookup.h`). A module that cannot be loaded or configured leaves the switch's
+    /// module as it was. The reply is [`Reply::Lookup`] for the new module.
+    SetLookup {
+        switch: String,
+        module: String,
+        #[serde(default)]
+        args: Vec<ModuleArg>,
+    },
     /// Set a knob of a switch (`batch`, `lookup`) or of a port (`moderation`, `learn-limit`).
+    /// `lookup NAME` is [`Request::SetLookup`] with no arguments.
     Set {
         target: String,
         knob: String,
@@ -80,6 +94,35 @@ pub enum Reply {
     Error { message: String },
     Opened { port: String, fds: u32 },
     List { switches: Vec<SwitchInfo> },
+    Lookup { lookup: LookupInfo },
+}
+
+/// One configuration argument of a lookup module, `key=value`. Order matters and keys may
+/// repeat (`access` of the `vlan` module, once per port).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModuleArg {
+    pub key: String,
+    pub value: String,
+}
+
+/// A switch's lookup module, as `vale-ctl lookup valeX` shows it.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct LookupInfo {
+    pub switch: String,
+    /// The module's name (a shared object's own).
+    pub module: String,
+    /// `built-in`, or the path of the shared object it was loaded from.
+    pub source: String,
+    /// The configuration it was made from.
+    pub args: Vec<ModuleArg>,
+    /// The module's own counters.
+    pub counters: Vec<ModuleCounter>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModuleCounter {
+    pub name: String,
+    pub value: u64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

@@ -11,11 +11,15 @@ use std::process::ExitCode;
 
 use anyhow::{anyhow, Context};
 use clap::{Parser, Subcommand};
-use vale_abi::control::{self, default_run_dir, PortInfo, Reply, Request, SwitchInfo, SOCKET_NAME};
+use vale_abi::control::{
+    self, default_run_dir, LookupInfo, ModuleArg, PortInfo, Reply, Request, SwitchInfo, SOCKET_NAME,
+};
 use vale_abi::name::{parse_port, parse_switch};
 
 /// Exit status when valed refused a request or the conversation failed.
 const EXIT_FAILED: u8 = 1;
+/// Exit status of a usage error.
+const EXIT_USAGE: u8 = 2;
 /// Exit status when no valed answers for the run directory.
 const EXIT_NO_DAEMON: u8 = 3;
 
@@ -36,7 +40,7 @@ vale-ctl never starts valed: when no valed serves the run directory it says so a
 status 3. Start valed by hand, or let a libvale client (such as vale-pktgen) start it.",
     after_help = "KNOBS (vale-ctl set TARGET KNOB VALUE):\n  \
 valeX    batch N          frames gathered from a ring per pass, 1-2048 (default 512)\n  \
-valeX    lookup MODULE    learning: the learning bridge (default); hub: flood everything\n  \
+valeX    lookup MODULE    learning (default), hub, vlan; see 'vale-ctl lookup --help'\n  \
 valeX:Y  moderation US    microseconds between interrupts toward the client, 0 = immediate\n  \
 valeX:Y  learn-limit N    most source MACs the learning bridge keeps for the port (default 1024)\n\n\
 Switch knobs and learn-limit need an administrator (root, valed's user or valed\n\
@@ -47,6 +51,9 @@ vale-ctl list                        every switch and port, with counters\n  \
 vale-ctl ls vale0:a --json           one port, as JSON\n  \
 vale-ctl set vale0 batch 64\n  \
 vale-ctl set vale0 lookup hub\n  \
+vale-ctl lookup vale0                the lookup module, its configuration and counters\n  \
+vale-ctl lookup vale0 vlan --access vale0:a=10 --trunk vale0:up=10,20\n  \
+vale-ctl lookup vale0 ./libmine.so --arg k=v   a module built outside vale\n  \
 vale-ctl set vale0:a moderation 20\n  \
 vale-ctl set vale0:a learn-limit 16  a port with at most 16 stations behind it\n  \
 vale-ctl attach vale0:h1 --tap vtap1 valed creates TAP vtap1; its frames join vale0\n  \
@@ -217,10 +224,12 @@ to the kernel. The port goes too, unless it is persistent ('vale-ctl create')."
 effect at once.\n\n\
 Switch knobs:\n  \
 batch N          frames gathered from a source ring per pass, 1-2048 (default 512)\n  \
-lookup MODULE    how destinations are chosen:\n                     \
+lookup MODULE    how destinations are chosen, unconfigured ('vale-ctl lookup'\n                   \
+configures one):\n                     \
 learning   the learning bridge: learns source MACs, floods unknown,\n                                \
 broadcast and multicast destinations (default)\n                     \
-hub        floods every frame to every other port\n\n\
+hub        floods every frame to every other port\n                     \
+vlan       the 802.1Q bridge, every port an access port of VLAN 1\n\n\
 Port knobs:\n  \
 moderation US    microseconds between interrupts toward the client,\n                   \
 0-1000000; 0 = immediate (default)\n  \
@@ -240,6 +249,108 @@ ever pushes out another port's live entries"
         #[arg(value_name = "VALUE", allow_negative_numbers = true)]
         value: String,
     },
+    /// Show or choose a switch's lookup module
+    #[command(
+        long_about = "With SWITCH alone, shows switch valeX's lookup module: its name, where it \
+comes from (built-in, or the shared object's path), the configuration it was made with and its \
+own counters.\n\n\
+With MODULE, makes it the switch's lookup module, configured by --arg KEY=VALUE (repeatable, \
+in order) and, for vlan, --access, --trunk and --default. MODULE is a built-in module's name \
+or the path of a shared object built against vale_lookup.h (a path holds a '/': \
+./libmine.so). A module that cannot be loaded or configured leaves the switch's module as it \
+was, and the error says why. The swap loses and duplicates no frame: each batch is forwarded \
+by the old module or by the new. Choosing a module needs an administrator.\n\n\
+Built-in modules and their arguments:\n  \
+learning   the learning bridge (default). --arg entries=N (table size, 64-1048576, default\n             \
+8192), --arg age=S (seconds an address lives unrefreshed, default 300)\n  \
+hub        floods every frame to every other port; no arguments\n  \
+vlan       an 802.1Q learning bridge, a learning table per VLAN, flooding kept inside\n             \
+the VLAN. --access PORT=VID: an access port (untagged frames of VLAN VID; a\n             \
+frame tagged with another VLAN is dropped and counted). --trunk PORT=VIDS: a\n             \
+trunk port carrying frames tagged with the VLANs listed (10,20,30-39). Tags\n             \
+are added and removed as frames leave. --default VID|none: the VLAN of ports\n             \
+not named (default 1; none: they get and send nothing). PORT is valeX:Y or Y.\n             \
+--arg entries=N (each VLAN's table, default 1024), --arg age=S",
+        after_help = "EXAMPLES:\n  \
+vale-ctl lookup vale0\n  \
+vale-ctl lookup vale0 vlan --access a=10 --access b=20 --trunk up=10,20\n  \
+vale-ctl lookup vale0 ./libmylookup.so --arg k=v\n  \
+vale-ctl lookup vale0 learning        back to the default"
+    )]
+    Lookup {
+        /// The switch, valeX
+        #[arg(value_name = "SWITCH", value_parser = switch_name)]
+        switch: String,
+        /// A built-in module's name, or a shared object's path
+        #[arg(value_name = "MODULE")]
+        module: Option<String>,
+        /// A module argument (repeatable)
+        #[arg(long = "arg", value_name = "KEY=VALUE", requires = "module", value_parser = key_value)]
+        args: Vec<(String, String)>,
+        /// vlan: an access port and its VLAN (repeatable)
+        #[arg(long, value_name = "PORT=VID", requires = "module")]
+        access: Vec<String>,
+        /// vlan: a trunk port and its VLANs (repeatable)
+        #[arg(long, value_name = "PORT=VIDS", requires = "module")]
+        trunk: Vec<String>,
+        /// vlan: the VLAN of ports not named, or none
+        #[arg(long, value_name = "VID|none", requires = "module")]
+        default: Option<String>,
+    },
+}
+
+/// A switch (`valeX`).
+fn switch_name(s: &str) -> Result<String, String> {
+    parse_switch(s)?;
+    Ok(s.to_string())
+}
+
+/// `KEY=VALUE`.
+fn key_value(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("expected KEY=VALUE, not '{s}'")),
+    }
+}
+
+/// The `vlan` module's arguments from `--access`, `--trunk` and `--default`: ports as full
+/// names (`Y` is taken as `SWITCH:Y`).
+fn vlan_args(
+    switch: &str,
+    access: &[String],
+    trunk: &[String],
+    default: Option<&str>,
+) -> Result<Vec<ModuleArg>, String> {
+    let mut out = Vec::new();
+    for (key, list) in [("access", access), ("trunk", trunk)] {
+        for a in list {
+            let (port, vids) = a
+                .split_once('=')
+                .ok_or_else(|| format!("--{key} takes PORT=VLANS, not '{a}'"))?;
+            let port = if port.contains(':') {
+                port.to_string()
+            } else {
+                format!("{switch}:{port}")
+            };
+            let (sw, _) = parse_port(&port)?;
+            if sw != switch {
+                return Err(format!(
+                    "--{key} {a}: port '{port}' is not on switch '{switch}'"
+                ));
+            }
+            out.push(ModuleArg {
+                key: key.to_string(),
+                value: format!("{port}={vids}"),
+            });
+        }
+    }
+    if let Some(d) = default {
+        out.push(ModuleArg {
+            key: "default".into(),
+            value: d.to_string(),
+        });
+    }
+    Ok(out)
 }
 
 /// A switch (`valeX`) or a port (`valeX:Y`).
@@ -266,6 +377,8 @@ enum Failure {
     Refused(String),
     /// Anything else: the conversation with valed broke.
     Other(anyhow::Error),
+    /// A usage error clap could not see.
+    Usage(String),
 }
 
 impl From<anyhow::Error> for Failure {
@@ -290,11 +403,34 @@ fn main() -> ExitCode {
             eprintln!("vale-ctl: {e:#}");
             ExitCode::from(EXIT_FAILED)
         }
+        Err(Failure::Usage(message)) => {
+            eprintln!("vale-ctl: {message}");
+            ExitCode::from(EXIT_USAGE)
+        }
     }
 }
 
 fn run(cli: &Cli) -> Result<(), Failure> {
     let run_dir = cli.run_dir.clone().unwrap_or_else(default_run_dir);
+    // Usage errors clap cannot see come before any word with valed.
+    let lookup_req = match &cli.command {
+        Command::Lookup {
+            switch,
+            module,
+            args,
+            access,
+            trunk,
+            default,
+        } => Some(lookup_request(
+            switch,
+            module.as_deref(),
+            args,
+            access,
+            trunk,
+            default.as_deref(),
+        )?),
+        _ => None,
+    };
     let sock = connect(&run_dir)?;
     match &cli.command {
         Command::List { name } => {
@@ -364,6 +500,18 @@ fn run(cli: &Cli) -> Result<(), Failure> {
         Command::Destroy { name } => {
             done(cli, ask(&sock, &Request::Destroy { name: name.clone() })?)
         }
+        Command::Lookup { .. } => {
+            let req = lookup_req.expect("made above");
+            match ask(&sock, &req)? {
+                Reply::Lookup { lookup } if cli.json => {
+                    let text =
+                        serde_json::to_string_pretty(&lookup).context("cannot format JSON")?;
+                    output(&format!("{text}\n"))
+                }
+                Reply::Lookup { lookup } => output(&render_lookup(&lookup)),
+                other => Err(unexpected(&other)),
+            }
+        }
         Command::Set {
             target,
             knob,
@@ -415,6 +563,63 @@ fn output(text: &str) -> Result<(), Failure> {
         }
         _ => Ok(()),
     }
+}
+
+/// The request of `vale-ctl lookup`: show (no module) or set.
+fn lookup_request(
+    switch: &str,
+    module: Option<&str>,
+    args: &[(String, String)],
+    access: &[String],
+    trunk: &[String],
+    default: Option<&str>,
+) -> Result<Request, Failure> {
+    Ok(match module {
+        None => Request::Lookup {
+            switch: switch.to_string(),
+        },
+        Some(module) => {
+            let vlan_flags = !access.is_empty() || !trunk.is_empty() || default.is_some();
+            if vlan_flags && module != "vlan" {
+                return Err(Failure::Usage(
+                    "--access, --trunk and --default configure the vlan module only".into(),
+                ));
+            }
+            let mut all = vlan_args(switch, access, trunk, default).map_err(Failure::Usage)?;
+            all.extend(args.iter().map(|(key, value)| ModuleArg {
+                key: key.clone(),
+                value: value.clone(),
+            }));
+            // valed resolves no path against our directory: send it absolute.
+            let module = if module.contains('/') {
+                let p = Path::new(module);
+                std::path::absolute(p)
+                    .unwrap_or_else(|_| p.to_path_buf())
+                    .to_string_lossy()
+                    .into_owned()
+            } else {
+                module.to_string()
+            };
+            Request::SetLookup {
+                switch: switch.to_string(),
+                module,
+                args: all,
+            }
+        }
+    })
+}
+
+/// `vale-ctl lookup valeX` as text.
+fn render_lookup(l: &LookupInfo) -> String {
+    let mut s = format!("{}  lookup {}  ({})\n", l.switch, l.module, l.source);
+    for a in &l.args {
+        s += &format!("  arg {}={}\n", a.key, a.value);
+    }
+    let w = l.counters.iter().map(|c| c.name.len()).max().unwrap_or(0);
+    for c in &l.counters {
+        s += &format!("  {:<w$}  {}\n", c.name, c.value);
+    }
+    s
 }
 
 /// A switch to show, with its real number of ports (its `ports` may be filtered to one).
@@ -644,5 +849,80 @@ mod tests {
         let ends: Vec<usize> = [1, 2, 3, 6, 7].iter().map(|&i| lines[i].len()).collect();
         assert!(ends.windows(2).all(|w| w[0] == w[1]), "{text}");
         assert_eq!(render(&[]), "");
+    }
+
+    #[test]
+    fn lookup_requests() {
+        let cli = Cli::try_parse_from([
+            "vale-ctl",
+            "lookup",
+            "vale0",
+            "vlan",
+            "--access",
+            "a=10",
+            "--trunk",
+            "vale0:up=10,20",
+            "--default",
+            "none",
+            "--arg",
+            "entries=64",
+        ])
+        .unwrap();
+        let Command::Lookup {
+            switch,
+            module,
+            args,
+            access,
+            trunk,
+            default,
+        } = cli.command
+        else {
+            panic!("not lookup")
+        };
+        let req = lookup_request(
+            &switch,
+            module.as_deref(),
+            &args,
+            &access,
+            &trunk,
+            default.as_deref(),
+        );
+        let Ok(Request::SetLookup { module, args, .. }) = req else {
+            panic!("not set")
+        };
+        assert_eq!(module, "vlan");
+        let kv: Vec<String> = args
+            .iter()
+            .map(|a| format!("{}={}", a.key, a.value))
+            .collect();
+        assert_eq!(
+            kv,
+            [
+                "access=vale0:a=10",
+                "trunk=vale0:up=10,20",
+                "default=none",
+                "entries=64"
+            ]
+        );
+        // A path goes absolute; --arg needs a module; vlan flags need vlan.
+        let Ok(Request::SetLookup { module, .. }) =
+            lookup_request("vale0", Some("./m.so"), &[], &[], &[], None)
+        else {
+            panic!("not set")
+        };
+        assert!(
+            module.starts_with('/') && module.ends_with("/m.so"),
+            "{module}"
+        );
+        assert!(Cli::try_parse_from(["vale-ctl", "lookup", "vale0", "--arg", "a=b"]).is_err());
+        assert!(Cli::try_parse_from(["vale-ctl", "lookup", "vale0", "x", "--arg", "ab"]).is_err());
+        assert!(matches!(
+            lookup_request("vale0", Some("hub"), &[], &["a=1".into()], &[], None),
+            Err(Failure::Usage(_))
+        ));
+        assert!(matches!(
+            lookup_request("vale0", Some("vlan"), &[], &["vale1:a=1".into()], &[], None),
+            Err(Failure::Usage(_))
+        ));
     }
 }

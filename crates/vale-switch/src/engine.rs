@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use vale_abi::control::{PortInfo, SwitchInfo};
+use vale_abi::control::{LookupInfo, ModuleArg, ModuleCounter, PortInfo, SwitchInfo};
 use vale_abi::name::{parse_port, parse_switch};
 use vale_abi::region::{Layout, PortParams};
 
@@ -16,7 +16,7 @@ use crate::access::{Caller, Usage, UserLimits};
 use crate::host::{self, KindArgs, HOST_PARAMS};
 use crate::lookup;
 use crate::port::{descriptors_for, Attachment, Port, PortIndex, PortShared};
-use crate::switch::{Switch, DEFAULT_BATCH, MAX_PORTS};
+use crate::switch::{Installed, Switch, DEFAULT_BATCH, MAX_PORTS};
 use crate::worker::{Cmd, Worker};
 
 #[derive(Clone, Debug)]
@@ -470,12 +470,48 @@ impl Engine {
             match knob {
                 "batch" => sw.set_batch(number(u32::MAX as u64)? as u32),
                 "lookup" => {
-                    sw.set_lookup(lookup::by_name(value)?);
+                    sw.set_lookup(Installed::make(value, Vec::new())?);
                     Ok(())
                 }
                 _ => Err(format!("no switch knob '{knob}' (known: batch, lookup)")),
             }
         }
+    }
+
+    /// Makes `module` (a built-in name, or a shared object's absolute path) with `args` the
+    /// lookup module of switch `switch`. An administrator's: a shared object runs in valed.
+    /// A module that cannot be made leaves the old one in place.
+    pub fn set_lookup(
+        &self,
+        switch: &str,
+        module: &str,
+        args: &[ModuleArg],
+        caller: &Caller,
+    ) -> Result<LookupInfo, String> {
+        let sws = self.lock();
+        parse_switch(switch)?;
+        let sw = sws
+            .get(switch)
+            .ok_or_else(|| format!("no such switch '{switch}'"))?;
+        caller.must_be_admin(&format!("setting 'lookup' of switch '{switch}'"))?;
+        let args = args
+            .iter()
+            .map(|a| (a.key.clone(), a.value.clone()))
+            .collect();
+        let new = Installed::make(module, args)?;
+        tracing::info!(switch, module, args = ?new.args, "lookup module set");
+        sw.set_lookup(new);
+        Ok(lookup_info(sw))
+    }
+
+    /// The lookup module of switch `switch`.
+    pub fn lookup_info(&self, switch: &str) -> Result<LookupInfo, String> {
+        let sws = self.lock();
+        parse_switch(switch)?;
+        let sw = sws
+            .get(switch)
+            .ok_or_else(|| format!("no such switch '{switch}'"))?;
+        Ok(lookup_info(sw))
     }
 
     pub fn list(&self) -> Vec<SwitchInfo> {
@@ -553,6 +589,33 @@ fn in_use(name: &str, a: &Attachment) -> String {
     match &a.host {
         Some(h) => format!("port '{name}' is a {} port of device {}", h.kind, h.device),
         None => format!("port '{name}' is in use by pid {}", a.owner_pid),
+    }
+}
+
+fn lookup_info(sw: &Switch) -> LookupInfo {
+    let m = sw.lookup();
+    let builtin = lookup::MODULES.iter().any(|(n, _)| *n == m.spec);
+    LookupInfo {
+        switch: sw.name.clone(),
+        module: m.name().to_string(),
+        source: if builtin {
+            "built-in".into()
+        } else {
+            m.spec.clone()
+        },
+        args: m
+            .args
+            .iter()
+            .map(|(k, v)| ModuleArg {
+                key: k.clone(),
+                value: v.clone(),
+            })
+            .collect(),
+        counters: m
+            .counters()
+            .into_iter()
+            .map(|(name, value)| ModuleCounter { name, value })
+            .collect(),
     }
 }
 

@@ -20,10 +20,12 @@ use vale_abi::netmap::{NetmapSlot, NS_INDIRECT, NS_MOREFRAG, NS_OFFLOAD};
 use vale_abi::region::{FIRST_SLOT_BUF, MAX_FRAGS, MAX_FRAME_LEN};
 
 use crate::kind::{DirectSink, OutFrame, OutFrames};
-use crate::lookup::{FrameMeta, SourcePort, DEST_DROP, DEST_FLOOD};
+use crate::lookup::{
+    Egress, FrameMeta, Lookup, SourcePort, DEST_DROP, DEST_FLOOD, VLAN_TAGGED, VLAN_VID,
+};
 use crate::offload::{Caps, Offload, Resolver};
 use crate::port::{add, Irq, Port};
-use crate::switch::{Switch, MAX_BATCH, MAX_PORTS};
+use crate::switch::{PortTable, Switch, MAX_BATCH, MAX_PORTS};
 use vale_abi::pipe;
 
 const ETH_HLEN: u32 = 14;
@@ -118,11 +120,39 @@ impl Notifier {
     }
 }
 
+/// What the engine keeps of a frame beside the lookup module's view of it ([`FrameMeta`]):
+/// its fragments, its true length and its offload word, which no module sees or changes.
+#[derive(Clone, Copy)]
+struct Held {
+    /// The frame's first fragment in `frags`, and how many it has.
+    first: u32,
+    count: u32,
+    len: u32,
+    /// The frame's offload word ([`Offload`]), 0 for none.
+    offload: u64,
+}
+
+/// The 802.1Q tag of each VID (priority 0), for frames that gain one on their way out.
+static TAGS: [[u8; 4]; 4096] = {
+    let mut t = [[0u8; 4]; 4096];
+    let mut v = 0;
+    while v < 4096 {
+        t[v] = [0x81, 0x00, (v >> 8) as u8, v as u8];
+        v += 1;
+    }
+    t
+};
+
 /// A worker's scratch space for one batch; allocated once, reused for every batch.
 pub struct Pipeline {
+    /// The lookup module's view of each frame, and the engine's own ([`Held`]).
     frames: Vec<FrameMeta>,
-    /// (first fragment, fragment count) of each frame.
-    frame_frags: Vec<(u32, u32)>,
+    held: Vec<Held>,
+    /// Stage 2's rewritten batch for modules that do VLANs (see [`Pipeline::scope`]).
+    scoped: (Vec<FrameMeta>, Vec<Held>),
+    /// The ports of one VLAN but the source, and how each takes it: asked of the module once
+    /// per VLAN per batch.
+    members: Vec<(u16, Egress)>,
     frags: Vec<Frag>,
     /// Next frame in the same destination list (mSwitch), or NIL.
     next: Vec<u16>,
@@ -155,7 +185,9 @@ impl Pipeline {
         let b = MAX_BATCH as usize;
         Pipeline {
             frames: Vec::with_capacity(b),
-            frame_frags: Vec::with_capacity(b),
+            held: Vec::with_capacity(b),
+            scoped: (Vec::new(), Vec::new()),
+            members: Vec::with_capacity(MAX_PORTS),
             frags: Vec::with_capacity(4 * b),
             next: vec![NIL; b],
             dst_head: vec![NIL; MAX_PORTS],
@@ -207,7 +239,8 @@ impl Pipeline {
         // Stage 1: gather.
         let batch = sw.batch.load(Relaxed) as usize;
         self.frames.clear();
-        self.frame_frags.clear();
+        self.held.clear();
+        let mut sent_bytes = 0u64;
         self.frags.clear();
         let mut bad = 0u64;
         let mut cur = hwcur;
@@ -281,15 +314,15 @@ impl Pipeline {
             }
             let first = self.frags[frag_start];
             prefetch(first.ptr);
-            self.frames.push(FrameMeta {
-                data: first.ptr,
-                first_len: first.len,
+            self.frames
+                .push(FrameMeta::new(first.ptr, first.len, total, first_flags));
+            self.held.push(Held {
+                first: frag_start as u32,
+                count,
                 len: total,
-                flags: first_flags,
-                dst: DEST_DROP,
                 offload,
             });
-            self.frame_frags.push((frag_start as u32, count));
+            sent_bytes += total as u64;
         }
         txr.dropping_chain.store(dropping, Relaxed);
         if bad != 0 {
@@ -301,7 +334,7 @@ impl Pipeline {
         }
 
         self.shared_source = false;
-        self.lookup_and_deliver(sw, src, ring);
+        self.lookup_and_deliver(sw, src, ring, sent_bytes);
 
         // Give the consumed slots back: every slot but one between hwcur and the new hwtail
         // is the client's again.
@@ -317,8 +350,8 @@ impl Pipeline {
         (cur.wrapping_sub(hwcur)) & mask
     }
 
-    /// Stages 2 and 3 for the frames gathered.
-    fn lookup_and_deliver(&mut self, sw: &Switch, src: &Arc<Port>, ring: u32) {
+    /// Stages 2 and 3 for the frames gathered; `sent_bytes`: their bytes.
+    fn lookup_and_deliver(&mut self, sw: &Switch, src: &Arc<Port>, ring: u32, sent_bytes: u64) {
         if self.frames.is_empty() {
             return;
         }
@@ -326,12 +359,21 @@ impl Pipeline {
         let now_s = (self.notifier.now_ns() / 1_000_000_000) as u32;
         let from = SourcePort {
             index: src.index,
+            ring: ring as u16,
             learn_limit: src.shared.learn_limit.load(Relaxed),
         };
-        let refused = sw.lookup().lookup(from, &mut self.frames, now_s);
+        // One module for the whole batch, held until it is delivered (a swap waits).
+        let module = sw.lookup();
+        let sent = (self.frames.len() as u64, sent_bytes);
+        let refused = module.lookup(from, &mut self.frames, now_s);
         add(&src.stats().learn_refused, refused);
+        if module.vlans() {
+            let lost = self.scope(&***module, &sw.ports(), src.index);
+            add(&src.stats().tx_drops, lost);
+        }
         // Stage 3: deliver.
-        self.deliver_batch(sw, src, ring);
+        self.deliver_batch(sw, src, ring, sent);
+        drop(module);
     }
 
     /// Starts a batch of frames that stay where their source keeps them (a guest's transmit
@@ -339,7 +381,7 @@ impl Pipeline {
     /// each frame, then [`Pipeline::forward_batch`]. The switch's one copy reads them there.
     pub fn start_batch(&mut self) {
         self.frames.clear();
-        self.frame_frags.clear();
+        self.held.clear();
         self.frags.clear();
     }
 
@@ -364,10 +406,7 @@ impl Pipeline {
     /// whole Ethernet header in its first piece, more than `MAX_FRAGS` pieces, longer than
     /// `MAX_FRAME_LEN`; the caller counts it.
     pub fn end_frame(&mut self, offload: Option<Offload>) -> bool {
-        let start = self
-            .frame_frags
-            .last()
-            .map_or(0, |&(s, c)| (s + c) as usize);
+        let start = self.held.last().map_or(0, |h| (h.first + h.count) as usize);
         let pieces = &self.frags[start..];
         let len: u64 = pieces.iter().map(|g| g.len as u64).sum();
         let ok = !pieces.is_empty()
@@ -381,16 +420,14 @@ impl Pipeline {
         }
         let first = pieces[0];
         prefetch(first.ptr);
-        self.frames.push(FrameMeta {
-            data: first.ptr,
-            first_len: first.len,
+        self.frames
+            .push(FrameMeta::new(first.ptr, first.len, len as u32, 0));
+        self.held.push(Held {
+            first: start as u32,
+            count: (self.frags.len() - start) as u32,
             len: len as u32,
-            flags: 0,
-            dst: DEST_DROP,
             offload: offload.map_or(0, Offload::to_word),
         });
-        self.frame_frags
-            .push((start as u32, (self.frags.len() - start) as u32));
         true
     }
 
@@ -398,20 +435,203 @@ impl Pipeline {
     /// ring `ring` (which picks the destinations' rx ring, as for ring sources).
     pub fn forward_batch(&mut self, sw: &Switch, src: &Arc<Port>, ring: u32) {
         self.shared_source = true;
-        self.lookup_and_deliver(sw, src, ring);
+        let bytes = self.held.iter().map(|h| h.len as u64).sum();
+        self.lookup_and_deliver(sw, src, ring, bytes);
         self.start_batch();
     }
 
-    fn deliver_batch(&mut self, sw: &Switch, src: &Arc<Port>, ring: u32) {
+    /// Stage 2, for a module that puts frames into VLANs: rewrites the batch into one entry
+    /// per frame and destination port, in the form that port takes the frame's VLAN. A
+    /// flooded frame becomes an entry for each other member of its VLAN (none for the rest),
+    /// a frame for a port outside its VLAN a drop. A frame that gains a tag is the sender's
+    /// bytes with the tag spliced in as a fragment of its own, one that loses it the sender's
+    /// bytes around it: delivery, which copies each frame into its destination's buffers
+    /// anyway, does the edit as it copies, with no copy, allocation or knowledge of VLANs of
+    /// its own. Entries stay in batch order, so each destination gets its frames in order.
+    /// Returns the frames lost because the rewritten batch would not fit its indices.
+    fn scope(&mut self, module: &dyn Lookup, table: &PortTable, src: u16) -> u64 {
+        let n = self.frames.len();
+        let mut members = std::mem::take(&mut self.members);
+        // The VLAN `members` lists (a batch from an access port is all one VLAN).
+        let mut members_of = u16::MAX;
+        let refresh = |members: &mut Vec<(u16, Egress)>, vid: u16| {
+            members.clear();
+            for p in table.iter().flatten() {
+                if p.index != src {
+                    match module.egress(p.index, vid) {
+                        Egress::Skip => {}
+                        e => members.push((p.index, e)),
+                    }
+                }
+            }
+        };
+        // In place, as long as each frame is one entry, as it is (unicast inside an access
+        // VLAN, a flood to one other member): the common case costs no copy.
+        let mut i = 0;
+        while i < n {
+            let f = self.frames[i];
+            let vid = f.vlan & VLAN_VID;
+            let tagged = f.vlan & VLAN_TAGGED != 0;
+            let as_is = |e: Egress| {
+                !matches!(
+                    (e, tagged),
+                    (Egress::Tagged, false) | (Egress::Untagged, true)
+                )
+            };
+            let dst = if f.vlan == 0 || f.dst == DEST_DROP {
+                f.dst
+            } else if f.dst != DEST_FLOOD {
+                match module.egress(f.dst, vid) {
+                    Egress::Skip => DEST_DROP,
+                    e if as_is(e) => f.dst,
+                    _ => break,
+                }
+            } else {
+                if members_of != vid {
+                    refresh(&mut members, vid);
+                    members_of = vid;
+                }
+                match members[..] {
+                    [] => DEST_DROP,
+                    [(p, e)] if as_is(e) => p,
+                    _ => break,
+                }
+            };
+            self.frames[i].dst = dst;
+            i += 1;
+        }
+        if i == n {
+            self.members = members;
+            return 0;
+        }
+        // From frame i on, into a new batch: the frames before it as they are now.
+        let mut out = std::mem::take(&mut self.scoped);
+        out.0.clear();
+        out.1.clear();
+        out.0.extend_from_slice(&self.frames[..i]);
+        out.1.extend_from_slice(&self.held[..i]);
+        let mut lost = 0u64;
+        for i in i..n {
+            let f = self.frames[i];
+            let vid = f.vlan & VLAN_VID;
+            if f.vlan == 0 || f.dst == DEST_DROP {
+                self.entry(&mut out, &mut lost, i, f.dst, Egress::Skip);
+            } else if f.dst != DEST_FLOOD {
+                match module.egress(f.dst, vid) {
+                    Egress::Skip => self.entry(&mut out, &mut lost, i, DEST_DROP, Egress::Skip),
+                    e => self.entry(&mut out, &mut lost, i, f.dst, e),
+                }
+            } else {
+                if members_of != vid {
+                    refresh(&mut members, vid);
+                    members_of = vid;
+                }
+                if members.is_empty() {
+                    // No other member: nowhere to go.
+                    self.entry(&mut out, &mut lost, i, DEST_DROP, Egress::Skip);
+                }
+                for &(p, e) in &members {
+                    self.entry(&mut out, &mut lost, i, p, e);
+                }
+            }
+        }
+        std::mem::swap(&mut self.frames, &mut out.0);
+        std::mem::swap(&mut self.held, &mut out.1);
+        self.scoped = out;
+        self.members = members;
+        if self.next.len() < self.frames.len() {
+            self.next.resize(self.frames.len(), NIL);
+        }
+        lost
+    }
+
+    /// Appends to `out` the entry of frame `i` for `dst`, which takes its VLAN `e`; counts it
+    /// in `lost` if the batch's indices are all used (they are u16, NIL excluded).
+    #[inline(always)]
+    fn entry(
+        &mut self,
+        out: &mut (Vec<FrameMeta>, Vec<Held>),
+        lost: &mut u64,
+        i: usize,
+        dst: u16,
+        e: Egress,
+    ) {
+        if out.0.len() == NIL as usize {
+            *lost += 1;
+            return;
+        }
+        let f = self.frames[i];
+        let tagged = f.vlan & VLAN_TAGGED != 0;
+        let h = match (e, tagged) {
+            (Egress::Tagged, false) | (Egress::Untagged, true) => {
+                self.edit(i, e, tagged, f.vlan & VLAN_VID)
+            }
+            // As it is: the common case, kept short.
+            _ => self.held[i],
+        };
+        out.0.push(FrameMeta { dst, ..f });
+        out.1.push(h);
+    }
+
+    /// Frame `i` as a port that takes its VLAN `e` gets it: its length and offload word, and
+    /// its fragments, new ones (appended to `frags`) if the tag goes in or out. `Skip`: as
+    /// it is.
+    fn edit(&mut self, i: usize, e: Egress, tagged: bool, vid: u16) -> Held {
+        let mut h = self.held[i];
+        let (fs, fc) = (h.first, h.count);
+        let first = self.frags[fs as usize];
+        let start = self.frags.len() as u32;
+        // The tag sits after the two addresses.
+        let at = |off: usize, len: u32| Frag {
+            // SAFETY: within the first fragment (at least 14 bytes; 18 when tagged).
+            ptr: unsafe { first.ptr.add(off) },
+            len,
+        };
+        let shift: i32 = match (e, tagged) {
+            (Egress::Tagged, false) => {
+                self.frags.push(at(0, 12));
+                self.frags.push(Frag {
+                    ptr: TAGS[vid as usize].as_ptr(),
+                    len: 4,
+                });
+                self.frags.push(at(12, first.len - 12));
+                4
+            }
+            (Egress::Untagged, true) => {
+                self.frags.push(at(0, 12));
+                if first.len > 16 {
+                    self.frags.push(at(16, first.len - 16));
+                }
+                -4
+            }
+            _ => return h,
+        };
+        for k in fs + 1..fs + fc {
+            let g = self.frags[k as usize];
+            self.frags.push(g);
+        }
+        h.len = h.len.wrapping_add_signed(shift);
+        if h.offload != 0 {
+            // The checksum's start moves with the bytes after the tag.
+            let mut o = Offload::from_word(h.offload);
+            o.csum_start = o.csum_start.saturating_add_signed(shift as i16);
+            h.offload = o.to_word();
+        }
+        h.first = start;
+        h.count = self.frags.len() as u32 - start;
+        h
+    }
+
+    /// Stage 3. `sent`: frames and bytes the source sent in this batch (as gathered, before
+    /// stage 2 made entries of them).
+    fn deliver_batch(&mut self, sw: &Switch, src: &Arc<Port>, ring: u32, sent: (u64, u64)) {
         let table = sw.ports();
-        let mut tx_bytes = 0u64;
         let mut tx_drops = 0u64;
         let mut flood_head = NIL;
         let mut flood_tail = NIL;
         let mut flooded = 0u64;
         for (i, f) in self.frames.iter().enumerate() {
             let i = i as u16;
-            tx_bytes += f.len as u64;
             self.next[i as usize] = NIL;
             let d = f.dst;
             if d == DEST_FLOOD {
@@ -446,8 +666,8 @@ impl Pipeline {
         // Counted before delivery, so that no one who sees these frames arrive reads a
         // sender's counters without them.
         let stats = src.stats();
-        add(&stats.tx_packets, self.frames.len() as u64);
-        add(&stats.tx_bytes, tx_bytes);
+        add(&stats.tx_packets, sent.0);
+        add(&stats.tx_bytes, sent.1);
         add(&stats.tx_drops, tx_drops);
         if flood_head != NIL {
             for p in table.iter().flatten() {
@@ -538,8 +758,8 @@ impl Pipeline {
         self.seg_spans.clear();
         while a != NIL || b != NIL {
             let i = take_next(&self.next, &mut a, &mut b) as usize;
-            let f = &self.frames[i];
-            let (fs, fc) = self.frame_frags[i];
+            let f = self.held[i];
+            let (fs, fc) = (f.first, f.count);
             let frags = &self.frags[fs as usize..(fs + fc) as usize];
             let off = Offload::from_word(f.offload);
             if f.offload != 0 && !off.fits(caps) {
@@ -671,7 +891,7 @@ impl DirectBatch<'_> {
     /// Finishes frame `i`'s offload work in software, into `seg_store`.
     fn resolve(&mut self, i: usize) {
         let p = &mut *self.pipe;
-        let (fs, fc) = p.frame_frags[i];
+        let (fs, fc) = (p.held[i].first, p.held[i].count);
         p.seg_store.clear();
         p.seg_spans.clear();
         let (store, spans) = (&mut p.seg_store, &mut p.seg_spans);
@@ -679,7 +899,7 @@ impl DirectBatch<'_> {
             &mut p.resolver,
             &mut p.pieces,
             &p.frags[fs as usize..(fs + fc) as usize],
-            Offload::from_word(p.frames[i].offload),
+            Offload::from_word(p.held[i].offload),
             p.shared_source,
             |seg| {
                 spans.push((store.len() as u32, seg.len() as u32));
@@ -724,15 +944,15 @@ impl OutFrames for DirectBatch<'_> {
             }
             self.before = (self.a, self.b);
             let i = take_next(&self.pipe.next, &mut self.a, &mut self.b) as usize;
-            let w = self.pipe.frames[i].offload;
+            let w = self.pipe.held[i].offload;
             if w != 0 && !Offload::from_word(w).fits(self.caps) {
                 self.resolve(i);
                 continue;
             }
             self.last_was_seg = false;
             let p = &mut *self.pipe;
-            let f = &p.frames[i];
-            let (fs, fc) = p.frame_frags[i];
+            let f = p.held[i];
+            let (fs, fc) = (f.first, f.count);
             p.iov.clear();
             // The sink's header goes first.
             p.iov.push(libc::iovec {

@@ -1,24 +1,40 @@
 //! Stage 2 of the pipeline: lookup modules (mSwitch's modular lookup).
 //!
 //! A module sees a whole batch at once and fills in each frame's destination. The engine
-//! calls nothing else to decide where a frame goes, so a new module (an L3 router, a static
+//! calls nothing else to decide where a frame goes, so a new module (an L3 router, a flow
 //! table, a module loaded at run time) plugs in here and nowhere else.
+//!
+//! A module comes in one of two forms: a Rust type implementing [`Lookup`], registered by name
+//! in [`MODULES`], or a shared object built against `vale_lookup.h` and loaded at run time
+//! ([`shared`]). Both see a batch as the same `repr(C)` array of [`FrameMeta`]; what the
+//! engine keeps of a frame for itself (its offload word, its true length) is not in it.
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 use crate::port::PortIndex;
 use crate::switch::MAX_PORTS;
 
+pub mod shared;
+pub mod vlan;
+
 /// Where a frame goes: a port index, or one of the two specials.
 pub type Dest = u16;
-/// Every port of the switch but the source (broadcast, multicast, unknown unicast).
+/// Every port of the switch but the source (broadcast, multicast, unknown unicast); with a
+/// VLAN set on the frame, every other port of that VLAN.
 pub const DEST_FLOOD: Dest = u16::MAX;
 /// Nowhere: counted as a `tx_drop` of the source.
 pub const DEST_DROP: Dest = u16::MAX - 1;
+/// A frame's `ring` when the module leaves the choice to the switch.
+pub const RING_ANY: u16 = u16::MAX;
 
-/// What a lookup module sees of one frame. `data` points at the first `first_len` bytes of the
-/// frame (at least a 14-byte Ethernet header; the engine drops shorter frames before stage 2).
-/// The bytes live in the source client's memory and may change under us: read each once.
+/// What a lookup module sees of one frame, and where it writes its decision: the element of
+/// the batch array, laid out as `struct vale_frame` of `vale_lookup.h`.
+///
+/// `data` points at the first `first_len` bytes of the frame (at least a 14-byte Ethernet
+/// header; the engine drops shorter frames before stage 2). The bytes live in the source
+/// client's memory and may change under us: read each once. The engine reads back only `dst`
+/// and `vlan`: whatever else a module writes here changes nothing of what is delivered.
+#[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct FrameMeta {
     pub data: *const u8,
@@ -27,14 +43,39 @@ pub struct FrameMeta {
     pub len: u32,
     /// Flags of the frame's first slot (`NS_NO_LEARN` matters to the bridge).
     pub flags: u16,
-    /// Output of the lookup.
+    /// Output: a port index, [`DEST_FLOOD`] or [`DEST_DROP`] (the engine's default).
     pub dst: Dest,
-    /// The frame's offload word ([`crate::offload::Offload`]), 0 for none. The engine's, not
-    /// the lookup's.
-    pub offload: u64,
+    /// Output: the destination's rx ring, or [`RING_ANY`] (the engine's default). Version 1
+    /// of the interface delivers to the ring the source ring maps to whatever is written here.
+    pub ring: u16,
+    /// Output (Rust modules whose [`Lookup::vlans`] is true): the frame's VLAN, with
+    /// [`VLAN_TAGGED`] if it arrived with an 802.1Q tag; 0: the frame is in no VLAN. Shared
+    /// objects leave it 0 (the loader clears it).
+    pub vlan: u16,
 }
 
+const _: () = assert!(std::mem::size_of::<FrameMeta>() == 24);
+
+/// In [`FrameMeta::vlan`]: the frame carries its 802.1Q tag (bytes 12..16).
+pub const VLAN_TAGGED: u16 = 0x8000;
+/// The VLAN identifier bits of [`FrameMeta::vlan`].
+pub const VLAN_VID: u16 = 0x0fff;
+
 impl FrameMeta {
+    /// A frame as stage 1 hands it to the module: no decision yet.
+    #[inline(always)]
+    pub fn new(data: *const u8, first_len: u32, len: u32, flags: u16) -> FrameMeta {
+        FrameMeta {
+            data,
+            first_len,
+            len,
+            flags,
+            dst: DEST_DROP,
+            ring: RING_ANY,
+            vlan: 0,
+        }
+    }
+
     #[inline(always)]
     pub fn dst_mac(&self) -> u64 {
         // SAFETY: the engine guarantees at least 14 readable bytes at `data`.
@@ -45,6 +86,17 @@ impl FrameMeta {
     pub fn src_mac(&self) -> u64 {
         // SAFETY: as above.
         unsafe { mac_at(self.data.add(6)) }
+    }
+
+    /// Bytes `at..at + 2` of the first slot, big-endian, if it holds them.
+    #[inline(always)]
+    pub fn be16(&self, at: u32) -> Option<u16> {
+        // SAFETY: inside the first `first_len` readable bytes.
+        (at + 2 <= self.first_len).then(|| unsafe {
+            u16::from_be_bytes(std::ptr::read_unaligned(
+                self.data.add(at as usize) as *const [u8; 2]
+            ))
+        })
     }
 }
 
@@ -69,48 +121,137 @@ pub fn is_group(mac: u64) -> bool {
 #[derive(Clone, Copy, Debug)]
 pub struct SourcePort {
     pub index: PortIndex,
+    /// The source's tx ring the batch was gathered from.
+    pub ring: u16,
     /// Most source addresses the port may hold in a learning table (its `learn-limit` knob).
     pub learn_limit: u32,
 }
 
+/// How a port takes the frames of one VLAN (see [`Lookup::egress`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Egress {
+    /// Not a member: the port gets none of the VLAN's frames.
+    Skip,
+    /// Without the 802.1Q tag (an access port).
+    Untagged,
+    /// With the tag (a trunk port).
+    Tagged,
+}
+
+/// A module's configuration, as given: `key=value` pairs in order, repeats allowed.
+pub type Args = [(String, String)];
+
+/// A lookup module. Every method may be called from any thread, concurrently: `lookup` by
+/// each forwarding worker, the others by the control plane.
 pub trait Lookup: Send + Sync {
-    /// The name `vale-ctl set valeX lookup NAME` selects it by.
-    fn name(&self) -> &'static str;
-    /// Fills `dst` of every frame of one batch from port `src`. `now_s` is a coarse clock in
-    /// seconds, read once per batch. Returns how many source addresses it refused to learn
-    /// (counted against the source port).
+    /// The module's name, as `vale-ctl lookup` shows it.
+    fn name(&self) -> &str;
+    /// Fills `dst` (and, for a module that does VLANs, `vlan`) of every frame of one batch
+    /// from port `src`. `now_s` is a coarse clock in seconds, read once per batch. Returns how
+    /// many source addresses it refused to learn (counted against the source port).
     fn lookup(&self, src: SourcePort, frames: &mut [FrameMeta], now_s: u32) -> u64;
+    /// Port `port`, named `name` (`valeX:Y`), is on the switch: it was attached, or it was
+    /// there when the module was installed. May come again for a port already known.
+    fn port_added(&self, _port: PortIndex, _name: &str) {}
     /// A port left the switch: forget what points at it.
-    fn forget_port(&self, _port: PortIndex) {}
+    fn port_removed(&self, _port: PortIndex) {}
     /// Addresses learnt on `port`, for modules that learn.
     fn learnt(&self, _port: PortIndex) -> Option<u32> {
         None
     }
+    /// The module's own counters, by name, for `vale-ctl lookup`.
+    fn counters(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
+    /// Whether the module puts frames into VLANs (writes [`FrameMeta::vlan`]). Asked once
+    /// per batch; when false, the engine ignores `vlan`.
+    fn vlans(&self) -> bool {
+        false
+    }
+    /// How `port` takes the frames of VLAN `vid` (modules whose [`Lookup::vlans`] is true).
+    fn egress(&self, _port: PortIndex, _vid: u16) -> Egress {
+        Egress::Untagged
+    }
 }
 
-/// The modules valed knows by name; the first is the default.
-pub const MODULES: &[&str] = &["learning", "hub"];
+/// Makes a built-in module from its configuration.
+type Make = fn(&Args) -> Result<Box<dyn Lookup>, String>;
 
-/// Makes a lookup module by name.
-pub fn by_name(name: &str) -> Result<Box<dyn Lookup>, String> {
-    match name {
-        "learning" => Ok(Box::new(LearningBridge::new(
-            LearningBridge::DEFAULT_ENTRIES,
-        ))),
-        "hub" => Ok(Box::new(Hub)),
-        _ => Err(format!(
-            "no lookup module '{name}' (known: {})",
-            MODULES.join(", ")
+/// The modules valed knows by name, with what they take; the first is the default.
+pub const MODULES: &[(&str, Make)] = &[
+    ("learning", LearningBridge::make),
+    ("hub", Hub::make),
+    ("vlan", vlan::Vlan::make),
+];
+
+/// Makes a lookup module: a built-in one by name, or, for a `spec` holding a `/`, the shared
+/// object at that path (absolute: valed resolves no path against its own directory).
+pub fn make(spec: &str, args: &Args) -> Result<Box<dyn Lookup>, String> {
+    if spec.contains('/') {
+        return shared::SharedModule::load(std::path::Path::new(spec), args)
+            .map(|m| Box::new(m) as Box<dyn Lookup>);
+    }
+    match MODULES.iter().find(|(n, _)| *n == spec) {
+        Some((_, make)) => make(args),
+        None => Err(format!(
+            "no lookup module '{spec}' (known: {}; or the path of a shared object)",
+            MODULES.iter().map(|m| m.0).collect::<Vec<_>>().join(", ")
         )),
     }
+}
+
+/// Refuses any argument whose key is not in `known`.
+pub fn check_keys(module: &str, args: &Args, known: &[&str]) -> Result<(), String> {
+    for (k, _) in args {
+        if !known.contains(&k.as_str()) {
+            return Err(if known.is_empty() {
+                format!("module '{module}' takes no arguments (got '{k}')")
+            } else {
+                format!(
+                    "module '{module}' takes no argument '{k}' (known: {})",
+                    known.join(", ")
+                )
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The last value of argument `key` as a number in `range`, else `default`.
+pub fn number_arg(
+    args: &Args,
+    key: &str,
+    range: std::ops::RangeInclusive<u64>,
+    default: u64,
+) -> Result<u64, String> {
+    let Some((_, v)) = args.iter().rev().find(|(k, _)| k == key) else {
+        return Ok(default);
+    };
+    v.parse::<u64>()
+        .ok()
+        .filter(|n| range.contains(n))
+        .ok_or_else(|| {
+            format!(
+                "{key} must be a number from {} to {}, not '{v}'",
+                range.start(),
+                range.end()
+            )
+        })
 }
 
 /// Sends every frame everywhere: a repeater. Useful to test flooding and as the smallest
 /// example of a module.
 pub struct Hub;
 
+impl Hub {
+    fn make(args: &Args) -> Result<Box<dyn Lookup>, String> {
+        check_keys("hub", args, &[])?;
+        Ok(Box::new(Hub))
+    }
+}
+
 impl Lookup for Hub {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "hub"
     }
     fn lookup(&self, _src: SourcePort, frames: &mut [FrameMeta], _now_s: u32) -> u64 {
@@ -171,6 +312,21 @@ impl LearningBridge {
     /// Default `learn-limit` of a port: an eighth of the default table, so that no single
     /// port fills it.
     pub const DEFAULT_LEARN_LIMIT: u32 = 1024;
+
+    /// `entries`: table size (64 to 1048576, default 8192); `age`: seconds an entry lives
+    /// unrefreshed (1 to 86400, default 300).
+    fn make(args: &Args) -> Result<Box<dyn Lookup>, String> {
+        check_keys("learning", args, &["entries", "age"])?;
+        let b = LearningBridge::new(number_arg(
+            args,
+            "entries",
+            64..=1 << 20,
+            Self::DEFAULT_ENTRIES as u64,
+        )? as usize);
+        let age = number_arg(args, "age", 1..=86_400, Self::DEFAULT_AGE_S as u64)?;
+        b.max_age_s.store(age as u32, Relaxed);
+        Ok(Box::new(b))
+    }
 
     pub fn new(entries: usize) -> LearningBridge {
         let n = entries.next_power_of_two().max(BUCKET) / BUCKET;
@@ -322,6 +478,14 @@ impl LearningBridge {
         true
     }
 
+    /// Once a second, whichever batch comes first sweeps aged entries.
+    #[inline(always)]
+    pub fn tick(&self, now_s: u32) {
+        if self.swept_s.load(Relaxed) != now_s && self.swept_s.swap(now_s, Relaxed) != now_s {
+            self.sweep(now_s);
+        }
+    }
+
     /// Empties aged entries, so that they stop counting against their port's limit. A race
     /// with a worker refreshing the entry may empty a live one: the next frame from that MAC
     /// learns it again.
@@ -353,15 +517,12 @@ impl LearningBridge {
 }
 
 impl Lookup for LearningBridge {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "learning"
     }
 
     fn lookup(&self, src: SourcePort, frames: &mut [FrameMeta], now_s: u32) -> u64 {
-        // Once a second, whichever batch comes first sweeps.
-        if self.swept_s.load(Relaxed) != now_s && self.swept_s.swap(now_s, Relaxed) != now_s {
-            self.sweep(now_s);
-        }
+        self.tick(now_s);
         let mut refused = 0;
         let mut last_learnt = u64::MAX;
         for f in frames.iter_mut() {
@@ -383,7 +544,7 @@ impl Lookup for LearningBridge {
         refused
     }
 
-    fn forget_port(&self, port: PortIndex) {
+    fn port_removed(&self, port: PortIndex) {
         let tag = (port as u64 + 1) << 48;
         for (b, bucket) in self.buckets.iter().enumerate() {
             for (k, e) in bucket.0.iter().enumerate() {
@@ -405,14 +566,7 @@ mod tests {
     use super::*;
 
     fn frame(buf: &[u8; 14]) -> FrameMeta {
-        FrameMeta {
-            data: buf.as_ptr(),
-            first_len: 14,
-            len: 14,
-            offload: 0,
-            flags: 0,
-            dst: DEST_DROP,
-        }
+        FrameMeta::new(buf.as_ptr(), 14, 14, 0)
     }
 
     fn eth(dst: u8, src: u8) -> [u8; 14] {
@@ -422,6 +576,7 @@ mod tests {
     fn port(index: PortIndex) -> SourcePort {
         SourcePort {
             index,
+            ring: 0,
             learn_limit: LearningBridge::DEFAULT_LEARN_LIMIT,
         }
     }
@@ -451,7 +606,7 @@ mod tests {
             b.find(0x0b00_0000_0002, 11 + LearningBridge::DEFAULT_AGE_S),
             None
         );
-        b.forget_port(2);
+        b.port_removed(2);
         assert_eq!(b.find(0x0b00_0000_0002, 11), None);
     }
 
@@ -597,13 +752,14 @@ mod tests {
         // The lookup says how many sources it refused.
         let src = SourcePort {
             index: 5,
+            ring: 0,
             learn_limit: 1,
         };
         let (f1, f2, f3) = (eth(0xb, 0x1), eth(0xb, 0x2), eth(0xb, 0x3));
         let mut frames = [frame(&f1), frame(&f1), frame(&f2), frame(&f3)];
         assert_eq!(b.lookup(src, &mut frames, 3), 2);
         assert_eq!(b.learnt(5), Some(1));
-        b.forget_port(5);
+        b.port_removed(5);
         assert_eq!(b.learnt(5), Some(0));
         assert_eq!(occupancy(&b), (0, 0));
     }

@@ -5,8 +5,10 @@
 //! new table when a port comes or goes. A port's memory lives as long as any snapshot or worker
 //! still holds it, so a departing port can never be written after it is unmapped.
 
+use std::ops::Deref;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use arc_swap::{ArcSwap, Guard};
 
@@ -21,10 +23,39 @@ pub const MAX_BATCH: u32 = 2048;
 
 pub type PortTable = Vec<Option<Arc<Port>>>;
 
+/// A switch's lookup module and what it was made from.
+pub struct Installed {
+    pub module: Box<dyn Lookup>,
+    /// The built-in module's name, or the shared object's path.
+    pub spec: String,
+    pub args: Vec<(String, String)>,
+}
+
+impl Installed {
+    /// Makes module `spec` from `args`; nothing is installed yet.
+    pub fn make(spec: &str, args: Vec<(String, String)>) -> Result<Installed, String> {
+        Ok(Installed {
+            module: lookup::make(spec, &args)?,
+            spec: spec.to_string(),
+            args,
+        })
+    }
+}
+
+impl Deref for Installed {
+    type Target = dyn Lookup;
+    fn deref(&self) -> &(dyn Lookup + 'static) {
+        &*self.module
+    }
+}
+
+/// Longest a module swap waits for the batches still using the old module.
+const SWAP_WAIT: Duration = Duration::from_secs(2);
+
 pub struct Switch {
     pub name: String,
     ports: ArcSwap<PortTable>,
-    lookup: ArcSwap<Box<dyn Lookup>>,
+    lookup: ArcSwap<Installed>,
     pub batch: AtomicU32,
 }
 
@@ -34,7 +65,7 @@ impl Switch {
             name: name.to_string(),
             ports: ArcSwap::from_pointee(Vec::new()),
             lookup: ArcSwap::from_pointee(
-                lookup::by_name(lookup::MODULES[0]).expect("default module"),
+                Installed::make(lookup::MODULES[0].0, Vec::new()).expect("default module"),
             ),
             batch: AtomicU32::new(batch.clamp(1, MAX_BATCH)),
         }
@@ -46,13 +77,35 @@ impl Switch {
         self.ports.load()
     }
 
+    /// The lookup module, for one batch: a worker holds it until the batch is delivered.
     #[inline]
-    pub fn lookup(&self) -> Guard<Arc<Box<dyn Lookup>>> {
+    pub fn lookup(&self) -> Guard<Arc<Installed>> {
         self.lookup.load()
     }
 
-    pub fn set_lookup(&self, module: Box<dyn Lookup>) {
-        self.lookup.store(Arc::new(module));
+    /// Makes `new` the switch's module. Control plane only (serialised by the engine, so no
+    /// port comes or goes meanwhile).
+    ///
+    /// The new module is told every port first. Each batch loads the module once and uses
+    /// that one for the whole batch, so a batch is looked up and delivered by the old module
+    /// or by the new, never by both: the swap loses and duplicates no frame. The old module
+    /// is freed here, once no batch holds it any more (the swap turns every worker's
+    /// outstanding load into a counted reference, so the count says when): a shared object's
+    /// library is closed on the control thread, after its last call has returned.
+    pub fn set_lookup(&self, new: Installed) {
+        for p in self.ports().iter().flatten() {
+            new.port_added(p.index, p.name());
+        }
+        let old = self.lookup.swap(Arc::new(new));
+        let deadline = Instant::now() + SWAP_WAIT;
+        while Arc::strong_count(&old) > 1 {
+            if Instant::now() >= deadline {
+                // The last batch using it frees it: still safe, only not here.
+                tracing::warn!(switch = self.name, "old lookup module still in use");
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
     }
 
     pub fn set_batch(&self, batch: u32) -> Result<(), String> {
@@ -89,8 +142,10 @@ impl Switch {
         if t.len() <= i {
             t.resize(i + 1, None);
         }
+        let (index, name) = (port.index, port.name().to_string());
         t[i] = Some(port);
         self.ports.store(Arc::new(t));
+        self.lookup().port_added(index, &name);
     }
 
     /// Replaces `old` by `new` (or removes it) if `old` is still the port at its index, and
@@ -107,7 +162,7 @@ impl Switch {
                 }
                 self.ports.store(Arc::new(t));
                 if vacated {
-                    self.lookup().forget_port(old.index);
+                    self.lookup().port_removed(old.index);
                 }
                 true
             }

@@ -75,6 +75,7 @@ fn only_owners_and_administrators_change_a_port() {
     let admin = "needs an administrator";
     for args in [
         &["set", "vale0", "lookup", "hub"][..],
+        &["lookup", "vale0", "vlan", "--access", "r=10"],
         &["set", "vale0", "batch", "8"],
         &["attach", "vale1:t", "--tap", "valeacc0"],
         &["attach", "vale1:n", "--iface", "lo"],

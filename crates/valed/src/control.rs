@@ -442,6 +442,18 @@ fn handle(engine: &Engine, caller: &Caller, req: Request) -> (Reply, Option<Arc<
             knob,
             value,
         } => done(engine.set(&target, &knob, &value, caller)),
+        Request::Lookup { switch } => match engine.lookup_info(&switch) {
+            Ok(lookup) => Reply::Lookup { lookup },
+            Err(message) => Reply::Error { message },
+        },
+        Request::SetLookup {
+            switch,
+            module,
+            args,
+        } => match engine.set_lookup(&switch, &module, &args, caller) {
+            Ok(lookup) => Reply::Lookup { lookup },
+            Err(message) => Reply::Error { message },
+        },
     };
     (reply, None)
 }

@@ -1,0 +1,119 @@
+/* vale_lookup.h: the interface of vale lookup modules loaded at run time.
+ *
+ * A lookup module decides where each frame of a batch goes (the lookup stage of the
+ * switch's forwarding pipeline). Build it as a shared object that exports one function,
+ *
+ *     const struct vale_lookup_module *vale_lookup_module(void);
+ *
+ * and load it into a running switch with
+ *
+ *     vale-ctl lookup vale0 /path/to/module.so [--arg key=value ...]
+ *
+ * valed calls vale_lookup_module() once, checks abi_version against the version it speaks
+ * (VALE_LOOKUP_ABI_VERSION below) and refuses a module of any other version, or one missing
+ * the symbol or a required function, leaving the switch's module as it was.
+ *
+ * Threads: lookup() is called by every forwarding thread, concurrently, for batches of
+ * different source rings; port_added(), port_removed() and counters() come from the control
+ * thread, concurrently with lookup(). A module keeps its state thread-safe (atomics; no lock
+ * a lookup waits on for long). create() and destroy() are never concurrent with anything
+ * else of the same instance. valed keeps the shared object loaded until destroy() has
+ * returned and no thread can call into it any more.
+ *
+ * Versioning: VALE_LOOKUP_ABI_VERSION changes whenever the layout or meaning of anything
+ * below changes. Fields marked reserved are 0 and are given a meaning only by a new version.
+ */
+#ifndef VALE_LOOKUP_H
+#define VALE_LOOKUP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define VALE_LOOKUP_ABI_VERSION 1u
+
+/* Values of vale_frame.dst besides a port index. */
+#define VALE_DST_FLOOD 0xffffu /* every other port of the switch */
+#define VALE_DST_DROP 0xfffeu  /* nowhere: counted as a tx drop of the source port */
+/* Most ports of a switch: port indices are below this. */
+#define VALE_MAX_PORTS 2048u
+/* vale_frame.ring: the switch chooses. */
+#define VALE_RING_ANY 0xffffu
+
+/* Flag of vale_frame.flags: the sender asks that its source address not be learnt. */
+#define VALE_NS_NO_LEARN 0x0008u
+
+/* One frame of a batch: 24 bytes. */
+struct vale_frame {
+    /* In: the frame's first bytes (the Ethernet header at least: first_len >= 14). They are
+     * the sender's memory, which it may change at any time: read each byte once, never
+     * write. */
+    const uint8_t *data;
+    uint32_t first_len; /* in: bytes readable at data */
+    uint32_t len;       /* in: the whole frame's length, all fragments together */
+    uint16_t flags;     /* in: flags of the frame's first slot (VALE_NS_NO_LEARN) */
+    /* Out: a port index, VALE_DST_FLOOD or VALE_DST_DROP. It is VALE_DST_DROP when lookup()
+     * is called. A port that is not on the switch (or the source port itself) is a drop,
+     * counted as the source's tx drop and in the module's bad_dst counter. */
+    uint16_t dst;
+    /* Out: the destination's rx ring, VALE_RING_ANY (as given). Version 1 delivers to the
+     * ring the source ring maps to whatever is written here. */
+    uint16_t ring;
+    uint16_t reserved; /* 0; what a module writes here is ignored */
+};
+
+/* One batch: frames gathered from one tx ring of one port, in order. */
+struct vale_batch {
+    struct vale_frame *frames;
+    uint32_t count;
+    uint16_t src_port;    /* index of the port the frames come from */
+    uint16_t src_ring;    /* its tx ring */
+    uint32_t now_s;       /* a coarse clock, seconds, for aging */
+    uint32_t learn_limit; /* the source port's learn-limit knob */
+};
+
+/* A configuration argument: --arg key=value. Strings are valid during create() only. */
+struct vale_arg {
+    const char *key;
+    const char *value;
+};
+
+/* A counter the module exports, shown by `vale-ctl lookup`. */
+struct vale_counter {
+    char name[32]; /* NUL-terminated */
+    uint64_t value;
+};
+
+struct vale_lookup_module {
+    uint32_t abi_version; /* VALE_LOOKUP_ABI_VERSION */
+    uint32_t reserved;    /* 0 */
+    const char *name;     /* a short name, as `vale-ctl lookup` shows it */
+    /* Makes an instance from its arguments. On error returns NULL and writes why (a
+     * NUL-terminated message) into err, of errlen bytes. Required. */
+    void *(*create)(const struct vale_arg *args, uint32_t nargs, char *err, size_t errlen);
+    /* Frees an instance. Required. */
+    void (*destroy)(void *state);
+    /* Fills dst of every frame of the batch. Returns how many source addresses it declined
+     * to learn (counted against the source port, as the learning bridge's are); 0 if it
+     * does not learn. Required. */
+    uint64_t (*lookup)(void *state, struct vale_batch *batch);
+    /* Port `port`, named name ("valeX:Y"), is on the switch (attached, or there when the
+     * module was installed; it may come again for a known port). Optional (NULL). */
+    void (*port_added)(void *state, uint16_t port, const char *name);
+    /* Port `port` left the switch. Optional. */
+    void (*port_removed)(void *state, uint16_t port);
+    /* Writes up to max counters; returns how many it wrote. Optional. */
+    uint32_t (*counters)(void *state, struct vale_counter *out, uint32_t max);
+};
+
+/* The one symbol valed looks for. */
+const struct vale_lookup_module *vale_lookup_module(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* VALE_LOOKUP_H */

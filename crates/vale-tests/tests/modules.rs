@@ -1,0 +1,561 @@
+//! Lookup modules end to end: the vlan module's isolation and tagging, modules built outside
+//! vale (examples/, in C and in Rust) loaded into a running valed, swaps under a counted
+//! stream, results naming no port, and modules that fail to load.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
+
+use vale_abi::control::LookupInfo;
+use vale_tests::*;
+
+/// The workspace root.
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Builds C source `src` (a path, or text when `text`) into shared object `out` against
+/// vale_lookup.h, every warning an error.
+fn build_c(src: &Path, out: &Path) {
+    let mut cmd = Command::new("cc");
+    cmd.args([
+        "-std=c11", "-Wall", "-Wextra", "-Werror", "-shared", "-fPIC", "-O2",
+    ])
+    .arg("-I")
+    .arg(root().join("crates/vale-switch/include"))
+    .arg(src)
+    .arg("-o")
+    .arg(out);
+    let o = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?} (a C compiler is required): {e}"));
+    assert!(
+        o.status.success(),
+        "{cmd:?} failed:\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// The C example, built into `dir`.
+fn c_example(dir: &Path) -> PathBuf {
+    let out = dir.join("libstatic_port.so");
+    build_c(&root().join("examples/c-lookup/static_port.c"), &out);
+    out
+}
+
+/// C text `code` built into `dir/name`.
+fn c_module(dir: &Path, name: &str, code: &str) -> PathBuf {
+    let src = dir.join(format!("{name}.c"));
+    std::fs::write(&src, code).expect("write C source");
+    let out = dir.join(name);
+    build_c(&src, &out);
+    out
+}
+
+/// The Rust example, built by the workspace's build beside the binaries.
+fn rust_example() -> PathBuf {
+    let p = bin("valed").with_file_name("libvale_example_lookup.so");
+    assert!(
+        p.is_file(),
+        "{} missing: build the workspace first",
+        p.display()
+    );
+    p
+}
+
+fn lookup_info(v: &Valed, sw: &str) -> LookupInfo {
+    serde_json::from_str(&v.ctl_ok(&["lookup", sw, "--json"])).expect("lookup --json parses")
+}
+
+fn counter(l: &LookupInfo, name: &str) -> u64 {
+    l.counters
+        .iter()
+        .find(|c| c.name == name)
+        .unwrap_or_else(|| panic!("no counter {name} in {l:?}"))
+        .value
+}
+
+/// `frame` with an 802.1Q tag of `vid` after its addresses.
+fn tag(frame: &[u8], vid: u16) -> Vec<u8> {
+    let mut f = frame.to_vec();
+    f.splice(12..12, [0x81, 0x00, (vid >> 8) as u8, vid as u8]);
+    f
+}
+
+const MAC_D: [u8; 6] = [2, 0, 0, 0, 0, 0xd];
+const MAC_E: [u8; 6] = [2, 0, 0, 0, 0, 0xe];
+
+/// Sends `frame` from `from` and returns what each of `ports` got. `send_all` returns once
+/// the switch has taken the frame back from the sender's ring, which it does only after
+/// delivering it everywhere: whatever a port gets, it has by then.
+fn deliver(from: &vale::Port, frame: &[u8], ports: &[&vale::Port]) -> Vec<Vec<Vec<u8>>> {
+    send_all(from, &[frame.to_vec()]);
+    ports.iter().map(|p| recv_frames(p)).collect()
+}
+
+#[test]
+fn vlans_are_isolated_and_tags_follow_the_ports() {
+    let v = Valed::start();
+    let a = v.open("vale0:a");
+    let b = v.open("vale0:b");
+    let c = v.open("vale0:c");
+    let d = v.open("vale0:d");
+    let up = v.open("vale0:up");
+    let x = v.open("vale0:x");
+    let out = v.ctl_ok(&[
+        "lookup",
+        "vale0",
+        "vlan",
+        "--access",
+        "a=10",
+        "--access",
+        "vale0:b=10",
+        "--access",
+        "c=20",
+        "--access",
+        "d=20",
+        "--trunk",
+        "up=10,20",
+    ]);
+    assert!(out.starts_with("vale0  lookup vlan  (built-in)\n"), "{out}");
+    assert!(out.contains("  arg trunk=vale0:up=10,20\n"), "{out}");
+    let all = [&a, &b, &c, &d, &up, &x];
+    let none: Vec<Vec<u8>> = Vec::new();
+
+    // a's broadcast: b untagged, the trunk tagged 10, nobody of VLAN 20 or VLAN 1.
+    let f = test_frame(60, MAC_A, BROADCAST, 1);
+    let got = deliver(&a, &f, &all);
+    assert_eq!(got[0], none, "back to the sender");
+    assert_eq!(got[1], vec![f.clone()], "b");
+    assert_eq!(got[4], vec![tag(&f, 10)], "the trunk, tagged");
+    for (i, g) in got.iter().enumerate().skip(2) {
+        if i != 4 {
+            assert_eq!(g, &none, "port {i} is not in VLAN 10");
+        }
+    }
+    // c's broadcast stays in VLAN 20.
+    let f = test_frame(60, MAC_C, BROADCAST, 2);
+    let got = deliver(&c, &f, &all);
+    assert_eq!(
+        got,
+        vec![
+            none.clone(),
+            none.clone(),
+            none.clone(),
+            vec![f.clone()],
+            vec![tag(&f, 20)],
+            none.clone()
+        ]
+    );
+    // From the trunk, tagged 20: the tag comes off for c and d; VLAN 10 sees nothing.
+    let f = test_frame(60, MAC_E, BROADCAST, 3);
+    let got = deliver(&up, &tag(&f, 20), &all);
+    assert_eq!(
+        got,
+        vec![
+            none.clone(),
+            none.clone(),
+            vec![f.clone()],
+            vec![f.clone()],
+            none.clone(),
+            none.clone()
+        ]
+    );
+    // Tagged 10 to a, which VLAN 10 learnt: a only, untagged; and back from a to e, which
+    // the trunk's frames taught VLAN 10: the trunk only, tagged. Frames of one slot and
+    // chains of several (the tag moves bytes across slot boundaries).
+    for len in [60, 1514, 2110, 4000, 9000] {
+        let f = test_frame(len, MAC_E, MAC_A, 4);
+        let got = deliver(&up, &tag(&f, 10), &all);
+        assert_eq!(got[0], vec![f.clone()], "a, len {len}");
+        assert!(got[1..].iter().all(|g| g.is_empty()), "only a, len {len}");
+        let f = test_frame(len, MAC_A, MAC_E, 4);
+        let got = deliver(&a, &f, &all);
+        assert_eq!(got[4], vec![tag(&f, 10)], "the trunk, len {len}");
+        assert_eq!(
+            got.iter().map(Vec::len).sum::<usize>(),
+            1,
+            "only the trunk, len {len}"
+        );
+    }
+    // a to c's address: c is known in VLAN 20 only, so in VLAN 10 the frame floods.
+    let f = test_frame(60, MAC_A, MAC_C, 5);
+    let got = deliver(&a, &f, &all);
+    assert_eq!(
+        got,
+        vec![
+            none.clone(),
+            vec![f.clone()],
+            none.clone(),
+            none.clone(),
+            vec![tag(&f, 10)],
+            none.clone()
+        ]
+    );
+    // One batch mixing frames that stay one entry (unicast to b, which VLAN 10 learnt from
+    // its answer below) with one that becomes several (a broadcast, to b and, tagged, to the
+    // trunk): every port gets its frames in order.
+    send_all(&b, &[test_frame(60, MAC_B, MAC_A, 50)]);
+    assert_eq!(recv_frames(&a).len(), 1);
+    let batch: Vec<Vec<u8>> = vec![
+        test_frame(60, MAC_A, MAC_B, 51),
+        test_frame(60, MAC_A, BROADCAST, 52),
+        test_frame(100, MAC_A, MAC_B, 53),
+        test_frame(60, MAC_A, BROADCAST, 54),
+    ];
+    send_all(&a, &batch);
+    assert_eq!(recv_frames(&b), batch, "b, in order");
+    assert_eq!(
+        recv_frames(&up),
+        vec![tag(&batch[1], 10), tag(&batch[3], 10)]
+    );
+    assert!([&c, &d, &x].iter().all(|p| recv_frames(p).is_empty()));
+    // x (not named: VLAN 1) is alone in its VLAN.
+    let got = deliver(&x, &test_frame(60, MAC_D, BROADCAST, 6), &all);
+    assert!(got.iter().all(|g| g.is_empty()), "{got:?}");
+    // Refused at ingress, and counted: a tag of another VLAN on an access port, an untagged
+    // frame and a VLAN not allowed on the trunk.
+    let got = deliver(&a, &tag(&test_frame(60, MAC_A, BROADCAST, 7), 20), &all);
+    assert!(got.iter().all(|g| g.is_empty()), "{got:?}");
+    let got = deliver(&up, &test_frame(60, MAC_E, BROADCAST, 8), &all);
+    assert!(got.iter().all(|g| g.is_empty()), "{got:?}");
+    let got = deliver(&up, &tag(&test_frame(60, MAC_E, BROADCAST, 9), 30), &all);
+    assert!(got.iter().all(|g| g.is_empty()), "{got:?}");
+    let l = lookup_info(&v, "vale0");
+    assert_eq!(l.module, "vlan");
+    assert_eq!(counter(&l, "foreign_tag"), 1);
+    assert_eq!(counter(&l, "untagged_on_trunk"), 1);
+    assert_eq!(counter(&l, "not_allowed"), 1);
+    assert_eq!(counter(&l, "vlans"), 3);
+    // The senders' counters: every frame sent counted once, the refused ones as drops.
+    let ca = v.counters("vale0:a");
+    assert_eq!((ca.tx_packets, ca.tx_drops), (12, 1), "{ca:?}");
+    let cu = v.counters("vale0:up");
+    assert_eq!((cu.tx_packets, cu.tx_drops), (8, 2), "{cu:?}");
+    assert_eq!(
+        v.counters("vale0:x").tx_drops,
+        1,
+        "flooded with nobody in VLAN 1"
+    );
+    // Nothing arrived late anywhere.
+    for p in all {
+        assert!(recv_frames(p).is_empty(), "{}", p.name());
+    }
+    assert_eq!(v.counters("vale0:x").rx_packets, 0);
+}
+
+/// vale_lookup.h compiles cleanly as C and C++, and its types have the layout of the Rust
+/// side's (`FrameMeta`, `CBatch`, `CModule`, ...).
+#[test]
+fn the_header_matches_the_engine() {
+    let dir = TempDir::new("modules");
+    let check = r#"
+#include <stddef.h>
+#include "vale_lookup.h"
+#define CHECK(c) _Static_assert(c, #c)
+CHECK(sizeof(struct vale_frame) == 24);
+CHECK(offsetof(struct vale_frame, first_len) == 8);
+CHECK(offsetof(struct vale_frame, len) == 12);
+CHECK(offsetof(struct vale_frame, flags) == 16);
+CHECK(offsetof(struct vale_frame, dst) == 18);
+CHECK(offsetof(struct vale_frame, ring) == 20);
+CHECK(sizeof(struct vale_batch) == 24);
+CHECK(offsetof(struct vale_batch, src_port) == 12);
+CHECK(offsetof(struct vale_batch, now_s) == 16);
+CHECK(sizeof(struct vale_arg) == 16);
+CHECK(sizeof(struct vale_counter) == 40);
+CHECK(offsetof(struct vale_lookup_module, name) == 8);
+CHECK(offsetof(struct vale_lookup_module, counters) == 56);
+CHECK(sizeof(struct vale_lookup_module) == 64);
+CHECK(VALE_LOOKUP_ABI_VERSION == 1);
+CHECK(VALE_DST_FLOOD == 0xffff && VALE_DST_DROP == 0xfffe && VALE_MAX_PORTS == 2048);
+CHECK(VALE_NS_NO_LEARN == 0x0008);
+const struct vale_lookup_module *vale_lookup_module(void) { return 0; }
+"#;
+    c_module(&dir.0, "libcheck.so", check);
+    let src = dir.0.join("check.cc");
+    std::fs::write(&src, check.replace("_Static_assert", "static_assert")).unwrap();
+    let mut cxx = Command::new("c++");
+    cxx.args([
+        "-std=c++11",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-fsyntax-only",
+        "-I",
+    ])
+    .arg(root().join("crates/vale-switch/include"))
+    .arg(&src);
+    let o = cxx.output().expect("c++");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+#[test]
+fn modules_built_outside_vale_are_loaded_and_forward() {
+    let v = Valed::start();
+    let dir = TempDir::new("modules");
+    let (a, b, c) = v.open_abc();
+    // The C example: everything to c; c's own frames flood.
+    let so = c_example(&dir.0);
+    let so_s = so.to_str().unwrap();
+    let out = v.ctl_ok(&["lookup", "vale0", so_s, "--arg", "to=vale0:c"]);
+    assert!(
+        out.starts_with(&format!("vale0  lookup static_port  ({so_s})\n")),
+        "{out}"
+    );
+    let f = test_frame(60, MAC_A, MAC_B, 1);
+    let got = deliver(&a, &f, &[&b, &c]);
+    assert_eq!(got, vec![vec![], vec![f]]);
+    let got = deliver(&c, &test_frame(60, MAC_C, MAC_A, 2), &[&a, &b]);
+    assert!(got.iter().all(|g| g.len() == 1), "{got:?}");
+    let l = lookup_info(&v, "vale0");
+    assert_eq!((counter(&l, "sent"), counter(&l, "flooded")), (1, 1));
+    assert_eq!(counter(&l, "bad_dst"), 0);
+    assert_eq!(l.args[0].key, "to");
+
+    // The Rust example: a learning bridge. A relative path is taken from vale-ctl's
+    // directory.
+    let so = rust_example();
+    let out = Command::new(bin("vale-ctl"))
+        .current_dir(so.parent().unwrap())
+        .args(["--run-dir", v.run_dir().to_str().unwrap()])
+        .args([
+            "lookup",
+            "vale0",
+            "./libvale_example_lookup.so",
+            "--arg",
+            "entries=64",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(lookup_info(&v, "vale0").module, "mini_learning");
+    let f = test_frame(60, MAC_A, BROADCAST, 3);
+    assert_eq!(deliver(&a, &f, &[&b, &c]), vec![vec![f.clone()], vec![f]]);
+    // b answers a: a is known, c gets nothing.
+    let f = test_frame(60, MAC_B, MAC_A, 4);
+    assert_eq!(deliver(&b, &f, &[&a, &c]), vec![vec![f], vec![]]);
+    let l = lookup_info(&v, "vale0");
+    assert_eq!(counter(&l, "learnt"), 2, "{l:?}");
+    assert_eq!(counter(&l, "floods"), 1, "{l:?}");
+    // Back to the default.
+    v.ctl_ok(&["lookup", "vale0", "learning"]);
+    let l = lookup_info(&v, "vale0");
+    assert_eq!(
+        (l.module.as_str(), l.source.as_str()),
+        ("learning", "built-in")
+    );
+}
+
+#[test]
+fn results_naming_no_port_are_counted_drops() {
+    let v = Valed::start();
+    let dir = TempDir::new("modules");
+    let (a, b) = v.open_ab();
+    let so = c_example(&dir.0);
+    // Port 1 is b; port 7 is free; 4000 is beyond any switch.
+    for (index, bad) in [("7", 10), ("4000", 10)] {
+        v.ctl_ok(&[
+            "lookup",
+            "vale0",
+            so.to_str().unwrap(),
+            "--arg",
+            &format!("index={index}"),
+        ]);
+        let before = v.counters("vale0:a").tx_drops;
+        let frames: Vec<Vec<u8>> = (0..10).map(|i| test_frame(60, MAC_A, MAC_B, i)).collect();
+        send_all(&a, &frames);
+        assert!(recv_frames(&b).is_empty(), "index {index}");
+        assert_eq!(v.counters("vale0:a").tx_drops - before, 10, "index {index}");
+        assert_eq!(
+            counter(&lookup_info(&v, "vale0"), "bad_dst"),
+            bad,
+            "index {index}"
+        );
+    }
+    v.ctl_ok(&["lookup", "vale0", so.to_str().unwrap(), "--arg", "index=1"]);
+    let f = test_frame(60, MAC_A, MAC_B, 99);
+    assert_eq!(deliver(&a, &f, &[&b]), vec![vec![f]]);
+    assert_eq!(v.counters("vale0:b").rx_drops, 0);
+}
+
+/// A module of ABI version 99, one whose create() refuses, one missing a required function.
+const BAD_MODULE: &str = r#"
+#include "vale_lookup.h"
+static void *create(const struct vale_arg *a, uint32_t n, char *err, size_t len) {
+    (void)a; (void)n;
+    if (len > 6) { err[0] = 'n'; err[1] = 'o'; err[2] = ' '; err[3] = 'w'; err[4] = 'a'; err[5] = 'y'; err[6] = 0; }
+    return 0;
+}
+static void destroy(void *s) { (void)s; }
+uint64_t lookup(void *s, struct vale_batch *b);
+uint64_t lookup(void *s, struct vale_batch *b) { (void)s; (void)b; return 0; }
+static const struct vale_lookup_module m = {
+    .abi_version = @VERSION@, .name = "bad", .create = create, .destroy = destroy,
+    .lookup = @LOOKUP@,
+};
+const struct vale_lookup_module *vale_lookup_module(void) { return &m; }
+"#;
+
+#[test]
+fn modules_that_fail_to_load_leave_the_old_one() {
+    let v = Valed::start();
+    let dir = TempDir::new("modules");
+    let (a, b, c) = v.open_abc();
+    let good = [
+        "lookup", "vale0", "vlan", "--access", "a=10", "--access", "b=10", "--access", "c=20",
+    ];
+    v.ctl_ok(&good);
+    let before = lookup_info(&v, "vale0");
+    let variant = |name: &str, version: &str, lookup: &str| {
+        c_module(
+            &dir.0,
+            name,
+            &BAD_MODULE
+                .replace("@VERSION@", version)
+                .replace("@LOOKUP@", lookup),
+        )
+    };
+    let wrong_version = variant("libv99.so", "99", "lookup");
+    let refuses = variant("librefuses.so", "VALE_LOOKUP_ABI_VERSION", "lookup");
+    let no_lookup = variant("libnolookup.so", "VALE_LOOKUP_ABI_VERSION", "0");
+    let no_symbol = c_module(&dir.0, "libnosymbol.so", "int vale_something_else = 1;\n");
+    let not_elf = dir.0.join("libtext.so");
+    std::fs::write(&not_elf, "not a shared object\n").unwrap();
+    let path = |p: &Path| p.to_str().unwrap().to_string();
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![path(&wrong_version)],
+            "is built for lookup ABI version 99; this valed speaks version 1",
+        ),
+        (vec![path(&no_symbol)], "has no symbol 'vale_lookup_module'"),
+        (vec![path(&refuses)], "refused its configuration: no way"),
+        (vec![path(&no_lookup)], "lacks a required function"),
+        (vec![path(&not_elf)], "cannot load lookup module"),
+        (
+            vec![path(&dir.0.join("nosuch.so"))],
+            "cannot load lookup module",
+        ),
+        (
+            vec![
+                path(&c_example(&dir.0)),
+                "--arg".into(),
+                "colour=red".into(),
+            ],
+            "unknown argument 'colour'",
+        ),
+        (
+            vec!["nosuch".into()],
+            "no lookup module 'nosuch' (known: learning, hub, vlan",
+        ),
+        (
+            vec!["vlan".into(), "--access".into(), "a=5000".into()],
+            "from 1 to 4094",
+        ),
+        (
+            vec!["hub".into(), "--arg".into(), "x=1".into()],
+            "module 'hub' takes no arguments",
+        ),
+    ];
+    for (args, message) in &cases {
+        let mut all = vec!["lookup", "vale0"];
+        all.extend(args.iter().map(String::as_str));
+        v.ctl_fails(&all, 1, message);
+        let now = lookup_info(&v, "vale0");
+        assert_eq!(
+            (&now.module, &now.args),
+            (&before.module, &before.args),
+            "{args:?} changed the module"
+        );
+    }
+    // Usage errors vale-ctl sees itself.
+    v.ctl_fails(
+        &["lookup", "vale0", "hub", "--access", "a=1"],
+        2,
+        "configure the vlan module only",
+    );
+    v.ctl_fails(
+        &["lookup", "vale0", "vlan", "--access", "vale1:a=1"],
+        2,
+        "is not on switch 'vale0'",
+    );
+    v.ctl_fails(&["lookup", "vale9"], 1, "no such switch 'vale9'");
+    // And the old module still works: a's broadcast reaches b, not c.
+    let f = test_frame(60, MAC_A, BROADCAST, 1);
+    assert_eq!(deliver(&a, &f, &[&b, &c]), vec![vec![f], vec![]]);
+}
+
+#[test]
+fn a_swap_under_a_counted_stream_loses_and_duplicates_nothing() {
+    let _s = serial();
+    let v = Valed::start_with(&["--workers", "2"]);
+    let dir = TempDir::new("modules");
+    let so_c = c_example(&dir.0);
+    let so_rust = rust_example();
+    v.ctl_ok(&["create", "vale0:a"]);
+    let rx = v.spawn_client(
+        v.pktgen(&["-i", "vale0:b", "-f", "rx", "-T", "120", "--slots", "4096"]),
+        "vale-pktgen rx",
+        "vale0:b",
+    );
+    let count = 300_000u64;
+    let n = count.to_string();
+    let swaps = AtomicU32::new(0);
+    let done = AtomicBool::new(false);
+    let modules: Vec<Vec<String>> = vec![
+        vec!["hub".into()],
+        vec![
+            so_c.to_str().unwrap().into(),
+            "--arg".into(),
+            "to=vale0:b".into(),
+        ],
+        vec!["vlan".into()],
+        vec![so_rust.to_str().unwrap().into()],
+        vec!["learning".into()],
+    ];
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut k = 0;
+            while !done.load(Ordering::Relaxed) {
+                let mut args = vec!["lookup", "vale0"];
+                args.extend(modules[k % modules.len()].iter().map(String::as_str));
+                v.ctl_ok(&args);
+                swaps.fetch_add(1, Ordering::Relaxed);
+                k += 1;
+            }
+        });
+        // Broadcast, so that every module sends each frame to b, and only to b.
+        let tx = v.pktgen(&["-i", "vale0:a", "-f", "tx", "-n", &n, "-R", "100000", "-q"]);
+        let out = Kid::spawn(tx, "vale-pktgen tx").finish(Duration::from_secs(60));
+        done.store(true, Ordering::Relaxed);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    let swaps = swaps.load(Ordering::Relaxed);
+    assert!(swaps >= 5, "only {swaps} swaps during the stream");
+    assert!(
+        wait_until(T, || {
+            let b = v.counters("vale0:b");
+            b.rx_packets + b.rx_drops >= count
+        }),
+        "{:?}",
+        v.counters("vale0:b")
+    );
+    let (a, b) = (v.counters("vale0:a"), v.counters("vale0:b"));
+    assert_eq!(a.tx_packets, count, "{a:?}");
+    assert_eq!(a.tx_drops, 0, "frames lost by the lookup: {a:?}");
+    assert_eq!(
+        b.rx_packets + b.rx_drops,
+        count,
+        "lost or duplicated: {b:?}"
+    );
+    drop(rx);
+}
