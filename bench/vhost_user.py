@@ -265,6 +265,8 @@ def main():
 
     systems = ["vale"] + ([] if a.no_peers else ["dpdk_vhost"])
     if a.loads:
+        if a.out == os.path.join(common.RESULTS, "vhost_user.json"):
+            a.out = os.path.join(common.RESULTS, "vhost_user_loads.json")
         results = loads_main(a, v, socks, d, sizes, cpus, dpdk, systems)
         common.stop(v.proc, common.signal.SIGTERM)
         layout = {"name": a.layout, "sender": cpus["tx"], "receiver_lcores": cpus["rx"],
