@@ -102,29 +102,37 @@ pub fn state_of(dev: &dyn Device) -> io::Result<Arc<HostState>> {
     HostState::new(kind, device, mode)
 }
 
-/// The device side of a host port. Its way out ([`Egress`]) is where the egress step writes
-/// what the switch delivered to the port.
-pub trait Device: Egress + Send {
+/// The device side of a host port: what attaching it asks of it, and its driver.
+pub trait Device: Send {
     /// `kind`, name and mode for [`HostState`].
     fn describe(&self) -> (&'static str, String, String);
     /// The offload work (TSO, partial checksums) frames to the port may carry as they are, at
     /// attach time (see [`Steps::set_caps`]).
     fn caps(&self) -> Caps;
+    /// Where switch threads may write frames for this port straight away, if anywhere.
+    fn direct(&self) -> Option<Arc<dyn DirectSink>> {
+        None
+    }
+    /// The port's driver, which takes the device: [`polled`] for a device the generic driver
+    /// runs; a kind whose library runs its own threads brings its own.
+    fn driver(self: Box<Self>) -> Box<dyn Driver>;
+}
+
+/// A device the generic driver runs, one thread per port: it waits on the device's
+/// descriptors, reads frames from it into the port's tx ring, and writes what the switch
+/// delivered to its way out ([`Egress`]).
+pub trait Polled: Egress + Send {
     /// Descriptors that become readable when the device has frames for the switch.
     fn poll_fds(&self) -> Vec<RawFd>;
     /// Moves frames from the device into `ring`, at most until it is full; returns how many.
     fn ingress(&mut self, ring: &mut TxSide) -> Result<usize, DevError>;
     /// The device's own view of its state, looked at about once a second.
     fn is_up(&self) -> bool;
-    /// Where switch threads may write frames for this port straight away, if anywhere.
-    fn direct(&self) -> Option<Arc<dyn DirectSink>> {
-        None
-    }
-    /// A kind whose library runs its own threads drives the port itself (taking the port's
-    /// steps); None: the generic driver calls the methods above.
-    fn own_driver(&mut self) -> Option<Box<dyn Driver>> {
-        None
-    }
+}
+
+/// The generic driver of a polled device (a [`Device::driver`]).
+pub fn polled(dev: Box<dyn Polled>) -> Box<dyn Driver> {
+    Box::new(Generic(dev))
 }
 
 /// The port's tx ring seen from its (in-valed) client: where the device's frames go.
@@ -238,7 +246,7 @@ pub struct EgressDone {
 }
 
 /// The two steps of a host port, for whichever thread drives it: the generic driver below,
-/// or a kind whose library owns its event loop (see [`Device::own_driver`]).
+/// or a kind whose library owns its event loop (see [`Device::driver`]).
 pub struct Steps {
     sw: Arc<Switch>,
     port: Arc<Port>,
@@ -489,7 +497,7 @@ pub trait Driver: Send {
 struct HostLoop {
     steps: Steps,
     state: Arc<HostState>,
-    dev: Box<dyn Device>,
+    dev: Box<dyn Polled>,
     epoll: OwnedFd,
     /// The device's descriptors, watched unless paused.
     watched: Vec<RawFd>,
@@ -506,29 +514,25 @@ const TOKEN_DEV: u64 = 2;
 /// Frames written to the device per round before the ingress side gets its turn.
 const EGRESS_BURST: usize = 256;
 
-/// Starts the driver of host port `port` (whose attachment holds `state`): the kind's own, or
-/// the generic one, which owns `dev` from now on.
+/// Starts the driver of host port `port` (whose attachment holds `state`), which owns `dev`
+/// from now on.
 pub fn start(
     sw: Arc<Switch>,
     port: Arc<Port>,
-    mut dev: Box<dyn Device>,
+    dev: Box<dyn Device>,
     state: Arc<HostState>,
     epoch: Instant,
     busy_poll: std::time::Duration,
 ) -> io::Result<()> {
     let mut steps = Steps::new(sw, port, epoch);
     steps.busy_poll = busy_poll;
-    let driver = match dev.own_driver() {
-        Some(own) => own,
-        None => Box::new(Generic(dev)),
-    };
-    let t = driver.start(steps, state.clone())?;
+    let t = dev.driver().start(steps, state.clone())?;
     *state.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(t);
     Ok(())
 }
 
 /// The generic driver of a device: a [`HostLoop`] thread.
-struct Generic(Box<dyn Device>);
+struct Generic(Box<dyn Polled>);
 
 impl Driver for Generic {
     fn start(

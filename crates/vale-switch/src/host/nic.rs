@@ -4,7 +4,7 @@
 use std::io;
 use std::os::fd::RawFd;
 
-use super::{DevError, Device, Egress, TxSide};
+use super::{polled, DevError, Device, Driver, Egress, Polled, TxSide};
 use crate::offload::{Caps, Offload};
 
 /// Largest frame taken from an interface (a jumbo frame; AF_XDP frames are smaller still).
@@ -49,10 +49,15 @@ impl Device for NicDevice {
         Caps::NONE
     }
 
+    fn driver(self: Box<Self>) -> Box<dyn Driver> {
+        polled(self)
+    }
+}
+
+impl Polled for NicDevice {
     fn poll_fds(&self) -> Vec<RawFd> {
         self.nic.poll_fds()
     }
-
     fn ingress(&mut self, ring: &mut TxSide) -> Result<usize, DevError> {
         let budget = (ring.room() / ring.slots_for(MAX_NIC_FRAME)) as usize;
         let budget = budget.min(INGRESS_BURST);
@@ -67,7 +72,6 @@ impl Device for NicDevice {
             })
             .map_err(classify)
     }
-
     fn is_up(&self) -> bool {
         self.nic.is_up()
     }

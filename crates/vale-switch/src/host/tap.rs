@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use vale_abi::region::{MAX_FRAGS, MAX_FRAME_LEN};
 
-use super::{DevError, Device, DirectSink, Egress, TxSide};
+use super::{polled, DevError, Device, DirectSink, Driver, Egress, Polled, TxSide};
 use crate::kind::{Delivered, OutFrames};
 use crate::offload::{Caps, Offload, VNET_HDR_LEN};
 
@@ -229,10 +229,18 @@ impl Device for Tap {
         Caps(Caps::CSUM.0 | Caps::TSO4.0 | Caps::TSO6.0 | Caps::ECN.0)
     }
 
+    fn direct(&self) -> Option<Arc<dyn DirectSink>> {
+        Some(self.sink.clone())
+    }
+    fn driver(self: Box<Self>) -> Box<dyn Driver> {
+        polled(self)
+    }
+}
+
+impl Polled for Tap {
     fn poll_fds(&self) -> Vec<RawFd> {
         vec![self.sink.fd.as_raw_fd()]
     }
-
     fn ingress(&mut self, ring: &mut TxSide) -> Result<usize, DevError> {
         let bsize = ring.buf_size();
         // Read only when the largest frame fits: a TAP read cannot be taken back.
@@ -281,13 +289,8 @@ impl Device for Tap {
         }
         Ok(moved)
     }
-
     fn is_up(&self) -> bool {
         self.sink.up.load(Relaxed)
-    }
-
-    fn direct(&self) -> Option<Arc<dyn DirectSink>> {
-        Some(self.sink.clone())
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use vale_abi::eventfd;
 
-use super::{DevError, Device, Egress, TxSide};
+use super::{polled, DevError, Device, Driver, Egress, Polled, TxSide};
 use crate::access::Caller;
 use crate::engine::{Engine, EngineConfig};
 use crate::kind::{Delivered, DirectSink, OutFrames};
@@ -49,6 +49,15 @@ impl Device for FakeDevice {
     fn caps(&self) -> Caps {
         Caps::NONE
     }
+    fn direct(&self) -> Option<Arc<dyn DirectSink>> {
+        self.sink.clone().map(|s| s as Arc<dyn DirectSink>)
+    }
+    fn driver(self: Box<Self>) -> Box<dyn Driver> {
+        polled(self)
+    }
+}
+
+impl Polled for FakeDevice {
     fn poll_fds(&self) -> Vec<RawFd> {
         vec![self.ready.as_raw_fd()]
     }
@@ -69,9 +78,6 @@ impl Device for FakeDevice {
     }
     fn is_up(&self) -> bool {
         true
-    }
-    fn direct(&self) -> Option<Arc<dyn DirectSink>> {
-        self.sink.clone().map(|s| s as Arc<dyn DirectSink>)
     }
 }
 

@@ -50,7 +50,7 @@ use vale_abi::eventfd;
 
 use super::guard::{self, Guarded};
 use super::virtq::{guest_piece, read_guest, write_guest, Desc, Popped, Virtq, VirtqError};
-use super::{DevError, Device, Driver, Egress, HostState, Steps, TxSide};
+use super::{DevError, Device, Driver, Egress, HostState, Steps};
 use crate::epoll;
 use crate::forward::Pipeline;
 use crate::kind::{Delivered, DirectSink, OutFrames};
@@ -274,36 +274,16 @@ impl Device for VhostUser {
         // None until a guest acks its features.
         Caps::NONE
     }
-    // The methods below belong to the generic driver, which this kind does not use.
-    fn poll_fds(&self) -> Vec<RawFd> {
-        Vec::new()
-    }
-    fn ingress(&mut self, _ring: &mut TxSide) -> Result<usize, DevError> {
-        Ok(0)
-    }
-    fn is_up(&self) -> bool {
-        false
-    }
     fn direct(&self) -> Option<Arc<dyn DirectSink>> {
         Some(self.sink.clone())
     }
-    fn own_driver(&mut self) -> Option<Box<dyn Driver>> {
-        Some(Box::new(Session {
-            path: self.path.clone(),
+    fn driver(self: Box<Self>) -> Box<dyn Driver> {
+        Box::new(Session {
+            path: self.path,
             pairs: self.pairs,
-            listener: self.listener.take(),
-            sink: self.sink.clone(),
-        }))
-    }
-}
-
-// Only the generic driver would write here, and this kind brings its own: as [`Nowhere`].
-impl Egress for VhostUser {
-    fn send(&mut self, pieces: &[&[u8]], off: Offload) -> Result<bool, DevError> {
-        Nowhere.send(pieces, off)
-    }
-    fn flush(&mut self) -> Result<(), DevError> {
-        Nowhere.flush()
+            listener: self.listener,
+            sink: self.sink,
+        })
     }
 }
 
