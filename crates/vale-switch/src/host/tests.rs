@@ -711,30 +711,84 @@ fn vhost_user_frames_span_merged_rx_buffers() {
     engine.detach("vale0:peer", &Caller::valed()).unwrap();
 }
 
-/// A front end that makes its interrupt eventfd blocking and fills it (its flags are its own:
-/// valed shares the file) cannot hold valed's thread: frames still reach the guest, and the
-/// port goes down and detaches at once when the front end leaves.
+/// A front end that makes its eventfds blocking (their flags are its own: valed shares the
+/// files), fills its interrupt eventfds and reads every kick back at once, cannot hold
+/// valed's threads: frames still cross both ways, and the port goes down and detaches at
+/// once when the front end leaves.
 #[test]
 fn vhost_user_guest_blocking_its_eventfds_holds_nothing() {
     let (engine, g, wire, ready) = guest_and_peer("block", 0);
-    for call in &g.calls {
-        let fd = call.as_raw_fd();
+    for fd in g.calls.iter().chain(&g.kicks).map(|e| e.as_raw_fd()) {
         // SAFETY: fcntl on our own descriptor.
         unsafe {
             let fl = libc::fcntl(fd, libc::F_GETFL);
             assert_eq!(libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK), 0);
         }
+    }
+    for call in &g.calls {
         call.write(u64::MAX - 1).unwrap();
     }
+    // Each kick is taken back before valed could read it (a blocking read would wait).
+    let kick = |q: u64| {
+        g.kick(q);
+        g.kicks[q as usize].read().unwrap();
+    };
     for i in 0..4u16 {
         g.set_desc(RXQ, i, 0x30000 + 0x1000 * i as u64, 2048, 2, 0);
         g.offer(RXQ, i, i);
     }
-    g.kick(RXQ);
+    kick(RXQ);
     let to_vm: Vec<Vec<u8>> = (0..4).map(|i| frame(0x8, [0xff; 6], i, 100)).collect();
     wire.offer(&to_vm, &ready);
     wait_for("four frames in the guest", || {
         g.u16_at(hg_used(RXQ) + 2) == 4
+    });
+    // A storm of kicks taken back at once, on both queues, from another thread, while the
+    // peer sends: whatever valed does then, it must not wait on these descriptors.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let kicks: Vec<RawFd> = g.kicks.iter().map(|k| k.as_raw_fd()).collect();
+    let storm = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let one = 1u64.to_ne_bytes();
+            let mut got = [0u8; 8];
+            while !stop.load(Relaxed) {
+                for &fd in &kicks {
+                    // SAFETY: plain syscalls on the test's own eventfds, 8-byte buffers.
+                    unsafe {
+                        libc::write(fd, one.as_ptr().cast(), 8);
+                        libc::read(fd, got.as_mut_ptr().cast(), 8);
+                    }
+                }
+            }
+        })
+    };
+    for i in 0..20 {
+        wire.offer(&[frame(0x8, [0xff; 6], 100 + i, 100)], &ready);
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    stop.store(true, Relaxed);
+    storm.join().unwrap();
+    let f = frame(0x7, [0xff; 6], 1, 60);
+    let mut m = plain_hdr(0);
+    m.extend_from_slice(&f);
+    g.put(0x20000, &m);
+    g.set_desc(TXQ, 0, 0x20000, m.len() as u32, 0, 0);
+    g.offer(TXQ, 0, 0);
+    g.kick(TXQ);
+    wait_for("the guest's frame at the peer", || {
+        wire.from_switch.lock().unwrap().len() == 1
+    });
+    // The switch still writes into the guest: the storm's frames waited for buffers (the
+    // guest had none left), and go once it adds some.
+    assert_eq!(g.u16_at(hg_used(RXQ) + 2), 4);
+    for i in 4..8u16 {
+        g.set_desc(RXQ, i, 0x30000 + 0x1000 * i as u64, 2048, 2, 0);
+        g.offer(RXQ, i, i);
+    }
+    g.kick(RXQ);
+    wait_for("frames in the guest after the storm", || {
+        g.u16_at(hg_used(RXQ) + 2) == 8
     });
     let t = Instant::now();
     g.close(&engine);

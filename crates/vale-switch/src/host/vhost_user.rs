@@ -28,7 +28,9 @@ use std::sync::{Arc, Mutex};
 
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost::vhost_user::Listener;
-use vhost_user_backend::{VhostUserBackend, VhostUserDaemon, VringMutex, VringState, VringT};
+use vhost_user_backend::{
+    VhostUserBackend, VhostUserDaemon, VringEpollHandler, VringMutex, VringState, VringT,
+};
 use virtio_bindings::virtio_config::VIRTIO_F_VERSION_1;
 use virtio_bindings::virtio_net::{
     VIRTIO_NET_F_CSUM, VIRTIO_NET_F_GUEST_CSUM, VIRTIO_NET_F_GUEST_ECN, VIRTIO_NET_F_GUEST_TSO4,
@@ -391,6 +393,7 @@ impl Session {
                     return;
                 }
             }
+            *lock(&net.0.handlers) = handlers.iter().map(Arc::downgrade).collect();
             drop(handlers);
             // A front end: accept one, or connect to it.
             let front = loop {
@@ -442,10 +445,11 @@ impl Session {
                 daemon
                     .start(&mut l)
                     .map_err(|e| io::Error::other(e.to_string()))?;
-                let net2 = net.clone();
+                let (net2, net3) = (net.clone(), net.clone());
                 let answers = relay::Answers {
                     pairs: self.pairs as u64,
                     set_mtu: Box::new(move |mtu| net2.set_mtu(mtu)),
+                    kick: Box::new(move |q, fd| net3.take_kick(q, fd)),
                 };
                 relay::Relay::start(front, back, &name, answers)
             });
@@ -605,6 +609,10 @@ struct NetInner {
     broken: AtomicBool,
     /// The connection, to end it from the data path.
     front: Mutex<Option<std::os::unix::net::UnixStream>>,
+    /// The library's worker of each pair (not kept alive from here: they hold this device).
+    handlers: Mutex<Vec<std::sync::Weak<VringEpollHandler<Net>>>>,
+    /// The front end's kick eventfd of each queue (see `take_kick`).
+    kicks: Mutex<Vec<Option<OwnedFd>>>,
 }
 
 /// A queue pair's own: what its worker forwards with, and scratch space.
@@ -676,6 +684,8 @@ impl Net {
             hits_seen: AtomicU64::new(guard::hits()),
             broken: AtomicBool::new(false),
             front: Mutex::new(None),
+            handlers: Mutex::new(Vec::new()),
+            kicks: Mutex::new((0..queues).map(|_| None).collect()),
         })))
     }
 
@@ -692,6 +702,33 @@ impl Net {
     }
     fn ev_guest_timer(&self) -> u16 {
         self.queues() as u16 + 3
+    }
+    fn ev_kick(&self) -> u16 {
+        self.queues() as u16 + 4
+    }
+
+    /// The front end's kick eventfd of queue `index` (SET_VRING_KICK), which the library
+    /// would read: the front end owns its flags and may make it blocking and read it itself,
+    /// and the library's read would then wait for ever, holding the queue's lock, and with it
+    /// every thread that delivers to this guest. Instead the queue's pair worker watches it
+    /// edge-triggered (each write is an event) and never reads it, and the library gets an
+    /// eventfd of valed's own that nobody writes. What the library is to get.
+    fn take_kick(&self, index: u8, fd: OwnedFd) -> io::Result<OwnedFd> {
+        let q = index as usize;
+        let handler = lock(&self.0.handlers).get(q / 2).and_then(|h| h.upgrade());
+        let (Some(handler), true) = (handler, q < self.queues()) else {
+            // A queue the device does not have: the library refuses the message.
+            return Ok(fd);
+        };
+        let et = EventSet::IN | EventSet::EDGE_TRIGGERED;
+        let ev = self.ev_kick() as u64;
+        let mut kicks = lock(&self.0.kicks);
+        if let Some(old) = kicks[q].take() {
+            let _ = handler.unregister_listener(old.as_raw_fd(), et, ev);
+        }
+        handler.register_listener(fd.as_raw_fd(), et, ev)?;
+        kicks[q] = Some(fd);
+        eventfd::new()
     }
 
     /// Closes the descriptors the library forgot, once its daemon (and the worker threads that
@@ -1575,7 +1612,10 @@ mod relay {
     const SET_FEATURES: u32 = 2;
     const SET_MEM_TABLE: u32 = 5;
     const GET_QUEUE_NUM: u32 = 17;
+    const SET_VRING_KICK: u32 = 12;
     const SET_VRING_ENABLE: u32 = 18;
+    /// SET_VRING_KICK without a descriptor (the back end would poll).
+    const NO_FD: u64 = 0x100;
     const NET_SET_MTU: u32 = 20;
     const GET_MAX_MEM_SLOTS: u32 = 36;
     const ADD_MEM_REG: u32 = 37;
@@ -1593,12 +1633,14 @@ mod relay {
     /// Most guest memory regions a front end may have mapped at once.
     pub const MAX_MEM_SLOTS: usize = 32;
 
-    /// What the relay answers itself.
+    /// What the relay answers or changes itself.
     pub struct Answers {
         /// Queue pairs offered.
         pub pairs: u64,
         /// Takes the MTU of NET_SET_MTU: false when it is out of range.
         pub set_mtu: Box<dyn Fn(u64) -> bool + Send>,
+        /// Takes the front end's kick eventfd of a queue; gives what the library gets instead.
+        pub kick: Box<dyn Fn(u8, OwnedFd) -> io::Result<OwnedFd> + Send>,
     }
 
     /// The two threads of one connection; joined by [`Relay::join`].
@@ -1764,6 +1806,12 @@ mod relay {
                 }
                 GET_QUEUE_NUM => {
                     reply(front, writing, req, answers.pairs)?;
+                    continue;
+                }
+                SET_VRING_KICK if size == 8 && fds.len() == 1 && long(body, 0) & NO_FD == 0 => {
+                    let fd = fds.pop().expect("one descriptor");
+                    let own = (answers.kick)(long(body, 0) as u8, fd)?;
+                    send_all(back, &buf[..12 + size], &[own])?;
                     continue;
                 }
                 GET_MAX_MEM_SLOTS => {
