@@ -141,13 +141,20 @@ def vale_load_run(v, socks, size, load, a, cpus, dpdk):
         rx.kill()
 
 
-def peer_load_run(d, size, load, a, cpus, dpdk):
+def vhost_pmd(d, cpus, dpdk):
+    """The peer's middle: testpmd's vhost PMD forwarding (io) between two sockets it listens at
+    in `d`; (testpmd, sender's socket, receiver's socket)."""
     s0, s1 = f"{d}/vhost0.sock", f"{d}/vhost1.sock"
     for s in (s0, s1):
         if os.path.exists(s):
             os.unlink(s)
     mid = peers.Testpmd("vh", [f"net_vhost0,iface={s0},queues=1", f"net_vhost1,iface={s1},queues=1"], "io",
                         cpus["middle"], dpdk=dpdk)
+    return mid, s0, s1
+
+
+def peer_load_run(d, size, load, a, cpus, dpdk):
+    mid, s0, s1 = vhost_pmd(d, cpus, dpdk)
     try:
         mid.wait_forwarding()
         rx = receiver(s1, cpus, dpdk)
@@ -194,12 +201,7 @@ def loads_main(a, v, socks, d, sizes, cpus, dpdk, systems):
 
 
 def peer_run(d, size, a, cpus, dpdk):
-    s0, s1 = f"{d}/vhost0.sock", f"{d}/vhost1.sock"
-    for s in (s0, s1):
-        if os.path.exists(s):
-            os.unlink(s)
-    mid = peers.Testpmd("vh", [f"net_vhost0,iface={s0},queues=1", f"net_vhost1,iface={s1},queues=1"], "io",
-                        cpus["middle"], dpdk=dpdk)
+    mid, s0, s1 = vhost_pmd(d, cpus, dpdk)
     try:
         mid.wait_forwarding()
         side = Side(s0, s1, size, cpus, dpdk)

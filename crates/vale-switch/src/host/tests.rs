@@ -478,6 +478,17 @@ impl HandGuest {
             .unwrap();
     }
 
+    /// The guest's first transmission: `frame` behind a plain header at 0x20000, chain 0 of
+    /// the tx queue, offered in avail slot 0, kicked.
+    fn transmit_first(&self, frame: &[u8]) {
+        let mut m = plain_hdr(0);
+        m.extend_from_slice(frame);
+        self.put(0x20000, &m);
+        self.set_desc(TXQ, 0, 0x20000, m.len() as u32, 0, 0);
+        self.offer(TXQ, 0, 0);
+        self.kick(TXQ);
+    }
+
     fn kick(&self, q: u64) {
         self.kicks[q as usize].write(1).unwrap();
     }
@@ -769,13 +780,7 @@ fn vhost_user_guest_blocking_its_eventfds_holds_nothing() {
     }
     stop.store(true, Relaxed);
     storm.join().unwrap();
-    let f = frame(0x7, [0xff; 6], 1, 60);
-    let mut m = plain_hdr(0);
-    m.extend_from_slice(&f);
-    g.put(0x20000, &m);
-    g.set_desc(TXQ, 0, 0x20000, m.len() as u32, 0, 0);
-    g.offer(TXQ, 0, 0);
-    g.kick(TXQ);
+    g.transmit_first(&frame(0x7, [0xff; 6], 1, 60));
     wait_for("the guest's frame at the peer", || {
         wire.from_switch.lock().unwrap().len() == 1
     });
@@ -985,13 +990,7 @@ fn vhost_user_memory_regions_are_capped() {
 #[test]
 fn vhost_user_guest_memory_shrunk_under_valed() {
     let (engine, g, wire, ready) = guest_and_peer("shrink", 0);
-    let good = frame(0x7, [0xff; 6], 1, 60);
-    let mut m = plain_hdr(0);
-    m.extend_from_slice(&good);
-    g.put(0x20000, &m);
-    g.set_desc(TXQ, 0, 0x20000, m.len() as u32, 0, 0);
-    g.offer(TXQ, 0, 0);
-    g.kick(TXQ);
+    g.transmit_first(&frame(0x7, [0xff; 6], 1, 60));
     wait_for("the frame at the peer", || {
         wire.from_switch.lock().unwrap().len() == 1
     });
