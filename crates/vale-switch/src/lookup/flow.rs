@@ -72,8 +72,22 @@ const WORDS: usize = 7;
 /// destination MAC (bits 0-47, first octet lowest) and TCP/UDP source and destination port
 /// (48-63). Words 3-4 and 5-6: source and destination address (IPv4 in the low 32 bits of
 /// words 3 and 5; IPv6 high half first), numerically.
-#[derive(Clone, Copy, PartialEq, Eq, Default, Debug)]
+#[derive(Clone, Copy, Default, Debug)]
 struct Key([u64; WORDS]);
+
+/// Word by word, without a branch or a call (a derived compare calls `memcmp`).
+impl PartialEq for Key {
+    #[inline(always)]
+    fn eq(&self, o: &Key) -> bool {
+        let mut d = 0;
+        for i in 0..WORDS {
+            d |= self.0[i] ^ o.0[i];
+        }
+        d == 0
+    }
+}
+
+impl Eq for Key {}
 
 const IN_PORT: (usize, u32, u64) = (0, 0, 0xffff);
 const DL_TYPE: (usize, u32, u64) = (0, 16, 0xffff);
@@ -1911,5 +1925,139 @@ mod tests {
         assert!(e.contains("limit of 200000"), "{e}");
         assert_eq!(t.counters()[1], ("masks".to_string(), 1));
         assert!(parse_rules(&"udp actions=drop\n".repeat(MAX_RULES + 1)).is_err());
+    }
+}
+
+/// Rule sets of the benchmarks (`bench/modules.py` writes the same): `n` rules in four
+/// shapes over addresses the benchmark stream never uses, then the stream's own rule
+/// (udp 10.0.0.1:1234 -> 10.0.0.2:4321) to `to`, below them all so that a frame of the
+/// stream visits every mask. `masks`: the tuple space explosion: one rule for each pair of
+/// source and destination prefix lengths (1024 masks), none matching the stream.
+pub fn bench_rules(shape: &str, n: usize, to: &str) -> String {
+    let mut s = String::new();
+    let ip = |i: usize| format!("{}.{}.{}", i >> 16 & 255, i >> 8 & 255, i & 255);
+    match shape {
+        "masks" => {
+            for a in 1..=32 {
+                for b in 1..=32 {
+                    s += &format!(
+                        "prio=100 ip,nw_src=245.255.255.254/{a},nw_dst=245.255.255.253/{b} actions=drop\n"
+                    );
+                }
+            }
+        }
+        _ => {
+            for i in 0..n.saturating_sub(1) {
+                s += &match i % 4 {
+                    0 => format!(
+                        "prio=100 udp,nw_dst=11.{},tp_dst={} actions=drop\n",
+                        ip(i),
+                        1000 + i % 1000
+                    ),
+                    1 => format!("prio=90 tcp,nw_src=12.{},tp_dst=80 actions=drop\n", ip(i)),
+                    2 => format!(
+                        "prio=80 ip,nw_dst=13.{}/24 actions=drop\n",
+                        ip(i & !255 | (i >> 2 & 255))
+                    ),
+                    _ => format!(
+                        "prio=70 udp,nw_src=14.{},tp_src={} actions=drop\n",
+                        ip(i),
+                        1 + i % 60000
+                    ),
+                };
+            }
+        }
+    }
+    s + &format!("prio=50 udp,nw_dst=10.0.0.2,tp_dst=4321 actions=output:{to}\n")
+}
+
+#[cfg(test)]
+mod cost {
+    //! The cost of the module call itself, in ns a frame: `cargo test --release -p
+    //! vale-switch --lib lookup_cost -- --ignored --nocapture` (bench/modules.py runs it).
+
+    use super::*;
+    use crate::lookup::make;
+    use std::time::Instant;
+
+    /// The benchmark stream's frame from `src` (10.0.0.1 unless varied), as vale-pktgen sends.
+    fn frame(src: u32) -> Vec<u8> {
+        let mut f = vec![0xffu8; 6];
+        f.extend_from_slice(&[2, 0, 0, 0, 0, 0xa, 0x08, 0x00]);
+        f.extend_from_slice(&[0x45, 0, 0, 46, 0, 0, 0, 0, 64, 17, 0, 0]);
+        f.extend_from_slice(&src.to_be_bytes());
+        f.extend_from_slice(&[10, 0, 0, 2]);
+        f.extend_from_slice(&1234u16.to_be_bytes());
+        f.extend_from_slice(&4321u16.to_be_bytes());
+        f.resize(60, 0);
+        f
+    }
+
+    fn measure(m: &dyn Lookup, frames: &[Vec<u8>]) -> f64 {
+        const BATCH: usize = 512;
+        let mut metas: Vec<FrameMeta> = frames
+            .iter()
+            .map(|f| FrameMeta::new(f.as_ptr(), 60, 60, 0))
+            .collect();
+        let src = SourcePort {
+            index: 0,
+            ring: 0,
+            learn_limit: LearningBridge::DEFAULT_LEARN_LIMIT,
+        };
+        let (mut done, mut at) = (0u64, 0usize);
+        let start = Instant::now();
+        while start.elapsed().as_secs_f64() < 0.3 || done < 4096 {
+            let end = (at + BATCH).min(metas.len());
+            m.lookup(src, &mut metas[at..end], 1);
+            done += (end - at) as u64;
+            at = if end == metas.len() { 0 } else { end };
+        }
+        start.elapsed().as_nanos() as f64 / done as f64
+    }
+
+    #[test]
+    #[ignore = "a measurement: run by bench/modules.py"]
+    fn lookup_cost() {
+        let one: Vec<Vec<u8>> = vec![frame(0x0a00_0001); 512];
+        // 65536 sources: every frame a new flow for the caches.
+        let many: Vec<Vec<u8>> = (0..65536u32).map(|i| frame(0x0a01_0000 | i)).collect();
+        let cases: Vec<(String, Vec<(String, String)>)> = vec![
+            ("learning".into(), vec![]),
+            ("hub".into(), vec![]),
+            ("vlan".into(), vec![]),
+            (
+                "flow-10".into(),
+                vec![("rules".into(), bench_rules("flow", 10, "vale0:b"))],
+            ),
+            (
+                "flow-1000".into(),
+                vec![("rules".into(), bench_rules("flow", 1000, "vale0:b"))],
+            ),
+            (
+                "flow-100000".into(),
+                vec![("rules".into(), bench_rules("flow", 100_000, "vale0:b"))],
+            ),
+            (
+                "flow-masks".into(),
+                vec![("rules".into(), bench_rules("masks", 0, "vale0:b"))],
+            ),
+        ];
+        for (name, args) in cases {
+            let spec = name.split('-').next().unwrap();
+            let m = make(spec, &args).unwrap();
+            m.port_added(0, "vale0:a");
+            m.port_added(1, "vale0:b");
+            let masks = m
+                .counters()
+                .iter()
+                .find(|c| c.0 == "masks")
+                .map_or(0, |c| c.1);
+            for (traffic, frames) in [("one-flow", &one), ("65536-flows", &many)] {
+                let ns = measure(&*m, frames);
+                println!(
+                    "LOOKUP_COST {{\"module\":\"{name}\",\"traffic\":\"{traffic}\",\"masks\":{masks},\"ns_per_frame\":{ns:.2}}}"
+                );
+            }
+        }
     }
 }
