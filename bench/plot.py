@@ -228,6 +228,33 @@ def main():
                   f"{idle['valed_cores']['median'] * 100:.2f}% of a core", d)
         save(plt, fig, a.outdir, "cpu.png", made)
 
+    d = common.load_result(a.results, "modules")
+    if d:
+        rs = d["results"]
+        fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4.2))
+        names = [r["module"] for r in rs]
+        for i, r in enumerate(rs):
+            m, err = bars(r["ratio_to_learning_per_run"])
+            ax.bar(i, m, yerr=err, capsize=3, color="tab:blue")
+        ax.axhline(0.75, ls="--", lw=0.8, color="gray")
+        ax.axhline(0.5, ls=":", lw=0.8, color="gray")
+        ax.set_xticks(range(len(names)), names, rotation=35, ha="right", fontsize=8)
+        ax.set_ylabel("rate / learning's, same run")
+        ax.grid(alpha=0.3, axis="y")
+        title(ax, "lookup modules, 60 B", d)
+        cost = [r for r in rs if r.get("ns_per_frame")]
+        for k, (traffic, colour) in enumerate([("one-flow", "tab:green"), ("65536-flows", "tab:red")]):
+            bx.bar([i + 0.4 * k for i in range(len(cost))], [r["ns_per_frame"].get(traffic, 0) for r in cost],
+                   width=0.4, label=traffic, color=colour)
+        bx.set_yscale("log")
+        bx.set_xticks([i + 0.2 for i in range(len(cost))], [r["module"] for r in cost], rotation=35, ha="right",
+                      fontsize=8)
+        bx.set_ylabel("ns per frame, the module call alone")
+        bx.legend(fontsize=8)
+        bx.grid(alpha=0.3, axis="y")
+        title(bx, "cost of lookup()", d)
+        save(plt, fig, a.outdir, "modules.png", made)
+
     if not made:
         sys.exit(f"no results in {a.results}: run bench/run_all.py (or an experiment) first")
     for path, size in made:

@@ -2,8 +2,8 @@
 """Runs every experiment of bench/ in one go, then draws the plots.
 
 In this order, each as its own command with the options given here passed on: sizes.py,
-batch.py, destinations.py, ports.py, latency.py, cpu.py, host_ports.py, vhost_user.py, guests.py, then
-plot.py (PNGs in docs/bench/)
+batch.py, destinations.py, ports.py, latency.py, cpu.py, host_ports.py, vhost_user.py, guests.py,
+modules.py, then plot.py (PNGs in docs/bench/)
 and summary.py (Markdown tables in bench/results/summary.md). Each prints its table
 and writes bench/results/<name>.json; this script prints how long each took and writes
 bench/results/run_all.json (the list of experiments, their exit status and durations).
@@ -21,7 +21,7 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402
 
 EXPERIMENTS = ["sizes", "batch", "destinations", "ports", "latency", "cpu", "host_ports", "vhost_user",
-               "guests"]
+               "guests", "modules"]
 
 
 def main():
@@ -51,7 +51,7 @@ def main():
             cmd.append("--quick")
         if a.no_peers and e in ("host_ports", "vhost_user", "guests"):
             continue    # nothing but a comparison with a peer; vale's side of vhost_user needs testpmd too
-        if a.no_peers and e != "ports":
+        if a.no_peers and e not in ("ports", "modules"):
             cmd.append("--no-peers")
         print(f"\n=== {e}: {' '.join(os.path.relpath(c) if c.startswith('/') else c for c in cmd[1:])}", flush=True)
         t0 = time.monotonic()

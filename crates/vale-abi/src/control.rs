@@ -20,11 +20,17 @@ use crate::region::PortParams;
 pub const SOCKET_NAME: &str = "valed.sock";
 /// Run directory when neither `--run-dir` nor `VALE_RUN_DIR` says otherwise.
 pub const DEFAULT_RUN_DIR: &str = "/run/vale";
-/// Largest control message a client accepts (a reply: a `List` of many ports is the largest).
-pub const MAX_MESSAGE: usize = 16 << 20;
-/// Largest request valed accepts: requests are names and a few numbers, so valed never holds
-/// more than this for a connection's unfinished request.
+/// Largest control message a client accepts (a reply: a `List` of many ports, or the dump of
+/// a full flow table, is the largest).
+pub const MAX_MESSAGE: usize = 64 << 20;
+/// Largest request valed accepts from a user that is not an administrator: requests are
+/// names and a few numbers, so valed never holds more than this for such a connection's
+/// unfinished request.
 pub const MAX_REQUEST: usize = 64 << 10;
+/// Largest request valed accepts from an administrator: a flow table's rules travel as text
+/// (`vale-ctl lookup valeX flow --rules FILE`, `vale-ctl flow valeX add`), and only
+/// administrators may send them.
+pub const MAX_ADMIN_REQUEST: usize = MAX_MESSAGE;
 /// Most descriptors one message carries (`SCM_MAX_FD` is 253).
 pub const MAX_FDS: usize = 128;
 
@@ -78,6 +84,20 @@ pub enum Request {
         #[serde(default)]
         args: Vec<ModuleArg>,
     },
+    /// Add rules to the table of switch `switch`, whose lookup module must be `flow`: `rules`
+    /// holds one rule a line (the grammar of docs/modules.md; blank lines and lines starting
+    /// with `#` are skipped). All or nothing: one bad rule refuses them all and leaves the
+    /// table as it was. An administrator's. The reply is [`Reply::Flows`] with the rules
+    /// added, their ids given.
+    FlowAdd { switch: String, rules: String },
+    /// Delete rules of switch `switch`'s flow table: `selector` is a rule id (`7` or `id=7`),
+    /// or a match (`tcp,tp_dst=22`, optionally with `prio=N`) deleting every rule with exactly
+    /// that match (and that priority). At least one rule must go. An administrator's. The
+    /// reply is [`Reply::Flows`] with the rules deleted.
+    FlowDel { switch: String, selector: String },
+    /// Every rule of switch `switch`'s flow table, in the order they are tried, with hit
+    /// counters. The reply is [`Reply::Flows`].
+    FlowDump { switch: String },
     /// Set a knob of a switch (`batch`, `lookup`) or of a port (`moderation`, `learn-limit`).
     /// `lookup NAME` is [`Request::SetLookup`] with no arguments.
     Set {
@@ -95,6 +115,34 @@ pub enum Reply {
     Opened { port: String, fds: u32 },
     List { switches: Vec<SwitchInfo> },
     Lookup { lookup: LookupInfo },
+    Flows { flows: FlowTable },
+}
+
+/// Rules of a switch's `flow` module (all of them, or those a request added or deleted).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct FlowTable {
+    pub switch: String,
+    /// What a frame matching no rule gets: `normal`, `drop`, `flood` or `output:PORT`.
+    pub default: String,
+    /// Frames that matched no rule.
+    pub missed: u64,
+    /// Highest priority first; among equal priorities, first added first.
+    pub rules: Vec<FlowRule>,
+}
+
+/// One rule of a flow table.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowRule {
+    /// Given when the rule was added, never reused by the module.
+    pub id: u64,
+    pub priority: u16,
+    /// The match, in the canonical form of the grammar (empty: every frame).
+    #[serde(rename = "match")]
+    pub matches: String,
+    /// `output:PORT`, `drop`, `flood` or `normal`.
+    pub actions: String,
+    /// Frames the rule decided.
+    pub hits: u64,
 }
 
 /// One configuration argument of a lookup module, `key=value`. Order matters and keys may

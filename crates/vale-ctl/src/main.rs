@@ -12,7 +12,8 @@ use std::process::ExitCode;
 use anyhow::{anyhow, Context};
 use clap::{Parser, Subcommand};
 use vale_abi::control::{
-    self, default_run_dir, LookupInfo, ModuleArg, PortInfo, Reply, Request, SwitchInfo, SOCKET_NAME,
+    self, default_run_dir, FlowTable, LookupInfo, ModuleArg, PortInfo, Reply, Request, SwitchInfo,
+    SOCKET_NAME,
 };
 use vale_abi::name::{parse_port, parse_switch};
 
@@ -40,7 +41,7 @@ vale-ctl never starts valed: when no valed serves the run directory it says so a
 status 3. Start valed by hand, or let a libvale client (such as vale-pktgen) start it.",
     after_help = "KNOBS (vale-ctl set TARGET KNOB VALUE):\n  \
 valeX    batch N          frames gathered from a ring per pass, 1-2048 (default 512)\n  \
-valeX    lookup MODULE    learning (default), hub, vlan; see 'vale-ctl lookup --help'\n  \
+valeX    lookup MODULE    learning (default), hub, vlan, flow; see 'vale-ctl lookup --help'\n  \
 valeX:Y  moderation US    microseconds between interrupts toward the client, 0 = immediate\n  \
 valeX:Y  learn-limit N    most source MACs the learning bridge keeps for the port (default 1024)\n\n\
 Switch knobs and learn-limit need an administrator (root, valed's user or valed\n\
@@ -54,6 +55,9 @@ vale-ctl set vale0 lookup hub\n  \
 vale-ctl lookup vale0                the lookup module, its configuration and counters\n  \
 vale-ctl lookup vale0 vlan --access vale0:a=10 --trunk vale0:up=10,20\n  \
 vale-ctl lookup vale0 ./libmine.so --arg k=v   a module built outside vale\n  \
+vale-ctl lookup vale0 flow --rules rules.txt    an ordered match/action table\n  \
+vale-ctl flow vale0 add 'prio=10 tcp,nw_dst=10.0.0.0/8,tp_dst=22 actions=drop'\n  \
+vale-ctl flow vale0 dump             the rules with their hit counters\n  \
 vale-ctl set vale0:a moderation 20\n  \
 vale-ctl set vale0:a learn-limit 16  a port with at most 16 stations behind it\n  \
 vale-ctl attach vale0:h1 --tap vtap1 valed creates TAP vtap1; its frames join vale0\n  \
@@ -229,7 +233,8 @@ configures one):\n                     \
 learning   the learning bridge: learns source MACs, floods unknown,\n                                \
 broadcast and multicast destinations (default)\n                     \
 hub        floods every frame to every other port\n                     \
-vlan       the 802.1Q bridge, every port an access port of VLAN 1\n\n\
+vlan       the 802.1Q bridge, every port an access port of VLAN 1\n                     \
+flow       the flow table, empty: every frame goes to the bridge\n\n\
 Port knobs:\n  \
 moderation US    microseconds between interrupts toward the client,\n                   \
 0-1000000; 0 = immediate (default)\n  \
@@ -270,10 +275,16 @@ frame tagged with another VLAN is dropped and counted). --trunk PORT=VIDS: a\n  
 trunk port carrying frames tagged with the VLANs listed (10,20,30-39). Tags\n             \
 are added and removed as frames leave. --default VID|none: the VLAN of ports\n             \
 not named (default 1; none: they get and send nothing). PORT is valeX:Y or Y.\n             \
---arg entries=N (each VLAN's table, default 1024), --arg age=S",
+--arg entries=N (each VLAN's table, default 1024), --arg age=S\n  \
+flow       an ordered match/action table (see 'vale-ctl flow --help'). --rules FILE:\n             \
+its rules, one a line; vale-ctl reads the file and sends its text. --arg\n             \
+default=normal|drop|flood|output:PORT: what a frame matching no rule gets\n             \
+(default normal: the learning bridge). --arg entries=N, --arg age=S: the\n             \
+learning table of 'normal', as learning's",
         after_help = "EXAMPLES:\n  \
 vale-ctl lookup vale0\n  \
 vale-ctl lookup vale0 vlan --access a=10 --access b=20 --trunk up=10,20\n  \
+vale-ctl lookup vale0 flow --rules rules.txt --arg default=drop\n  \
 vale-ctl lookup vale0 ./libmylookup.so --arg k=v\n  \
 vale-ctl lookup vale0 learning        back to the default"
     )]
@@ -296,7 +307,82 @@ vale-ctl lookup vale0 learning        back to the default"
         /// vlan: the VLAN of ports not named, or none
         #[arg(long, value_name = "VID|none", requires = "module")]
         default: Option<String>,
+        /// flow: a file of rules, one a line
+        #[arg(long, value_name = "FILE", requires = "module")]
+        rules: Option<PathBuf>,
     },
+    /// Add, delete and show the rules of a switch's flow table
+    #[command(
+        long_about = "Changes or shows the rules of switch valeX, whose lookup module must be \
+flow ('vale-ctl lookup valeX flow [--rules FILE]').\n\n\
+A rule is\n\n  \
+[prio=N] [FIELD=VALUE|SHORTHAND],... actions=ACTION\n\n\
+with fields and shorthands separated by commas or spaces, in any order:\n  \
+prio=N             0-65535, higher wins (default 32768); equal priorities:\n                     \
+the rule added first wins. Also priority=N\n  \
+in_port=PORT       frames from port valeX:Y\n  \
+dl_src=MAC[/MASK]  source MAC (xx:xx:xx:xx:xx:xx), masked if MASK given\n  \
+dl_dst=MAC[/MASK]  destination MAC\n  \
+dl_type=N          EtherType (after an 802.1Q tag), 0x0800 or 2048\n  \
+dl_vlan=VID|none   the 802.1Q tag's VLAN (0-4095), or no tag\n  \
+nw_src=A.B.C.D[/LEN], nw_dst=...   IPv4 addresses, prefixes (needs ip)\n  \
+ipv6_src=ADDR[/LEN], ipv6_dst=...  IPv6 addresses, prefixes (needs ipv6)\n  \
+nw_proto=N         IP protocol, 0-255 (needs ip or ipv6)\n  \
+tp_src=N[/MASK], tp_dst=N[/MASK]   TCP/UDP ports (need tcp or udp)\n  \
+ip, ipv6, arp      dl_type=0x0800, 0x86dd, 0x0806\n  \
+icmp, tcp, udp     ip with nw_proto=1, 6, 17\n  \
+icmp6, tcp6, udp6  ipv6 with nw_proto=58, 6, 17\n\n\
+ACTION is one of: output:PORT (to port valeX:Y of this switch; a port not there now\n\
+drops the frames and counts them as no_port), drop, flood (every other port),\n\
+normal (the learning bridge decides). A frame matching no rule gets the table's\n\
+default (normal unless set with --arg default=...).\n\n\
+add RULE...        adds rules (each argument one rule, --rules FILE one a line): all or\n                     \
+none; a bad rule is refused with its line and what is wrong, and the\n                     \
+table stays as it was. Prints the rules added with their ids.\n\
+del ID|MATCH       deletes rule ID (7 or id=7), or every rule whose match is exactly\n                     \
+MATCH (with prio=N: and whose priority is N). Prints what went.\n\
+dump               every rule in the order they are tried, with its id and hit counter.\n\n\
+add and del need an administrator, as choosing the module does; dump is open to anyone\n\
+who may connect. Changes take effect at once, under traffic: each batch of frames is\n\
+decided by the table before the change or by the table after, never by both, and the\n\
+hit counters of the rules that stay go on counting.",
+        after_help = "EXAMPLES:\n  \
+vale-ctl lookup vale0 flow --rules rules.txt\n  \
+vale-ctl flow vale0 add 'prio=10 tcp,nw_dst=10.0.0.0/8,tp_dst=22 actions=drop'\n  \
+vale-ctl flow vale0 add 'in_port=vale0:a actions=output:vale0:b' 'actions=drop'\n  \
+vale-ctl flow vale0 add --rules more.txt\n  \
+vale-ctl flow vale0 del 7\n  \
+vale-ctl flow vale0 del 'prio=10 tcp,nw_dst=10.0.0.0/8,tp_dst=22'\n  \
+vale-ctl flow vale0 dump --json"
+    )]
+    Flow {
+        /// The switch, valeX
+        #[arg(value_name = "SWITCH", value_parser = switch_name)]
+        switch: String,
+        #[command(subcommand)]
+        op: FlowOp,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum FlowOp {
+    /// Add rules (all or none)
+    Add {
+        /// Rules, one an argument
+        #[arg(value_name = "RULE", required_unless_present = "rules")]
+        rule: Vec<String>,
+        /// A file of rules, one a line (blank lines and lines starting with # skipped)
+        #[arg(long, value_name = "FILE")]
+        rules: Option<PathBuf>,
+    },
+    /// Delete rules: one by id, or all with exactly a match
+    Del {
+        /// A rule id (7, id=7) or a match ([prio=N] FIELD=VALUE,...)
+        #[arg(value_name = "ID|MATCH")]
+        selector: String,
+    },
+    /// Every rule with its hit counter
+    Dump,
 }
 
 /// A switch (`valeX`).
@@ -421,14 +507,51 @@ fn run(cli: &Cli) -> Result<(), Failure> {
             access,
             trunk,
             default,
-        } => Some(lookup_request(
-            switch,
-            module.as_deref(),
-            args,
-            access,
-            trunk,
-            default.as_deref(),
-        )?),
+            rules,
+        } => {
+            if rules.is_some() && module.as_deref() != Some("flow") {
+                return Err(Failure::Usage(
+                    "--rules configures the flow module only".into(),
+                ));
+            }
+            let mut req = lookup_request(
+                switch,
+                module.as_deref(),
+                args,
+                access,
+                trunk,
+                default.as_deref(),
+            )?;
+            if let (Some(path), Request::SetLookup { args, .. }) = (rules, &mut req) {
+                args.push(ModuleArg {
+                    key: "rules".into(),
+                    value: read_rules(path)?,
+                });
+            }
+            Some(req)
+        }
+        Command::Flow { switch, op } => Some(match op {
+            FlowOp::Add { rule, rules } => {
+                let mut text = rule.join("\n");
+                if let Some(path) = rules {
+                    if !text.is_empty() {
+                        text.push('\n');
+                    }
+                    text += &read_rules(path)?;
+                }
+                Request::FlowAdd {
+                    switch: switch.clone(),
+                    rules: text,
+                }
+            }
+            FlowOp::Del { selector } => Request::FlowDel {
+                switch: switch.clone(),
+                selector: selector.clone(),
+            },
+            FlowOp::Dump => Request::FlowDump {
+                switch: switch.clone(),
+            },
+        }),
         _ => None,
     };
     let sock = connect(&run_dir)?;
@@ -500,15 +623,39 @@ fn run(cli: &Cli) -> Result<(), Failure> {
         Command::Destroy { name } => {
             done(cli, ask(&sock, &Request::Destroy { name: name.clone() })?)
         }
-        Command::Lookup { .. } => {
+        Command::Lookup { rules, .. } => {
             let req = lookup_req.expect("made above");
-            match ask(&sock, &req)? {
+            match ask(&sock, &req).map_err(|e| in_file(e, rules.as_ref()))? {
                 Reply::Lookup { lookup } if cli.json => {
                     let text =
                         serde_json::to_string_pretty(&lookup).context("cannot format JSON")?;
                     output(&format!("{text}\n"))
                 }
                 Reply::Lookup { lookup } => output(&render_lookup(&lookup)),
+                other => Err(unexpected(&other)),
+            }
+        }
+        Command::Flow { op, .. } => {
+            let req = lookup_req.expect("made above");
+            // A bad rule's line is the file's line when the rules came from a file alone.
+            let file = match (op, &cli.command) {
+                (
+                    FlowOp::Add {
+                        rule,
+                        rules: Some(p),
+                    },
+                    _,
+                ) if rule.is_empty() => Some(p),
+                _ => None,
+            };
+            let reply = ask(&sock, &req).map_err(|e| in_file(e, file))?;
+            match reply {
+                Reply::Flows { flows } if cli.json => {
+                    let text =
+                        serde_json::to_string_pretty(&flows).context("cannot format JSON")?;
+                    output(&format!("{text}\n"))
+                }
+                Reply::Flows { flows } => output(&render_flows(&flows, op)),
                 other => Err(unexpected(&other)),
             }
         }
@@ -525,6 +672,61 @@ fn run(cli: &Cli) -> Result<(), Failure> {
             done(cli, ask(&sock, &req)?)
         }
     }
+}
+
+/// The text of rules file `path`: vale-ctl reads it (valed opens no path a client names).
+fn read_rules(path: &Path) -> Result<String, Failure> {
+    std::fs::read_to_string(path)
+        .map_err(|e| Failure::Refused(format!("cannot read rules file {}: {e}", path.display())))
+}
+
+/// A refusal naming a rule's line, said to be a line of `file`.
+fn in_file(e: Failure, file: Option<&PathBuf>) -> Failure {
+    match (e, file) {
+        (Failure::Refused(m), Some(f)) if m.starts_with("bad rule at line") => {
+            Failure::Refused(format!("{}: {m}", f.display()))
+        }
+        (e, _) => e,
+    }
+}
+
+/// `vale-ctl flow` as text: the rules, each with its id and hits.
+fn render_flows(t: &FlowTable, op: &FlowOp) -> String {
+    let mut s = match op {
+        FlowOp::Dump => format!(
+            "{}  flow  rules {}  default {}  missed {}\n",
+            t.switch,
+            t.rules.len(),
+            t.default,
+            t.missed
+        ),
+        FlowOp::Add { .. } => format!("{}  added {}\n", t.switch, t.rules.len()),
+        FlowOp::Del { .. } => format!("{}  deleted {}\n", t.switch, t.rules.len()),
+    };
+    let wi = t
+        .rules
+        .iter()
+        .map(|r| r.id.to_string().len())
+        .max()
+        .unwrap_or(0);
+    let wh = t
+        .rules
+        .iter()
+        .map(|r| r.hits.to_string().len())
+        .max()
+        .unwrap_or(0);
+    for r in &t.rules {
+        let m = if r.matches.is_empty() {
+            String::new()
+        } else {
+            format!("{} ", r.matches)
+        };
+        s += &format!(
+            "  id={:<wi$}  hits={:<wh$}  prio={} {m}actions={}\n",
+            r.id, r.hits, r.priority, r.actions
+        );
+    }
+    s
 }
 
 fn connect(run_dir: &Path) -> Result<UnixStream, Failure> {
@@ -875,6 +1077,7 @@ mod tests {
             access,
             trunk,
             default,
+            ..
         } = cli.command
         else {
             panic!("not lookup")
@@ -915,6 +1118,11 @@ mod tests {
             "{module}"
         );
         assert!(Cli::try_parse_from(["vale-ctl", "lookup", "vale0", "--arg", "a=b"]).is_err());
+        assert!(Cli::try_parse_from(["vale-ctl", "lookup", "vale0", "--rules", "r"]).is_err());
+        assert!(Cli::try_parse_from(["vale-ctl", "flow", "vale0", "add"]).is_err());
+        assert!(Cli::try_parse_from(["vale-ctl", "flow", "vale0", "add", "--rules", "r"]).is_ok());
+        assert!(Cli::try_parse_from(["vale-ctl", "flow", "vale0", "del"]).is_err());
+        assert!(Cli::try_parse_from(["vale-ctl", "flow", "vale0:a", "dump"]).is_err());
         assert!(Cli::try_parse_from(["vale-ctl", "lookup", "vale0", "x", "--arg", "ab"]).is_err());
         assert!(matches!(
             lookup_request("vale0", Some("hub"), &[], &["a=1".into()], &[], None),

@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use vale_abi::control::{LookupInfo, ModuleArg, ModuleCounter, PortInfo, SwitchInfo};
+use vale_abi::control::{
+    FlowRule, FlowTable, LookupInfo, ModuleArg, ModuleCounter, PortInfo, SwitchInfo,
+};
 use vale_abi::name::{parse_port, parse_switch};
 use vale_abi::region::{Layout, PortParams};
 
@@ -498,10 +500,58 @@ impl Engine {
             .iter()
             .map(|a| (a.key.clone(), a.value.clone()))
             .collect();
-        let new = Installed::make(module, args)?;
+        let mut new = Installed::make(module, args)?;
+        if let Some(flow) = as_flow(&new) {
+            on_switch(switch, &flow.port_names())?;
+            // The rules live in the table now (`vale-ctl flow dump`): keep a line, not the text.
+            let n = flow.len();
+            for (_, v) in new.args.iter_mut().filter(|(k, _)| k == "rules") {
+                *v = format!("({n} rules at load; see vale-ctl flow dump)");
+            }
+        }
         tracing::info!(switch, module, args = ?new.args, "lookup module set");
         sw.set_lookup(new);
         Ok(lookup_info(sw))
+    }
+
+    /// Adds the rules of `text` (one a line) to the flow table of switch `switch`: all or
+    /// none. An administrator's, as choosing the module is.
+    pub fn flow_add(&self, switch: &str, text: &str, caller: &Caller) -> Result<FlowTable, String> {
+        let sws = self.lock();
+        let sw = flow_switch(&sws, switch)?;
+        caller.must_be_admin(&format!("changing the flow rules of switch '{switch}'"))?;
+        let m = sw.lookup();
+        let flow = as_flow(&m).ok_or_else(|| not_flow(switch, &m))?;
+        let rules = flow.add(text, |names| on_switch(switch, names))?;
+        tracing::info!(switch, rules = rules.len(), "flow rules added");
+        Ok(flow_table(switch, flow, rules))
+    }
+
+    /// Deletes the rules `selector` names (an id, or a match) from switch `switch`'s table.
+    pub fn flow_del(
+        &self,
+        switch: &str,
+        selector: &str,
+        caller: &Caller,
+    ) -> Result<FlowTable, String> {
+        let sws = self.lock();
+        let sw = flow_switch(&sws, switch)?;
+        caller.must_be_admin(&format!("changing the flow rules of switch '{switch}'"))?;
+        let m = sw.lookup();
+        let flow = as_flow(&m).ok_or_else(|| not_flow(switch, &m))?;
+        let rules = flow.del(selector)?;
+        tracing::info!(switch, rules = rules.len(), "flow rules deleted");
+        Ok(flow_table(switch, flow, rules))
+    }
+
+    /// Every rule of switch `switch`'s flow table, with hit counters. Open to anyone, as
+    /// `lookup_info` is.
+    pub fn flow_dump(&self, switch: &str) -> Result<FlowTable, String> {
+        let sws = self.lock();
+        let sw = flow_switch(&sws, switch)?;
+        let m = sw.lookup();
+        let flow = as_flow(&m).ok_or_else(|| not_flow(switch, &m))?;
+        Ok(flow.dump(switch))
     }
 
     /// The lookup module of switch `switch`.
@@ -589,6 +639,44 @@ fn in_use(name: &str, a: &Attachment) -> String {
     match &a.host {
         Some(h) => format!("port '{name}' is a {} port of device {}", h.kind, h.device),
         None => format!("port '{name}' is in use by pid {}", a.owner_pid),
+    }
+}
+
+/// The module as the `flow` module, if it is one.
+fn as_flow(m: &Installed) -> Option<&lookup::flow::Flow> {
+    m.as_any()?.downcast_ref::<lookup::flow::Flow>()
+}
+
+fn flow_switch<'a>(sws: &'a Switches, switch: &str) -> Result<&'a Switch, String> {
+    parse_switch(switch)?;
+    sws.get(switch)
+        .map(|s| &**s)
+        .ok_or_else(|| format!("no such switch '{switch}'"))
+}
+
+fn not_flow(switch: &str, m: &Installed) -> String {
+    format!(
+        "switch '{switch}' does not use the flow module (it uses '{}'): choose it first with \
+         'vale-ctl lookup {switch} flow'",
+        m.name()
+    )
+}
+
+/// Refuses a rule set naming a port of another switch: it could never match or be sent to.
+fn on_switch(switch: &str, names: &[String]) -> Result<(), String> {
+    for n in names {
+        if parse_port(n)?.0 != switch {
+            return Err(format!("port '{n}' is not on switch '{switch}'"));
+        }
+    }
+    Ok(())
+}
+
+/// `rules` of switch `switch`'s flow table, with the table's default and misses.
+fn flow_table(switch: &str, flow: &lookup::flow::Flow, rules: Vec<FlowRule>) -> FlowTable {
+    FlowTable {
+        rules,
+        ..flow.summary(switch)
     }
 }
 

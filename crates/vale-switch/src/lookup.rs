@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use crate::port::PortIndex;
 use crate::switch::MAX_PORTS;
 
+pub mod flow;
 pub mod shared;
 pub mod vlan;
 
@@ -172,6 +173,11 @@ pub trait Lookup: Send + Sync {
     fn egress(&self, _port: PortIndex, _vid: u16) -> Egress {
         Egress::Untagged
     }
+    /// The module as its own type, for control requests only one module understands (the
+    /// `flow` module's rule changes). None: the module takes no such requests.
+    fn as_any(&self) -> Option<&dyn std::any::Any> {
+        None
+    }
 }
 
 /// Makes a built-in module from its configuration.
@@ -182,6 +188,7 @@ pub const MODULES: &[(&str, Make)] = &[
     ("learning", LearningBridge::make),
     ("hub", Hub::make),
     ("vlan", vlan::Vlan::make),
+    ("flow", flow::Flow::make),
 ];
 
 /// Makes a lookup module: a built-in one by name, or, for a `spec` holding a `/`, the shared

@@ -79,6 +79,8 @@ fn only_owners_and_administrators_change_a_port() {
         &["set", "vale0", "batch", "8"],
         &["attach", "vale1:t", "--tap", "valeacc0"],
         &["attach", "vale1:n", "--iface", "lo"],
+        &["flow", "vale0", "add", "actions=drop"],
+        &["flow", "vale0", "del", "1"],
     ] {
         refused(&ctl_as_nobody(&v, args), &format!("{args:?}"), admin);
     }
@@ -88,6 +90,21 @@ fn only_owners_and_administrators_change_a_port() {
     );
     assert!(v.port("vale1:t").is_none() && v.port("vale1:n").is_none());
     assert_eq!(v.list()[0].lookup, "learning");
+    // A flow table's rules are anyone's to read, as the module is; not to change.
+    v.ctl_ok(&["lookup", "vale0", "flow"]);
+    v.ctl_ok(&["flow", "vale0", "add", "arp actions=flood"]);
+    let out = ctl_as_nobody(&v, &["flow", "vale0", "dump"]);
+    assert_exit(&out, "flow dump", 0, "");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("arp actions=flood"));
+    refused(
+        &ctl_as_nobody(&v, &["flow", "vale0", "del", "arp"]),
+        "flow del",
+        admin,
+    );
+    assert!(v
+        .ctl_ok(&["flow", "vale0", "dump"])
+        .contains("arp actions=flood"));
+    v.ctl_ok(&["lookup", "vale0", "learning"]);
     assert_eq!(v.port("vale0:r").expect("still there").moderation_us, 0);
 
     // What is nobody's own is nobody's to change; root may change it too.

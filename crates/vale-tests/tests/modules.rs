@@ -559,3 +559,260 @@ fn a_swap_under_a_counted_stream_loses_and_duplicates_nothing() {
     );
     drop(rx);
 }
+
+/// An Ethernet + IPv4 + UDP frame of 60 bytes from MAC_D to broadcast, `seq` in its payload.
+fn udp_frame(src: [u8; 4], dst: [u8; 4], dport: u16, seq: u8) -> Vec<u8> {
+    let mut f = test_frame(60, MAC_D, BROADCAST, seq as u64);
+    f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    let ip = &mut f[14..34];
+    ip.copy_from_slice(&[
+        0x45, 0, 0, 46, 0, 0, 0, 0, 64, 17, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ]);
+    ip[12..16].copy_from_slice(&src);
+    ip[16..20].copy_from_slice(&dst);
+    f[34..36].copy_from_slice(&1000u16.to_be_bytes());
+    f[36..38].copy_from_slice(&dport.to_be_bytes());
+    f[42] = seq;
+    f
+}
+
+fn flows(v: &Valed, sw: &str) -> vale_abi::control::FlowTable {
+    serde_json::from_str(&v.ctl_ok(&["flow", sw, "dump", "--json"])).expect("dump --json parses")
+}
+
+fn hits(t: &vale_abi::control::FlowTable, id: u64) -> u64 {
+    t.rules
+        .iter()
+        .find(|r| r.id == id)
+        .unwrap_or_else(|| panic!("no rule {id} in {t:?}"))
+        .hits
+}
+
+#[test]
+fn flow_rules_from_a_file_send_each_frame_where_they_say() {
+    let v = Valed::start();
+    let dir = TempDir::new("flow");
+    let a = v.open("vale0:a");
+    let b = v.open("vale0:b");
+    let c = v.open("vale0:c");
+    let rules = dir.0.join("rules.txt");
+    std::fs::write(
+        &rules,
+        "# the table of this test\n\
+         prio=100 in_port=vale0:c actions=drop\n\
+         prio=50 ip,nw_dst=10.0.0.2,udp,tp_dst=4321 actions=output:vale0:b\n\
+         \n\
+         prio=40 udp,nw_dst=10.0.0.0/8 actions=output:vale0:c\n\
+         prio=30 udp actions=flood\n\
+         prio=35 udp,tp_dst=7 actions=output:vale0:later\n\
+         prio=10 dl_type=0x88b5 actions=drop\n",
+    )
+    .unwrap();
+    let out = v.ctl_ok(&[
+        "lookup",
+        "vale0",
+        "flow",
+        "--rules",
+        rules.to_str().unwrap(),
+    ]);
+    assert!(out.starts_with("vale0  lookup flow  (built-in)\n"), "{out}");
+    assert!(out.contains("  arg rules=(6 rules at load"), "{out}");
+    let all = [&a, &b, &c];
+    let none: Vec<Vec<u8>> = Vec::new();
+    let to_b = udp_frame([10, 0, 0, 1], [10, 0, 0, 2], 4321, 1);
+    assert_eq!(
+        deliver(&a, &to_b, &all),
+        vec![none.clone(), vec![to_b.clone()], none.clone()]
+    );
+    let to_c = udp_frame([10, 0, 0, 1], [10, 9, 9, 9], 4321, 2);
+    assert_eq!(
+        deliver(&a, &to_c, &all),
+        vec![none.clone(), none.clone(), vec![to_c.clone()]]
+    );
+    let flood = udp_frame([10, 0, 0, 1], [192, 168, 0, 1], 53, 3);
+    assert_eq!(
+        deliver(&a, &flood, &all),
+        vec![none.clone(), vec![flood.clone()], vec![flood.clone()]]
+    );
+    // From c, everything is dropped.
+    assert_eq!(
+        deliver(&c, &to_b, &all),
+        vec![none.clone(), none.clone(), none.clone()]
+    );
+    // Neither IP nor the dropped type: no rule, the bridge floods.
+    let other = test_frame(60, MAC_D, BROADCAST, 4);
+    let mut other2 = other.clone();
+    other2[12..14].copy_from_slice(&0x88b6u16.to_be_bytes());
+    assert_eq!(
+        deliver(&a, &other, &all),
+        vec![none.clone(), none.clone(), none.clone()]
+    );
+    assert_eq!(
+        deliver(&a, &other2, &all),
+        vec![none.clone(), vec![other2.clone()], vec![other2.clone()]]
+    );
+    // A port the rules name before it exists: counted drops, then delivery once it comes.
+    let seven = udp_frame([1, 1, 1, 1], [2, 2, 2, 2], 7, 5);
+    assert_eq!(
+        deliver(&a, &seven, &all),
+        vec![none.clone(), none.clone(), none.clone()]
+    );
+    assert_eq!(counter(&lookup_info(&v, "vale0"), "no_port"), 1);
+    let later = v.open("vale0:later");
+    assert_eq!(
+        deliver(&a, &seven, &[&later, &b]),
+        vec![vec![seven.clone()], none.clone()]
+    );
+
+    let t = flows(&v, "vale0");
+    assert_eq!(t.default, "normal");
+    assert_eq!(t.missed, 1, "{t:?}");
+    let got: Vec<(u64, u64)> = t.rules.iter().map(|r| (r.id, r.hits)).collect();
+    assert_eq!(got, vec![(1, 1), (2, 1), (3, 1), (5, 2), (4, 1), (6, 1)]);
+    assert_eq!(t.rules[1].matches, "udp,nw_dst=10.0.0.2/32,tp_dst=4321");
+
+    // A bad rule anywhere refuses the file, naming the line; the table stays.
+    let bad = dir.0.join("bad.txt");
+    std::fs::write(
+        &bad,
+        "udp actions=drop\n\nudp,nw_dst=10.0.0.0/40 actions=drop\n",
+    )
+    .unwrap();
+    v.ctl_fails(
+        &["flow", "vale0", "add", "--rules", bad.to_str().unwrap()],
+        1,
+        "bad.txt: bad rule at line 3, 'udp,nw_dst=10.0.0.0/40 actions=drop': 'nw_dst=10.0.0.0/40': '/40' is not a prefix length (0 to 32)",
+    );
+    v.ctl_fails(
+        &["lookup", "vale0", "flow", "--rules", bad.to_str().unwrap()],
+        1,
+        "bad.txt: bad rule at line 3",
+    );
+    v.ctl_fails(
+        &["flow", "vale0", "add", "udp actions=output:vale1:x"],
+        1,
+        "port 'vale1:x' is not on switch 'vale0'",
+    );
+    v.ctl_fails(
+        &[
+            "lookup",
+            "vale0",
+            "flow",
+            "--arg",
+            "rules=actions=output:vale1:x",
+        ],
+        1,
+        "port 'vale1:x' is not on switch 'vale0'",
+    );
+    assert_eq!(flows(&v, "vale0").rules.len(), 6);
+    assert_eq!(lookup_info(&v, "vale0").module, "flow");
+    // Changes take effect at once; counters of the rules that stay go on.
+    v.ctl_ok(&[
+        "flow",
+        "vale0",
+        "add",
+        "prio=60 udp,tp_dst=4321 actions=output:vale0:c",
+    ]);
+    assert_eq!(
+        deliver(&a, &to_b, &all),
+        vec![none.clone(), none.clone(), vec![to_b.clone()]]
+    );
+    let out = v.ctl_ok(&["flow", "vale0", "del", "prio=60 udp,tp_dst=4321"]);
+    assert!(out.contains("deleted 1\n  id=7"), "{out}");
+    assert_eq!(
+        deliver(&a, &to_b, &all),
+        vec![none.clone(), vec![to_b.clone()], none.clone()]
+    );
+    assert_eq!(hits(&flows(&v, "vale0"), 2), 2);
+    v.ctl_ok(&["flow", "vale0", "del", "2"]);
+    v.ctl_fails(&["flow", "vale0", "del", "2"], 1, "no rule with id 2");
+    assert_eq!(
+        deliver(&a, &to_b, &all),
+        vec![none.clone(), none.clone(), vec![to_b.clone()]]
+    );
+    // Not a flow switch: said so.
+    v.ctl_ok(&["lookup", "vale0", "learning"]);
+    v.ctl_fails(
+        &["flow", "vale0", "dump"],
+        1,
+        "switch 'vale0' does not use the flow module",
+    );
+    v.ctl_fails(&["flow", "vale9", "dump"], 1, "no such switch 'vale9'");
+}
+
+#[test]
+fn flow_changes_under_a_counted_stream_lose_and_duplicate_nothing() {
+    let _s = serial();
+    let v = Valed::start_with(&["--workers", "2"]);
+    v.ctl_ok(&["create", "vale0:a"]);
+    v.ctl_ok(&["create", "vale0:b"]);
+    v.ctl_ok(&[
+        "lookup",
+        "vale0",
+        "flow",
+        "--arg",
+        "rules=prio=1 actions=output:vale0:b",
+    ]);
+    let rx = v.spawn_client(
+        v.pktgen(&["-i", "vale0:b", "-f", "rx", "-T", "120", "--slots", "4096"]),
+        "vale-pktgen rx",
+        "vale0:b",
+    );
+    let count = 300_000u64;
+    let n = count.to_string();
+    let changes = AtomicU32::new(0);
+    let done = AtomicBool::new(false);
+    // Every rule that comes and goes sends the stream (udp 10.0.0.1 -> 10.0.0.2, port 4321)
+    // to b, or does not match it: whatever table a batch meets, each frame goes to b once.
+    let steps: [&[&str]; 6] = [
+        &["add", "prio=10 udp,tp_dst=4321 actions=output:vale0:b"],
+        &["add", "prio=20 tcp actions=drop"],
+        &["add", "prio=30 ip,nw_dst=10.0.0.0/8 actions=output:vale0:b"],
+        &["del", "prio=10 udp,tp_dst=4321"],
+        &["del", "tcp"],
+        &["del", "ip,nw_dst=10.0.0.0/8"],
+    ];
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut k = 0;
+            while !done.load(Ordering::Relaxed) {
+                let mut args = vec!["flow", "vale0"];
+                args.extend_from_slice(steps[k % steps.len()]);
+                v.ctl_ok(&args);
+                changes.fetch_add(1, Ordering::Relaxed);
+                k += 1;
+            }
+        });
+        let tx = v.pktgen(&["-i", "vale0:a", "-f", "tx", "-n", &n, "-R", "100000", "-q"]);
+        let out = Kid::spawn(tx, "vale-pktgen tx").finish(Duration::from_secs(60));
+        done.store(true, Ordering::Relaxed);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    let changes = changes.load(Ordering::Relaxed);
+    assert!(changes >= 6, "only {changes} changes during the stream");
+    assert!(
+        wait_until(T, || {
+            let b = v.counters("vale0:b");
+            b.rx_packets + b.rx_drops >= count
+        }),
+        "{:?}",
+        v.counters("vale0:b")
+    );
+    let (a, b) = (v.counters("vale0:a"), v.counters("vale0:b"));
+    assert_eq!(a.tx_packets, count, "{a:?}");
+    assert_eq!(a.tx_drops, 0, "frames lost by the lookup: {a:?}");
+    assert_eq!(
+        b.rx_packets + b.rx_drops,
+        count,
+        "lost or duplicated: {b:?}"
+    );
+    // Every frame was counted by exactly one rule (those deleted took theirs along).
+    let t = flows(&v, "vale0");
+    assert_eq!(t.missed, 0);
+    assert!(hits(&t, 1) <= count);
+    drop(rx);
+}

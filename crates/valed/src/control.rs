@@ -1,9 +1,10 @@
 //! The control socket, served by one thread over epoll with bounded resources.
 //!
 //! No thread per connection and no blocking call on a client's socket: a connection is a
-//! small state machine. valed reads at most one request of at most `MAX_REQUEST` bytes at a
-//! time, answers it, and reads the next only once the answer has gone, so a connection holds
-//! at most one unfinished request and one unsent reply. A user that is not an administrator has
+//! small state machine. valed reads at most one request of at most `MAX_REQUEST` bytes
+//! (`MAX_ADMIN_REQUEST` for an administrator) at a time, answers it, and reads the next only
+//! once the answer has gone, so a connection holds at most one unfinished request and one
+//! unsent reply. A user that is not an administrator has
 //! a bounded number of connections; root and the administrators always get through, even when
 //! valed is out of descriptors (one is kept spare to accept them).
 //!
@@ -17,7 +18,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 
-use vale_abi::control::{self, Reply, Request, MAX_REQUEST};
+use vale_abi::control::{self, Reply, Request, MAX_ADMIN_REQUEST, MAX_REQUEST};
 use vale_abi::region::VALE_ABI_VERSION;
 use vale_switch::port::Port;
 use vale_switch::{epoll, Caller, Engine};
@@ -317,12 +318,18 @@ impl Conn {
                 4 - self.input.len()
             } else {
                 let len = u32::from_le_bytes(self.input[..4].try_into().expect("4 bytes")) as usize;
-                if len > MAX_REQUEST {
+                // Rules of a flow table are large, and only administrators send them.
+                let limit = if self.caller.admin {
+                    MAX_ADMIN_REQUEST
+                } else {
+                    MAX_REQUEST
+                };
+                if len > limit {
                     self.closing = true;
                     self.output = Some(Outgoing::new(
                         &Reply::Error {
                             message: format!(
-                                "control request too large: {len} bytes, the limit is {MAX_REQUEST}"
+                                "control request too large: {len} bytes, the limit is {limit}"
                             ),
                         },
                         None,
@@ -402,6 +409,13 @@ fn refuse(stream: &UnixStream, message: String) {
     }
 }
 
+fn flows(r: Result<vale_abi::control::FlowTable, String>) -> Reply {
+    match r {
+        Ok(flows) => Reply::Flows { flows },
+        Err(message) => Reply::Error { message },
+    }
+}
+
 /// Carries out one request for `caller`; the reply, and the port whose descriptors go with it.
 fn handle(engine: &Engine, caller: &Caller, req: Request) -> (Reply, Option<Arc<Port>>) {
     let done = |r: Result<(), String>| match r {
@@ -454,6 +468,9 @@ fn handle(engine: &Engine, caller: &Caller, req: Request) -> (Reply, Option<Arc<
             Ok(lookup) => Reply::Lookup { lookup },
             Err(message) => Reply::Error { message },
         },
+        Request::FlowAdd { switch, rules } => flows(engine.flow_add(&switch, &rules, caller)),
+        Request::FlowDel { switch, selector } => flows(engine.flow_del(&switch, &selector, caller)),
+        Request::FlowDump { switch } => flows(engine.flow_dump(&switch)),
     };
     (reply, None)
 }
