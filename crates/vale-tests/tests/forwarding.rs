@@ -660,7 +660,7 @@ fn unknown_lookup_module_is_refused() {
     v.ctl_fails(
         &["set", "vale0", "lookup", "nosuch"],
         1,
-        "no lookup module 'nosuch' (known: learning, hub, vlan; or the path of a shared object)",
+        "no lookup module 'nosuch' (known: learning, hub, vlan, flow; or the path of a shared object)",
     );
     assert_eq!(v.list()[0].lookup, "learning", "the module changed anyway");
     v.ctl_fails(
