@@ -4,7 +4,7 @@
 /// Offsets inside a frame.
 pub const ETH_HLEN: usize = 14;
 const IP_OFS: usize = ETH_HLEN;
-const UDP_OFS: usize = IP_OFS + 20;
+pub const UDP_OFS: usize = IP_OFS + 20;
 pub const PAYLOAD_OFS: usize = UDP_OFS + 8;
 /// "vp", then a u32 sequence number, then a u64 send time (ns): all inside a 60-byte frame.
 pub const MAGIC: [u8; 2] = *b"vp";

@@ -66,6 +66,11 @@ struct Args {
     /// Send at most this many frames per second (tx, ping); 0 = no limit
     #[arg(short = 'R', long = "rate", default_value_t = 0, value_name = "PPS")]
     rate: u64,
+    /// Spread frames over this many UDP flows (tx): UDP source ports 1024, 1025, ... in turn,
+    /// one frame each (1-65536)
+    #[arg(long, default_value_t = 1, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=65536))]
+    flows: u32,
     /// Stop after this many frames (sent for tx and ping, received for rx and pong); 0 = no limit
     #[arg(short = 'n', long = "count", default_value_t = 0)]
     count: u64,
@@ -298,8 +303,15 @@ fn tx(
             }
         }
         let mut cur = ring.cur();
-        for _ in 0..want {
+        for k in 0..want {
+            let first = ring.slot(cur).buf_idx;
             cur = put_frame(&ring, cur, frame, prefilled);
+            if args.flows > 1 {
+                // The frame's flow: its UDP source port (the UDP checksum is 0: none).
+                let sport = 1024 + ((meter.packets + k) % args.flows as u64) as u16;
+                let at = frame::UDP_OFS;
+                ring.buf(first)[at..at + 2].copy_from_slice(&sport.to_be_bytes());
+            }
         }
         ring.set_cur(cur);
         ring.set_head(cur);

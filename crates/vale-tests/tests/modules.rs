@@ -817,3 +817,59 @@ fn flow_changes_under_a_counted_stream_lose_and_duplicate_nothing() {
     assert!(hits(&t, 1) <= count);
     drop(rx);
 }
+
+/// `vale-pktgen --flows N` spreads its frames over N UDP flows (source ports 1024 on), one
+/// frame each in turn: a flow table on the source port splits the stream exactly.
+#[test]
+fn pktgen_flows_split_by_a_flow_table() {
+    let _s = serial();
+    let v = Valed::start();
+    for p in ["vale0:a", "vale0:b", "vale0:c"] {
+        v.ctl_ok(&["create", p]);
+    }
+    v.ctl_ok(&["lookup", "vale0", "flow", "--arg", "default=drop"]);
+    v.ctl_ok(&[
+        "flow",
+        "vale0",
+        "add",
+        "udp,tp_src=1024 actions=output:vale0:b",
+    ]);
+    v.ctl_ok(&[
+        "flow",
+        "vale0",
+        "add",
+        "udp,tp_src=1025 actions=output:vale0:c",
+    ]);
+    let rx: Vec<_> = ["vale0:b", "vale0:c"]
+        .iter()
+        .map(|p| {
+            v.spawn_client(
+                v.pktgen(&["-i", p, "-f", "rx", "-T", "60"]),
+                "vale-pktgen rx",
+                p,
+            )
+        })
+        .collect();
+    let tx = v.pktgen(&[
+        "-i", "vale0:a", "-f", "tx", "-n", "3000", "--flows", "3", "-q",
+    ]);
+    let out = Kid::spawn(tx, "vale-pktgen tx").finish(Duration::from_secs(60));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Flows 1024 and 1025 each take a third; 1026 matches no rule (default: drop).
+    assert!(
+        wait_until(T, || {
+            let (b, c) = (v.counters("vale0:b"), v.counters("vale0:c"));
+            b.rx_packets + b.rx_drops == 1000 && c.rx_packets + c.rx_drops == 1000
+        }),
+        "b {:?} c {:?}",
+        v.counters("vale0:b"),
+        v.counters("vale0:c")
+    );
+    let a = v.counters("vale0:a");
+    assert_eq!((a.tx_packets, a.tx_drops), (3000, 1000), "{a:?}");
+    drop(rx);
+}
