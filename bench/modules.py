@@ -14,12 +14,14 @@ over addresses the stream never uses, above the stream's own rule (udp 10.0.0.1 
 port 4321, output:vale0:b), so a frame of the stream would visit every mask. vale-pktgen
 sends one flow, so the flow module decides it once a batch run (a repeat of the previous
 frame's key) and the rate shows the per-frame parse; the cost of a search that misses every
-cache is measured by the module-call benchmark below, with 65536 distinct flows.
+cache is measured by the module-call benchmark below, with 65536 distinct flows, and by the
+rates with `--flows 65536` (vale-pktgen --flows: the stream's UDP source port takes 65536
+values in turn, so the stream's rule still matches every frame but no cache does).
 
 The module-call cost (ns a frame, the module alone, batches of 512 from memory) comes from
 `cargo test --release -p vale-switch --lib lookup_cost -- --ignored` (--no-cost: skip it).
 
-    cargo build --release && bench/modules.py [--runs 3] [--seconds 2]
+    cargo build --release && bench/modules.py [--runs 3] [--seconds 2] [--flows 65536]
 """
 import json
 import os
@@ -77,6 +79,7 @@ def module_cost():
 def main():
     ap = common.parser(__doc__, "modules", runs=3, seconds=2.0, peers=False)
     ap.add_argument("--no-cost", action="store_true", help="skip the module-call measurement (cargo test)")
+    ap.add_argument("--flows", type=int, default=1, help="UDP flows of the stream (vale-pktgen --flows; default 1)")
     a = common.parse(ap)
     tmp = tempfile.mkdtemp(prefix="vale-modules-")
     common.on_exit(lambda: common.shutil.rmtree(tmp, ignore_errors=True))
@@ -103,7 +106,7 @@ def main():
     for r in range(a.runs):
         for name, args in modules:
             v.ctl("lookup", "vale0", *args)
-            x = v.run(60, a.seconds)
+            x = v.run(60, a.seconds, tx_args=("--flows", a.flows))
             runs[name].append(x)
             counters[name] = json.loads(v.ctl("lookup", "vale0", "--json"))["counters"]
             print(f"run {r + 1}/{a.runs} {name}: {common.rx_pps(x) / 1e6:.2f} Mpps", flush=True)
@@ -124,7 +127,7 @@ def main():
             "module_counters": counters.get(name, []),
             "ns_per_frame": {c["traffic"]: c["ns_per_frame"] for c in cost if c["module"] == name},
         })
-    print(f"modules, 60 B, {a.runs} runs of {a.seconds} s, layout {a.layout}")
+    print(f"modules, 60 B, {a.flows} flow(s), {a.runs} runs of {a.seconds} s, layout {a.layout}")
     common.table(["module", "rx Mpps (min-max)", "vs learning", "per-run ratio (min-max)",
                   "module ns/frame: one flow", "65536 flows"],
                  [[r["module"], mpps(r["rx_pps"]), fmt_ratio(r["ratio_to_learning"]),
@@ -133,7 +136,7 @@ def main():
                    r["ns_per_frame"].get("one-flow", "-"), r["ns_per_frame"].get("65536-flows", "-")]
                   for r in results])
     common.write_report(a.out, "modules", a, v.cpu_layout(), results, module_cost=cost,
-                        setup="vale-pktgen tx vale0:a (60 B, one udp flow, broadcast MAC) -> valed (module) -> "
+                        setup=f"vale-pktgen tx vale0:a (60 B, {a.flows} udp flow(s), broadcast MAC) -> valed (module) -> "
                               "vale-pktgen rx vale0:b")
 
 
