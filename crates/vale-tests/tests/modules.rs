@@ -498,15 +498,6 @@ fn a_swap_under_a_counted_stream_loses_and_duplicates_nothing() {
     let so_c = c_example(&dir.0);
     let so_rust = rust_example();
     v.ctl_ok(&["create", "vale0:a"]);
-    let rx = v.spawn_client(
-        v.pktgen(&["-i", "vale0:b", "-f", "rx", "-T", "120", "--slots", "4096"]),
-        "vale-pktgen rx",
-        "vale0:b",
-    );
-    let count = 300_000u64;
-    let n = count.to_string();
-    let swaps = AtomicU32::new(0);
-    let done = AtomicBool::new(false);
     let modules: Vec<Vec<String>> = vec![
         vec!["hub".into()],
         vec![
@@ -518,46 +509,18 @@ fn a_swap_under_a_counted_stream_loses_and_duplicates_nothing() {
         vec![so_rust.to_str().unwrap().into()],
         vec!["learning".into()],
     ];
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let mut k = 0;
-            while !done.load(Ordering::Relaxed) {
-                let mut args = vec!["lookup", "vale0"];
-                args.extend(modules[k % modules.len()].iter().map(String::as_str));
-                v.ctl_ok(&args);
-                swaps.fetch_add(1, Ordering::Relaxed);
-                k += 1;
-            }
-        });
-        // Broadcast, so that every module sends each frame to b, and only to b.
-        let tx = v.pktgen(&["-i", "vale0:a", "-f", "tx", "-n", &n, "-R", "100000", "-q"]);
-        let out = Kid::spawn(tx, "vale-pktgen tx").finish(Duration::from_secs(60));
-        done.store(true, Ordering::Relaxed);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    });
-    let swaps = swaps.load(Ordering::Relaxed);
+    let commands: Vec<Vec<&str>> = modules
+        .iter()
+        .map(|m| {
+            ["lookup", "vale0"]
+                .into_iter()
+                .chain(m.iter().map(String::as_str))
+                .collect()
+        })
+        .collect();
+    // Broadcast, so that every module sends each frame to b, and only to b.
+    let swaps = stream_while(&v, &commands);
     assert!(swaps >= 5, "only {swaps} swaps during the stream");
-    assert!(
-        wait_until(T, || {
-            let b = v.counters("vale0:b");
-            b.rx_packets + b.rx_drops >= count
-        }),
-        "{:?}",
-        v.counters("vale0:b")
-    );
-    let (a, b) = (v.counters("vale0:a"), v.counters("vale0:b"));
-    assert_eq!(a.tx_packets, count, "{a:?}");
-    assert_eq!(a.tx_drops, 0, "frames lost by the lookup: {a:?}");
-    assert_eq!(
-        b.rx_packets + b.rx_drops,
-        count,
-        "lost or duplicated: {b:?}"
-    );
-    drop(rx);
 }
 
 /// An Ethernet + IPv4 + UDP frame of 60 bytes from MAC_D to broadcast, `seq` in its payload.
@@ -753,15 +716,6 @@ fn flow_changes_under_a_counted_stream_lose_and_duplicate_nothing() {
         "--arg",
         "rules=prio=1 actions=output:vale0:b",
     ]);
-    let rx = v.spawn_client(
-        v.pktgen(&["-i", "vale0:b", "-f", "rx", "-T", "120", "--slots", "4096"]),
-        "vale-pktgen rx",
-        "vale0:b",
-    );
-    let count = 300_000u64;
-    let n = count.to_string();
-    let changes = AtomicU32::new(0);
-    let done = AtomicBool::new(false);
     // Every rule that comes and goes sends the stream (udp 10.0.0.1 -> 10.0.0.2, port 4321)
     // to b, or does not match it: whatever table a batch meets, each frame goes to b once.
     let steps: [&[&str]; 6] = [
@@ -772,50 +726,22 @@ fn flow_changes_under_a_counted_stream_lose_and_duplicate_nothing() {
         &["del", "tcp"],
         &["del", "ip,nw_dst=10.0.0.0/8"],
     ];
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let mut k = 0;
-            while !done.load(Ordering::Relaxed) {
-                let mut args = vec!["flow", "vale0"];
-                args.extend_from_slice(steps[k % steps.len()]);
-                v.ctl_ok(&args);
-                changes.fetch_add(1, Ordering::Relaxed);
-                k += 1;
-            }
-        });
-        let tx = v.pktgen(&["-i", "vale0:a", "-f", "tx", "-n", &n, "-R", "100000", "-q"]);
-        let out = Kid::spawn(tx, "vale-pktgen tx").finish(Duration::from_secs(60));
-        done.store(true, Ordering::Relaxed);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    });
-    let changes = changes.load(Ordering::Relaxed);
+    let commands: Vec<Vec<&str>> = steps
+        .iter()
+        .map(|c| {
+            ["flow", "vale0"]
+                .into_iter()
+                .chain(c.iter().copied())
+                .collect()
+        })
+        .collect();
+    let changes = stream_while(&v, &commands);
     assert!(changes >= 6, "only {changes} changes during the stream");
-    assert!(
-        wait_until(T, || {
-            let b = v.counters("vale0:b");
-            b.rx_packets + b.rx_drops >= count
-        }),
-        "{:?}",
-        v.counters("vale0:b")
-    );
-    let (a, b) = (v.counters("vale0:a"), v.counters("vale0:b"));
-    assert_eq!(a.tx_packets, count, "{a:?}");
-    assert_eq!(a.tx_drops, 0, "frames lost by the lookup: {a:?}");
-    assert_eq!(
-        b.rx_packets + b.rx_drops,
-        count,
-        "lost or duplicated: {b:?}"
-    );
     // No frame missed every rule (rule 1 matches them all), and rule 1 counted no more than
     // were sent (the rules deleted took their hits along, so exact sums cannot be checked).
     let t = flows(&v, "vale0");
     assert_eq!(t.missed, 0);
-    assert!(hits(&t, 1) <= count);
-    drop(rx);
+    assert!(hits(&t, 1) <= STREAM);
 }
 
 /// `vale-pktgen --flows N` spreads its frames over N UDP flows (source ports 1024 on), one
@@ -872,4 +798,58 @@ fn pktgen_flows_split_by_a_flow_table() {
     let a = v.counters("vale0:a");
     assert_eq!((a.tx_packets, a.tx_drops), (3000, 1000), "{a:?}");
     drop(rx);
+}
+
+/// Frames in [`stream_while`]'s stream.
+const STREAM: u64 = 300_000;
+
+/// A counted stream of [`STREAM`] frames from `vale0:a` to a receiver on `vale0:b` (which it
+/// opens), while another thread runs `commands` through vale-ctl in turn, over and over, until
+/// the stream is sent; then checks that every frame left a and reached b (delivered or
+/// dropped for want of room) exactly once. How many commands ran.
+fn stream_while(v: &Valed, commands: &[Vec<&str>]) -> u32 {
+    let rx = v.spawn_client(
+        v.pktgen(&["-i", "vale0:b", "-f", "rx", "-T", "120", "--slots", "4096"]),
+        "vale-pktgen rx",
+        "vale0:b",
+    );
+    let n = STREAM.to_string();
+    let ran = AtomicU32::new(0);
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut k = 0;
+            while !done.load(Ordering::Relaxed) {
+                v.ctl_ok(&commands[k % commands.len()]);
+                ran.fetch_add(1, Ordering::Relaxed);
+                k += 1;
+            }
+        });
+        let tx = v.pktgen(&["-i", "vale0:a", "-f", "tx", "-n", &n, "-R", "100000", "-q"]);
+        let out = Kid::spawn(tx, "vale-pktgen tx").finish(Duration::from_secs(60));
+        done.store(true, Ordering::Relaxed);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+    assert!(
+        wait_until(T, || {
+            let b = v.counters("vale0:b");
+            b.rx_packets + b.rx_drops >= STREAM
+        }),
+        "{:?}",
+        v.counters("vale0:b")
+    );
+    let (a, b) = (v.counters("vale0:a"), v.counters("vale0:b"));
+    assert_eq!(a.tx_packets, STREAM, "{a:?}");
+    assert_eq!(a.tx_drops, 0, "frames lost by the lookup: {a:?}");
+    assert_eq!(
+        b.rx_packets + b.rx_drops,
+        STREAM,
+        "lost or duplicated: {b:?}"
+    );
+    drop(rx);
+    ran.load(Ordering::Relaxed)
 }
