@@ -313,6 +313,36 @@ pub struct LearningBridge {
     pub max_age_s: AtomicU32,
 }
 
+/// A module's learning-table arguments (`entries=N`, `age=S`), as every module that learns
+/// takes them.
+#[derive(Clone, Copy)]
+pub(crate) struct TableArgs {
+    entries: usize,
+    age_s: u32,
+}
+
+impl TableArgs {
+    /// From `args`; `entries` when they do not say.
+    pub(crate) fn of(args: &Args, entries: usize) -> Result<TableArgs, String> {
+        Ok(TableArgs {
+            entries: number_arg(args, "entries", 64..=1 << 20, entries as u64)? as usize,
+            age_s: number_arg(
+                args,
+                "age",
+                1..=86_400,
+                LearningBridge::DEFAULT_AGE_S as u64,
+            )? as u32,
+        })
+    }
+
+    /// A learning table of this size and age.
+    pub(crate) fn table(self) -> LearningBridge {
+        let b = LearningBridge::new(self.entries);
+        b.max_age_s.store(self.age_s, Relaxed);
+        b
+    }
+}
+
 impl LearningBridge {
     pub const DEFAULT_ENTRIES: usize = 8192;
     pub const DEFAULT_AGE_S: u32 = 300;
@@ -324,15 +354,9 @@ impl LearningBridge {
     /// unrefreshed (1 to 86400, default 300).
     fn make(args: &Args) -> Result<Box<dyn Lookup>, String> {
         check_keys("learning", args, &["entries", "age"])?;
-        let b = LearningBridge::new(number_arg(
-            args,
-            "entries",
-            64..=1 << 20,
-            Self::DEFAULT_ENTRIES as u64,
-        )? as usize);
-        let age = number_arg(args, "age", 1..=86_400, Self::DEFAULT_AGE_S as u64)?;
-        b.max_age_s.store(age as u32, Relaxed);
-        Ok(Box::new(b))
+        Ok(Box::new(
+            TableArgs::of(args, Self::DEFAULT_ENTRIES)?.table(),
+        ))
     }
 
     pub fn new(entries: usize) -> LearningBridge {

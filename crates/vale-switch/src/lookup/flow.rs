@@ -44,7 +44,7 @@ use vale_abi::control::{FlowRule, FlowTable};
 use vale_abi::netmap::NS_NO_LEARN;
 
 use super::{
-    check_keys, is_group, number_arg, Args, FrameMeta, LearningBridge, Lookup, SourcePort,
+    check_keys, is_group, Args, FrameMeta, LearningBridge, Lookup, SourcePort, TableArgs,
     DEST_DROP, DEST_FLOOD,
 };
 use crate::port::PortIndex;
@@ -999,20 +999,7 @@ impl Flow {
             Some((_, v)) => parse_action(v).map_err(|e| format!("default: {e}"))?,
             None => Action::Normal,
         };
-        let entries = number_arg(
-            args,
-            "entries",
-            64..=1 << 20,
-            LearningBridge::DEFAULT_ENTRIES as u64,
-        )? as usize;
-        let age = number_arg(
-            args,
-            "age",
-            1..=86_400,
-            LearningBridge::DEFAULT_AGE_S as u64,
-        )?;
-        let bridge = LearningBridge::new(entries);
-        bridge.max_age_s.store(age as u32, Relaxed);
+        let bridge = TableArgs::of(args, LearningBridge::DEFAULT_ENTRIES)?.table();
         let mut rules = Vec::new();
         for (_, text) in args.iter().filter(|(k, _)| k == "rules") {
             rules.extend(parse_rules(text)?);

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use vale_abi::netmap::NS_NO_LEARN;
 
 use super::{
-    check_keys, is_group, number_arg, Args, Egress, FrameMeta, LearningBridge, Lookup, SourcePort,
+    check_keys, is_group, Args, Egress, FrameMeta, LearningBridge, Lookup, SourcePort, TableArgs,
     DEST_DROP, DEST_FLOOD, VLAN_TAGGED, VLAN_VID,
 };
 use crate::port::PortIndex;
@@ -32,7 +32,7 @@ use crate::switch::MAX_PORTS;
 pub const TPID: u16 = 0x8100;
 /// Most VLANs one configuration names (each has a learning table).
 pub const MAX_VLANS: usize = 256;
-const DEFAULT_TABLE: u64 = 1024;
+const DEFAULT_TABLE: usize = 1024;
 
 /// A port's place in the VLANs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -154,13 +154,7 @@ impl Vlan {
             }
             named.push((mode.0.to_string(), mode.1));
         }
-        let entries = number_arg(args, "entries", 64..=1 << 20, DEFAULT_TABLE)? as usize;
-        let age = number_arg(
-            args,
-            "age",
-            1..=86_400,
-            LearningBridge::DEFAULT_AGE_S as u64,
-        )?;
+        let table_args = TableArgs::of(args, DEFAULT_TABLE)?;
         // A table for each VLAN some port is in.
         let mut table_of = Box::new([0u16; 4096]);
         let mut tables = Vec::new();
@@ -176,9 +170,7 @@ impl Vlan {
                             "the configuration names more than {MAX_VLANS} VLANs"
                         ));
                     }
-                    let t = LearningBridge::new(entries);
-                    t.max_age_s.store(age as u32, Relaxed);
-                    tables.push(t);
+                    tables.push(table_args.table());
                     table_of[v as usize] = tables.len() as u16;
                 }
             }
