@@ -67,9 +67,8 @@ class Side:
     """The sender and receiver testpmd of one run, on sockets s0 (sender) and s1 (receiver)."""
 
     def __init__(self, s0, s1, size, cpus, dpdk):
+        self.rx = receiver(s1, cpus, dpdk)
         vu = "net_virtio_user0,path={},queues=1,queue_size=1024,mac={}"
-        self.rx = peers.Testpmd("rx", [vu.format(s1, RX_MAC)], "rxonly", cpus["rx"], dpdk=dpdk)
-        self.rx.wait_forwarding()
         self.tx = peers.Testpmd("tx", [vu.format(s0, TX_MAC)], "txonly", cpus["tx"],
                                 [f"--txpkts={size}", f"--eth-peer=0,{RX_MAC}"], dpdk=dpdk)
         self.tx.wait_forwarding()
@@ -126,6 +125,7 @@ def paced(sock, size, mpps_load, a, rx):
 
 
 def receiver(sock, cpus, dpdk):
+    """The receiving testpmd (rxonly, virtio_user at `sock`), forwarding."""
     rx = peers.Testpmd("rx", [f"net_virtio_user0,path={sock},queues=1,queue_size=1024,mac={RX_MAC}"],
                        "rxonly", cpus["rx"], dpdk=dpdk)
     rx.wait_forwarding()

@@ -1007,12 +1007,10 @@ impl Net {
             // the guest leaves it so); memory the front end shrank ends the connection.
             let more_tx = notify(tx, true) && !tx_stuck;
             let more_rx = rx_blocked && rx.is_some_and(|rx| notify(rx, true));
-            if (!more_tx && !more_rx) || self.shrank() {
+            if self.shrank() || (!more_tx && !more_rx) {
                 break;
             }
         }
-        drop(mem);
-        self.shrank();
         if let Some(ns) = steps.fire_due() {
             // At least 1 µs: a moderation deadline due now is served by the next event anyway.
             epoll::arm_timer(&pair.timer, ns.max(1000));
