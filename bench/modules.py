@@ -3,8 +3,12 @@
 
 One sender (vale0:a) to one receiver (vale0:b) at 60 bytes, the switch's lookup module set
 in turn to: learning (the default), hub, vlan, flow with 10, 1000 and 100000 rules, flow
-under a many-masks rule set (1024 distinct masks: the "tuple space explosion" set), and the
-C example module of examples/c-lookup (static_port, to=vale0:b). The modules take turns
+under two many-masks rule sets (1024 distinct masks each: the "tuple space explosion"),
+and the C example module of examples/c-lookup (static_port, to=vale0:b). `flow-masks`
+puts its prefixes where the stream's addresses never begin (prefix tracking skips every
+table); `flow-masks-adversarial` puts them on the stream's own addresses and misses only by
+the UDP destination port, so that a frame whose addresses vary (`--vary saddr`) still
+probes hundreds of tables: the worst case, measured. The modules take turns
 within each run, so every figure has a learning figure of the same run beside it: the
 ratio to learning is what to quote on a shared machine.
 
@@ -16,12 +20,13 @@ sends one flow, so the flow module decides it once a batch run (a repeat of the 
 frame's key) and the rate shows the per-frame parse; the cost of a search that misses every
 cache is measured by the module-call benchmark below, with 65536 distinct flows, and by the
 rates with `--flows 65536` (vale-pktgen --flows: the stream's UDP source port takes 65536
-values in turn, so the stream's rule still matches every frame but no cache does).
+values in turn, so the stream's rule still matches every frame but no cache does; with
+`--vary saddr` its IPv4 source address does instead, which the many-masks sets look at).
 
 The module-call cost (ns a frame, the module alone, batches of 512 from memory) comes from
 `cargo test --release -p vale-switch --lib lookup_cost -- --ignored` (--no-cost: skip it).
 
-    cargo build --release && bench/modules.py [--runs 3] [--seconds 2] [--flows 65536]
+    cargo build --release && bench/modules.py [--runs 3] [--seconds 2] [--flows 65536 [--vary saddr]]
 """
 import json
 import os
@@ -36,10 +41,12 @@ def bench_rules(shape, n, to="vale0:b"):
     """The same text as bench_rules() of crates/vale-switch/src/lookup/flow.rs."""
     out = []
     ip = lambda i: f"{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}"
-    if shape == "masks":
+    if shape in ("masks", "masks-adversarial"):
+        src, dst, tail = (("245.255.255.254", "245.255.255.253", "") if shape == "masks"
+                          else ("10.0.0.1", "10.0.0.2", ",tp_dst=9"))
         for a in range(1, 33):
             for b in range(1, 33):
-                out.append(f"prio=100 ip,nw_src=245.255.255.254/{a},nw_dst=245.255.255.253/{b} actions=drop")
+                out.append(f"prio=100 udp,nw_src={src}/{a},nw_dst={dst}/{b}{tail} actions=drop")
     else:
         for i in range(max(n - 1, 0)):
             k = i % 4
@@ -79,13 +86,15 @@ def module_cost():
 def main():
     ap = common.parser(__doc__, "modules", runs=3, seconds=2.0, peers=False)
     ap.add_argument("--no-cost", action="store_true", help="skip the module-call measurement (cargo test)")
-    ap.add_argument("--flows", type=int, default=1, help="UDP flows of the stream (vale-pktgen --flows; default 1)")
+    ap.add_argument("--flows", type=int, default=1, help="flows of the stream (vale-pktgen --flows; default 1)")
+    ap.add_argument("--vary", choices=["sport", "saddr"], default="sport",
+                    help="what tells the flows apart (vale-pktgen --vary): UDP source port or IPv4 source address")
     a = common.parse(ap)
     tmp = tempfile.mkdtemp(prefix="vale-modules-")
     common.on_exit(lambda: common.shutil.rmtree(tmp, ignore_errors=True))
     files = {}
     for name, shape, n in [("flow-10", "flow", 10), ("flow-1000", "flow", 1000), ("flow-100000", "flow", 100000),
-                           ("flow-masks", "masks", 0)]:
+                           ("flow-masks", "masks", 0), ("flow-masks-adversarial", "masks-adversarial", 0)]:
         files[name] = os.path.join(tmp, f"{name}.rules")
         with open(files[name], "w") as f:
             f.write(bench_rules(shape, n))
@@ -98,6 +107,7 @@ def main():
         ("flow-1000", ["flow", "--rules", files["flow-1000"]]),
         ("flow-100000", ["flow", "--rules", files["flow-100000"]]),
         ("flow-masks", ["flow", "--rules", files["flow-masks"]]),
+        ("flow-masks-adversarial", ["flow", "--rules", files["flow-masks-adversarial"]]),
         ("c-example", [so, "--arg", "to=vale0:b"]),
     ]
     v = common.Valed(a.layout)
@@ -106,7 +116,7 @@ def main():
     for r in range(a.runs):
         for name, args in modules:
             v.ctl("lookup", "vale0", *args)
-            x = v.run(60, a.seconds, tx_args=("--flows", a.flows))
+            x = v.run(60, a.seconds, tx_args=("--flows", a.flows, "--vary", a.vary))
             runs[name].append(x)
             counters[name] = json.loads(v.ctl("lookup", "vale0", "--json"))["counters"]
             print(f"run {r + 1}/{a.runs} {name}: {common.rx_pps(x) / 1e6:.2f} Mpps", flush=True)
@@ -127,7 +137,7 @@ def main():
             "module_counters": counters.get(name, []),
             "ns_per_frame": {c["traffic"]: c["ns_per_frame"] for c in cost if c["module"] == name},
         })
-    print(f"modules, 60 B, {a.flows} flow(s), {a.runs} runs of {a.seconds} s, layout {a.layout}")
+    print(f"modules, 60 B, {a.flows} flow(s) by {a.vary}, {a.runs} runs of {a.seconds} s, layout {a.layout}")
     common.table(["module", "rx Mpps (min-max)", "vs learning", "per-run ratio (min-max)",
                   "module ns/frame: one flow", "65536 flows"],
                  [[r["module"], mpps(r["rx_pps"]), fmt_ratio(r["ratio_to_learning"]),
@@ -136,7 +146,7 @@ def main():
                    r["ns_per_frame"].get("one-flow", "-"), r["ns_per_frame"].get("65536-flows", "-")]
                   for r in results])
     common.write_report(a.out, "modules", a, v.cpu_layout(), results, module_cost=cost,
-                        setup=f"vale-pktgen tx vale0:a (60 B, {a.flows} udp flow(s), broadcast MAC) -> valed (module) -> "
+                        setup=f"vale-pktgen tx vale0:a (60 B, {a.flows} udp flow(s) by {a.vary}, broadcast MAC) -> valed (module) -> "
                               "vale-pktgen rx vale0:b")
 
 

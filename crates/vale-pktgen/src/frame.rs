@@ -45,6 +45,32 @@ fn checksum(data: &[u8]) -> u16 {
     !(sum as u16)
 }
 
+/// What tells the flows of `--flows` apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Vary {
+    /// The UDP source port: 1024 + flow
+    Sport,
+    /// The IPv4 source address: 10.0.0.1 + flow
+    Saddr,
+}
+
+/// Makes the frame at the start of `buf` (one [`build`] made) one of flow `flow`.
+#[inline]
+pub fn set_flow(buf: &mut [u8], flow: u16, vary: Vary) {
+    match vary {
+        // The UDP checksum is 0 (none): nothing else changes.
+        Vary::Sport => buf[UDP_OFS..UDP_OFS + 2].copy_from_slice(&(1024 + flow).to_be_bytes()),
+        Vary::Saddr => {
+            let src = u32::from_be_bytes([10, 0, 0, 1]) + flow as u32;
+            let ip = &mut buf[IP_OFS..UDP_OFS];
+            ip[12..16].copy_from_slice(&src.to_be_bytes());
+            ip[10..12].fill(0);
+            let c = checksum(ip);
+            ip[10..12].copy_from_slice(&c.to_be_bytes());
+        }
+    }
+}
+
 /// A whole frame of `len` bytes (at least 60).
 pub fn build(len: usize, src: [u8; 6], dst: [u8; 6]) -> Vec<u8> {
     let mut f = vec![0u8; len];
@@ -75,6 +101,24 @@ pub fn build(len: usize, src: [u8; 6], dst: [u8; 6]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flows_differ_by_port_or_by_address_with_a_good_checksum() {
+        let base = build(60, [2, 0, 0, 0, 0, 1], [0xff; 6]);
+        let mut f = base.clone();
+        set_flow(&mut f, 7, Vary::Sport);
+        assert_eq!(&f[UDP_OFS..UDP_OFS + 2], &1031u16.to_be_bytes());
+        assert_eq!(f[..UDP_OFS], base[..UDP_OFS]);
+        let mut f = base.clone();
+        set_flow(&mut f, 300, Vary::Saddr);
+        assert_eq!(&f[IP_OFS + 12..IP_OFS + 16], &[10, 0, 1, 45]);
+        assert_eq!(
+            checksum(&f[IP_OFS..UDP_OFS]),
+            0,
+            "the header sums to all ones"
+        );
+        assert_eq!(f[UDP_OFS..], base[UDP_OFS..]);
+    }
 
     #[test]
     fn frame_is_well_formed() {

@@ -66,11 +66,15 @@ struct Args {
     /// Send at most this many frames per second (tx, ping); 0 = no limit
     #[arg(short = 'R', long = "rate", default_value_t = 0, value_name = "PPS")]
     rate: u64,
-    /// Spread frames over this many UDP flows (tx): UDP source ports 1024, 1025, ... in turn,
-    /// one frame each (1-65536)
+    /// Spread frames over this many flows (tx), one frame each in turn (1-65536); --vary
+    /// says what tells them apart
     #[arg(long, default_value_t = 1, value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=65536))]
     flows: u32,
+    /// What differs between the --flows: the UDP source port (1024, 1025, ...) or the IPv4
+    /// source address (10.0.0.1, 10.0.0.2, ...; the header checksum follows)
+    #[arg(long, value_enum, default_value_t = frame::Vary::Sport, value_name = "FIELD")]
+    vary: frame::Vary,
     /// Stop after this many frames (sent for tx and ping, received for rx and pong); 0 = no limit
     #[arg(short = 'n', long = "count", default_value_t = 0)]
     count: u64,
@@ -307,10 +311,8 @@ fn tx(
             let first = ring.slot(cur).buf_idx;
             cur = put_frame(&ring, cur, frame, prefilled);
             if args.flows > 1 {
-                // The frame's flow: its UDP source port (the UDP checksum is 0: none).
-                let sport = 1024 + ((meter.packets + k) % args.flows as u64) as u16;
-                let at = frame::UDP_OFS;
-                ring.buf(first)[at..at + 2].copy_from_slice(&sport.to_be_bytes());
+                let flow = ((meter.packets + k) % args.flows as u64) as u16;
+                frame::set_flow(ring.buf(first), flow, args.vary);
             }
         }
         ring.set_cur(cur);
