@@ -21,6 +21,7 @@ from common import sh, spawn, stop, on_exit, cpu_seconds
 
 TX_MAC = "02:00:00:00:01:01"
 TX_IP, RX_IP = (198, 18, 0, 1), (198, 18, 0, 2)    # the benchmarking range; used only in our namespaces
+PER_CPU = "per-cpu"      # trafgen_run's cpus for one trafgen process per CPU
 MAX_PPS = 20_000_000    # trafgen's frame-count bound = this x its time bound: far above any veth here
 START_WAIT = 5.0        # seconds trafgen may take before its first frame shows in tx_packets
 
@@ -232,7 +233,9 @@ def trafgen_run(topo, size, seconds, warmup=0.5, dst=None, cpus="0"):
     """One trafgen run through `topo`; returns {tx_pps, rx_pps, switch_cpu_s, tx_packets, rx_packets}.
 
     `trafgen -P 1` (one sending process, pinned with taskset -c cpus) sends Ethernet+IPv4+UDP
-    frames of exactly `size` bytes to dst (default: receiver 0's MAC). Once frames flow and
+    frames of exactly `size` bytes to dst (default: receiver 0's MAC); with cpus=PER_CPU,
+    trafgen without -P and taskset: one sending process per CPU, each pinned by trafgen to its
+    CPU (the Linux bridge at its best: its softirq runs on every sending CPU). Once frames flow and
     `warmup` seconds have passed, the sender veth's tx_packets and the receivers' rx_packets are
     read, and again `seconds` later. switch_cpu_s is the CPU time of the switch process (OVS)
     between the reads, None for the kernel bridge.
@@ -246,9 +249,11 @@ def trafgen_run(topo, size, seconds, warmup=0.5, dst=None, cpus="0"):
     # -P 1: one sending process (default: one per CPU). --no-sock-mem, -Q: leave the host's
     # socket-memory sysctls and IRQ affinities alone (trafgen 0.6.8 lists -A for --no-sock-mem
     # but rejects it). -C: no CPU stats. (-q would mean "use the qdisc path", not quiet.)
-    cmd = ["ip", "netns", "exec", topo.ns["tx"], "taskset", "-c", cpus,
+    pin = [] if cpus == PER_CPU else ["taskset", "-c", cpus]
+    procs = [] if cpus == PER_CPU else ["-P", "1"]
+    cmd = ["ip", "netns", "exec", topo.ns["tx"], *pin,
            "timeout", "-s", "INT", "-k", "3", f"{limit:.1f}",
-           "trafgen", "-i", cfg.name, "-o", "veth0", "-P", "1", "-n", str(int(MAX_PPS * limit)),
+           "trafgen", "-i", cfg.name, "-o", "veth0", *procs, "-n", str(int(MAX_PPS * limit)),
            "--no-sock-mem", "-Q", "-C"]
     if size > 1514:
         cmd.append("-J")    # jumbo support: bigger frames in trafgen's packet ring (default 2048 B)
