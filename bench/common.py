@@ -15,6 +15,7 @@ BIN = os.path.join(ROOT, "target", "release")
 RESULTS = os.path.join(ROOT, "bench", "results")
 CMD_TIMEOUT = 30          # seconds, for every short command
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+LOAD_AT_START = os.getloadavg()   # 1, 5, 15-minute load averages when the script started
 
 # CPU layouts for vale: which vCPUs valed, the sender(s) and the receiver(s) may run on
 # (`taskset -c`). The machine this was written for has 2 vCPUs; "own" (a CPU each for sender,
@@ -143,6 +144,8 @@ def write_report(path, experiment, args, cpu_layout, results, **extra):
         "date": utc_now(),
         "machine": machine(),
         "cpu": machine_info(),
+        # Anything else running moves the figures: the load averages when the script started and ended.
+        "loadavg": {"start": LOAD_AT_START, "end": os.getloadavg()},
         "cpu_layout": cpu_layout,
         "runs": args.runs,
         "seconds": args.seconds,
