@@ -68,7 +68,8 @@ def main():
         ap.error("--cpus takes two distinct CPUs; this machine has " + str(len(common.cpu_topology())))
     res = measure(sizes, a.runs, a.seconds, cpus, a.touch)
     layout = {"name": "bare_copy", "producer": cpus.split(",")[0], "consumer": cpus.split(",")[1]}
-    print(f"\nbare copy between two cores, {a.runs} runs of {a.seconds} s; {common.describe(layout)}")
+    where = f"producer cpu{layout['producer']}, consumer cpu{layout['consumer']}"
+    print(f"\nbare copy between two cores, {a.runs} runs of {a.seconds} s; {common.describe(where)}")
     common.table(["len", "Mpps (min-max)", "Gbit/s", "ns/frame"],
                  [[s, mpps(r["rx_pps"]), f"{r['rx_pps']['median'] * s * 8 / 1e9:.1f}",
                    f"{1e9 / r['rx_pps']['median']:.1f}"] for s, r in res.items()])
