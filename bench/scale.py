@@ -149,7 +149,8 @@ def main():
                     points.append((e, n, c))
         if not points:
             continue
-        lay = {"valed": points[0][2]["valed"], "tx": "per client", "rx": "per client", "name": a.layout}
+        clients_cpus = ",".join(sorted({x for _, _, c in points for x in c["tx"] + c["rx"]}, key=int))
+        lay = {"valed": points[0][2]["valed"], "tx": clients_cpus, "rx": clients_cpus, "name": a.layout}
         v = common.Valed(lay, workers=w, persistent=False)
         for e, n, c in points:
             runs = [one_run(v, e, n, a.size, a.seconds, c) for _ in range(a.runs)]
