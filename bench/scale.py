@@ -149,7 +149,8 @@ def main():
                     points.append((e, n, c))
         if not points:
             continue
-        clients_cpus = ",".join(sorted({x for _, _, c in points for x in c["tx"] + c["rx"]}, key=int))
+        clients_cpus = ",".join(str(x) for x in sorted(set().union(
+            *(common.cpu_set(x) for _, _, c in points for x in c["tx"] + c["rx"]))))
         lay = {"valed": points[0][2]["valed"], "tx": clients_cpus, "rx": clients_cpus, "name": a.layout}
         v = common.Valed(lay, workers=w, persistent=False)
         for e, n, c in points:
