@@ -390,6 +390,38 @@ def memif_run(size, seconds, warmup=1.0, burst=32):
             "rx_packets": max(total or [0])}
 
 
+def memif_sender_alone(size, seconds, warmup=1.0, burst=32):
+    """memif_run's sender with nothing behind it: the same testpmd txonly (same lcores, burst
+    and mbufs) on DPDK's null driver, which frees every frame it is given. Returns
+    {tx_pps}: the mean of its per-second Tx-pps readings after `warmup`."""
+    common.ensure_packages(["/usr/lib/x86_64-linux-gnu/librte_net_null.so.23"], ["librte-net-null23"])
+    ensure_dpdk()
+    secs = max(1, round(seconds))
+    d = tempfile.mkdtemp(prefix="vb-null-")
+    on_exit(lambda: shutil.rmtree(d, ignore_errors=True))
+    prefix = f"vb{os.getpid()}x{int(time.monotonic() * 1000) % 100000}null"
+    on_exit(lambda: shutil.rmtree(f"/var/run/dpdk/{prefix}", ignore_errors=True))
+    lay = MEMIF_LAYOUT["tx"]
+    log = open(f"{d}/tx.log", "w+")
+    p = spawn(["stdbuf", "-oL", "dpdk-testpmd", "-l", lay["lcores"], "--main-lcore", lay["main"], "--no-huge",
+               "-m", "512", "--no-pci", "--log-level=lib.eal:error", "--file-prefix", prefix,
+               "--vdev", "net_null0", "--", "--total-num-mbufs=16384", "--stats-period", "1", "--auto-start",
+               f"--burst={burst}", "--forward-mode=txonly", f"--txpkts={size}"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while not [x for x in re.findall(r"Tx-pps:\s+(\d+)", _tail(log, 10**7)) if int(x) > 0]:
+            if p.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"testpmd txonly on net_null sent nothing: {_tail(log)}")
+            time.sleep(0.05)
+        time.sleep(warmup + secs + 1.5)
+    finally:
+        stop(p, signal.SIGKILL, 2)
+        shutil.rmtree(f"/var/run/dpdk/{prefix}", ignore_errors=True)
+    tx = [int(v) for v in re.findall(r"Tx-pps:\s+(\d+)", _tail(log, 10**7)) if int(v) > 0]
+    tx = tx[1 + round(warmup):1 + round(warmup) + secs] or tx
+    return {"tx_pps": sum(tx) / len(tx)}
+
+
 def _tail(f, n=1500):
     f.flush()
     f.seek(0)

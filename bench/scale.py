@@ -180,7 +180,7 @@ def main():
     for e in which:
         rows = [[r["workers"], r["clients"], mpps(r["rx_pps"]), common.fmt_ratio(r["vs_one"]),
                  " ".join(f"{s['median']:.2f}" for s in r["worker_cores"].values()),
-                 f"valed {r['cpus']['valed']}; tx {','.join(r['cpus']['tx'])}; rx {','.join(r['cpus']['rx'])}"]
+                 f"valed {r['cpus']['valed']}; tx {' '.join(r['cpus']['tx'])}; rx {' '.join(r['cpus']['rx'])}"]
                 for r in results if r["experiment"] == e]
         if rows:
             print(f"\n{e}:")

@@ -12,8 +12,9 @@ For each frame size (bytes without FCS; 9000 travels as a chain of slots) and ru
 - DPDK testpmd txonly -> rxonly over memif, two processes, no switch: the floor (up to 1514);
 - the bound of the machine (bare_copy, bench/bound.py): one copy per frame between two cores
   through a netmap-style ring, nothing else (sizes up to 2112; no root; --no-bound skips it).
-Each trafgen sender is also measured with nothing behind it (its veth's peer drops every
-frame: the sender bound, as bench/host_ports.py does for NIC ports); a peer whose rate is
+Each peer's sender is also measured with nothing behind it (trafgen: its veth's peer drops
+every frame, as bench/host_ports.py does for NIC ports; memif: testpmd txonly on DPDK's null
+driver, librte-net-null23): the sender bound; a peer whose rate is
 within 10% of its sender's bound is marked sender-limited: the figure is the sender's, not the
 switch's. Each figure is the median of --runs, with min and max, and each peer's is also given
 as vale's ratio to it, and each system's CPU count (where vale and a peer get different numbers
@@ -76,7 +77,7 @@ def main():
     ap.add_argument("--peers", default=",".join(PEERS), help=f"which peers, of {', '.join(PEERS)} (default all)")
     ap.add_argument("--no-bound", action="store_true", help="do not measure the bare-copy bound (bench/bound.py)")
     ap.add_argument("--no-sender-bound", action="store_true",
-                    help="do not measure the trafgen senders alone (no sender-limited marks)")
+                    help="do not measure the peers' senders alone (no sender-limited marks)")
     a = common.parse(ap)
     if a.quick and a.sizes == SIZES:
         a.sizes = QUICK_SIZES
@@ -126,6 +127,13 @@ def main():
                                             "tx_pps": summary([x["tx_pps"] for x in runs]),
                                             "cpu_s_per_mpkt": summary([x["cpu_s_per_mpkt"] for x in runs])}
                 print(f"dpdk memif {s} B: {mpps(results[s]['dpdk_memif']['rx_pps'])} Mpps", flush=True)
+            if not a.no_sender_bound:
+                for s in [s for s in sizes if s <= PEER_MAX["dpdk_memif"]]:
+                    r = results[s]["dpdk_memif"]
+                    r["sender_bound_pps"] = summary([peers.memif_sender_alone(s, a.seconds)["tx_pps"]
+                                                     for _ in range(a.runs)])
+                    r["sender_limited"] = r["rx_pps"]["median"] >= SENDER_LIMITED * r["sender_bound_pps"]["median"]
+                    print(f"sender bound (testpmd txonly -> null) {s} B: {mpps(r['sender_bound_pps'])} Mpps", flush=True)
             setup["dpdk_memif"] = f"{peers.testpmd_version()}: testpmd txonly (client) -> memif -> testpmd rxonly " \
                                   "(server), --no-huge -m 512, burst 32; rx pps = mean of rxonly's per-second Rx-pps"
             layout["dpdk_memif"] = {"tx_forwarding_lcore": peers.MEMIF_LAYOUT["tx"]["forwarding"],
@@ -144,7 +152,8 @@ def main():
                 r["sender_bound_pps"] = bounds[cpus][s]
                 r["sender_limited"] = r["rx_pps"]["median"] >= SENDER_LIMITED * bounds[cpus][s]["median"]
         setup["sender_bound"] = "the same trafgen into a veth whose peer drops every frame (bench/host_ports.py's " \
-                                f"SenderFloor); sender_limited: the peer's median rx pps >= {SENDER_LIMITED} x that"
+                                "SenderFloor); memif: the same testpmd txonly on DPDK's null driver; " \
+                                f"sender_limited: the peer's median rx pps >= {SENDER_LIMITED} x that"
 
     rows, out = [], []
     for s in sizes:

@@ -45,7 +45,7 @@ def head(d, what):
 
 
 _bounds = {}
-SENDER_BOUND = ("linux_bridge", "linux_bridge_percpu", "ovs")   # sizes.py's peers with a trafgen sender bound
+SENDER_BOUND = ("linux_bridge", "linux_bridge_percpu", "ovs", "dpdk_memif")   # sizes.py's peers with a trafgen sender bound
 
 
 def bound_of(results, d, frame_len):
@@ -130,7 +130,8 @@ def main():
             print(f"\nCPUs each system could use differ: vale {ncpu['vale']}; "
                   + ", ".join(f"{names.get(k, k)} {n}" for k, n in differ.items()) + ".")
         if any(r.get(k, {}).get("sender_bound_pps") for r in d["results"] for k in SENDER_BOUND):
-            print("\nsender alone: the same trafgen into a veth whose peer drops every frame, same run; "
+            print("\nsender alone: the same trafgen into a veth whose peer drops every frame (memif: the same testpmd "
+                  "txonly on DPDK's null driver), same run; "
                   "sender-limited: the peer reached 90% or more of it, so the figure is the sender's, not the switch's.")
     d = common.load_result(a.results, "batch")
     if d:
