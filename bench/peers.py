@@ -418,6 +418,7 @@ def memif_sender_alone(size, seconds, warmup=1.0, burst=32):
         stop(p, signal.SIGKILL, 2)
         shutil.rmtree(f"/var/run/dpdk/{prefix}", ignore_errors=True)
     tx = [int(v) for v in re.findall(r"Tx-pps:\s+(\d+)", _tail(log, 10**7)) if int(v) > 0]
+    log.close()
     tx = tx[1 + round(warmup):1 + round(warmup) + secs] or tx
     return {"tx_pps": sum(tx) / len(tx)}
 
