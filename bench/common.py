@@ -15,19 +15,61 @@ BIN = os.path.join(ROOT, "target", "release")
 RESULTS = os.path.join(ROOT, "bench", "results")
 CMD_TIMEOUT = 30          # seconds, for every short command
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+LOAD_AT_START = os.getloadavg()   # 1, 5, 15-minute load averages when the script started
 
 # CPU layouts for vale: which vCPUs valed, the sender(s) and the receiver(s) may run on
-# (`taskset -c`). The machine this was written for has 2 vCPUs.
+# (`taskset -c`). The machine this was written for has 2 vCPUs; "own" (a CPU each for sender,
+# valed and receiver, on distinct cores where it can) needs 3 and is None with fewer.
 LAYOUTS = {
     "split": {"valed": "1", "tx": "0", "rx": "0"},        # switch alone on cpu1; clients share cpu0
     "shared": {"valed": "0,1", "tx": "0,1", "rx": "0,1"},  # no pinning: the scheduler decides
+    "own": None,                                           # filled in below from the topology
 }
+
+
+def cpu_topology():
+    """[(cpu, (package, core))] of the online CPUs, from /sys (cpu, (0, cpu)) where it says nothing."""
+    out = []
+    for cpu in sorted(os.sched_getaffinity(0)):
+        t = f"/sys/devices/system/cpu/cpu{cpu}/topology"
+        try:
+            with open(f"{t}/physical_package_id") as f, open(f"{t}/core_id") as g:
+                out.append((cpu, (int(f.read()), int(g.read()))))
+        except (OSError, ValueError):
+            out.append((cpu, (0, cpu)))
+    return out
+
+
+def spread_cpus(n):
+    """n CPUs we may run on, one per physical core as long as there are cores (hyperthread
+    siblings last); fewer when there are fewer CPUs."""
+    seen, first, rest = set(), [], []
+    for cpu, core in cpu_topology():
+        (rest if core in seen else first).append(cpu)
+        seen.add(core)
+    return (first + rest)[:n]
+
+
+def cpu_set(spec):
+    """The CPUs a taskset list names ("0,2-4" -> {0, 2, 3, 4})."""
+    out = set()
+    for part in str(spec).split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+_own = spread_cpus(3)
+if len(_own) == 3:
+    LAYOUTS["own"] = {"tx": str(_own[0]), "valed": str(_own[1]), "rx": str(_own[2])}
 
 
 # ---------------------------------------------------------------- reports
 
-def machine():
-    """CPU model, vCPU count and kernel: the same string in every JSON of a machine."""
+def machine_info():
+    """The machine every figure was taken on: {model (from /proc/cpuinfo), cpus (online,
+    usable by us), cores (physical: distinct package and core ids), threads_per_core, kernel}.
+    Every JSON carries it (`cpu`) and every table names it (describe())."""
     model = "?"
     try:
         with open("/proc/cpuinfo") as f:
@@ -37,7 +79,21 @@ def machine():
                     break
     except OSError:
         pass
-    return f"{model}, {os.cpu_count()} vCPU, Linux {platform.release()}"
+    topo = cpu_topology()
+    cores = len({core for _, core in topo})
+    return {"model": model, "cpus": len(topo), "cores": cores,
+            "threads_per_core": round(len(topo) / cores) if cores else None, "kernel": platform.release()}
+
+
+def machine():
+    """CPU model, vCPU count, cores and kernel: the same string in every JSON of a machine."""
+    m = machine_info()
+    return f"{m['model']}, {m['cpus']} vCPU ({m['cores']} cores), Linux {m['kernel']}"
+
+
+def describe(layout=None):
+    """One line for the top of a printed table: the machine, and the CPU layout if given."""
+    return f"machine: {machine()}" + (f"; layout: {layout}" if layout else "")
 
 
 def utc_now():
@@ -87,6 +143,9 @@ def write_report(path, experiment, args, cpu_layout, results, **extra):
         "experiment": experiment,
         "date": utc_now(),
         "machine": machine(),
+        "cpu": machine_info(),
+        # Anything else running moves the figures: the load averages when the script started and ended.
+        "loadavg": {"start": LOAD_AT_START, "end": os.getloadavg()},
         "cpu_layout": cpu_layout,
         "runs": args.runs,
         "seconds": args.seconds,
@@ -124,7 +183,8 @@ def parser(doc, name, runs=5, seconds=2.0, peers=True, layouts=None):
                          "the figures are not worth quoting")
     ap.add_argument("--layout", choices=sorted(layouts or LAYOUTS), default="split",
                     help="where vale's processes run: split = valed alone on cpu1, senders and "
-                         "receivers on cpu0; shared = nothing pinned (default split)"
+                         "receivers on cpu0; shared = nothing pinned; own = sender, valed and "
+                         "receiver a CPU each (3 or more CPUs) (default split)"
                          if not layouts else "CPU layout (default split; see above)")
     if peers:
         ap.add_argument("--no-peers", action="store_true",
@@ -140,6 +200,9 @@ def parse(ap, argv=None):
         a.runs, a.seconds = min(a.runs, 2), min(a.seconds, 0.5)
     if a.runs < 1 or a.seconds <= 0:
         ap.error("--runs must be >= 1 and --seconds > 0")
+    if getattr(a, "layout", None) in LAYOUTS and LAYOUTS[a.layout] is None:
+        ap.error(f"--layout {a.layout} gives sender, valed and receiver a CPU each: it needs 3 CPUs, "
+                 f"this machine has {len(cpu_topology())}")
     return a
 
 
@@ -312,7 +375,8 @@ class Valed:
 
     def cpu_layout(self, **more):
         d = {"name": self.layout_name, "valed": self.layout["valed"], "valed_workers": self.workers,
-             "tx": self.layout["tx"], "rx": self.layout["rx"]}
+             "tx": self.layout["tx"], "rx": self.layout["rx"],
+             "cpus": len(set().union(*(cpu_set(self.layout[k]) for k in ("valed", "tx", "rx"))))}
         d.update(more)
         return d
 

@@ -21,6 +21,7 @@ from common import sh, spawn, stop, on_exit, cpu_seconds
 
 TX_MAC = "02:00:00:00:01:01"
 TX_IP, RX_IP = (198, 18, 0, 1), (198, 18, 0, 2)    # the benchmarking range; used only in our namespaces
+PER_CPU = "per-cpu"      # trafgen_run's cpus for one trafgen process per CPU
 MAX_PPS = 20_000_000    # trafgen's frame-count bound = this x its time bound: far above any veth here
 START_WAIT = 5.0        # seconds trafgen may take before its first frame shows in tx_packets
 
@@ -232,7 +233,9 @@ def trafgen_run(topo, size, seconds, warmup=0.5, dst=None, cpus="0"):
     """One trafgen run through `topo`; returns {tx_pps, rx_pps, switch_cpu_s, tx_packets, rx_packets}.
 
     `trafgen -P 1` (one sending process, pinned with taskset -c cpus) sends Ethernet+IPv4+UDP
-    frames of exactly `size` bytes to dst (default: receiver 0's MAC). Once frames flow and
+    frames of exactly `size` bytes to dst (default: receiver 0's MAC); with cpus=PER_CPU,
+    trafgen without -P and taskset: one sending process per CPU, each pinned by trafgen to its
+    CPU (the Linux bridge at its best: its softirq runs on every sending CPU). Once frames flow and
     `warmup` seconds have passed, the sender veth's tx_packets and the receivers' rx_packets are
     read, and again `seconds` later. switch_cpu_s is the CPU time of the switch process (OVS)
     between the reads, None for the kernel bridge.
@@ -246,9 +249,11 @@ def trafgen_run(topo, size, seconds, warmup=0.5, dst=None, cpus="0"):
     # -P 1: one sending process (default: one per CPU). --no-sock-mem, -Q: leave the host's
     # socket-memory sysctls and IRQ affinities alone (trafgen 0.6.8 lists -A for --no-sock-mem
     # but rejects it). -C: no CPU stats. (-q would mean "use the qdisc path", not quiet.)
-    cmd = ["ip", "netns", "exec", topo.ns["tx"], "taskset", "-c", cpus,
+    pin = [] if cpus == PER_CPU else ["taskset", "-c", cpus]
+    procs = [] if cpus == PER_CPU else ["-P", "1"]
+    cmd = ["ip", "netns", "exec", topo.ns["tx"], *pin,
            "timeout", "-s", "INT", "-k", "3", f"{limit:.1f}",
-           "trafgen", "-i", cfg.name, "-o", "veth0", "-P", "1", "-n", str(int(MAX_PPS * limit)),
+           "trafgen", "-i", cfg.name, "-o", "veth0", *procs, "-n", str(int(MAX_PPS * limit)),
            "--no-sock-mem", "-Q", "-C"]
     if size > 1514:
         cmd.append("-J")    # jumbo support: bigger frames in trafgen's packet ring (default 2048 B)
@@ -383,6 +388,39 @@ def memif_run(size, seconds, warmup=1.0, burst=32):
     cores = (c1 - c0) / (t1 - t0)
     return {"rx_pps": r, "tx_pps": steady(tx, 1), "cores": cores, "cpu_s_per_mpkt": cores / (r / 1e6),
             "rx_packets": max(total or [0])}
+
+
+def memif_sender_alone(size, seconds, warmup=1.0, burst=32):
+    """memif_run's sender with nothing behind it: the same testpmd txonly (same lcores, burst
+    and mbufs) on DPDK's null driver, which frees every frame it is given. Returns
+    {tx_pps}: the mean of its per-second Tx-pps readings after `warmup`."""
+    common.ensure_packages(["/usr/lib/x86_64-linux-gnu/librte_net_null.so.23"], ["librte-net-null23"])
+    ensure_dpdk()
+    secs = max(1, round(seconds))
+    d = tempfile.mkdtemp(prefix="vb-null-")
+    on_exit(lambda: shutil.rmtree(d, ignore_errors=True))
+    prefix = f"vb{os.getpid()}x{int(time.monotonic() * 1000) % 100000}null"
+    on_exit(lambda: shutil.rmtree(f"/var/run/dpdk/{prefix}", ignore_errors=True))
+    lay = MEMIF_LAYOUT["tx"]
+    log = open(f"{d}/tx.log", "w+")
+    p = spawn(["stdbuf", "-oL", "dpdk-testpmd", "-l", lay["lcores"], "--main-lcore", lay["main"], "--no-huge",
+               "-m", "512", "--no-pci", "--log-level=lib.eal:error", "--file-prefix", prefix,
+               "--vdev", "net_null0", "--", "--total-num-mbufs=16384", "--stats-period", "1", "--auto-start",
+               f"--burst={burst}", "--forward-mode=txonly", f"--txpkts={size}"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while not [x for x in re.findall(r"Tx-pps:\s+(\d+)", _tail(log, 10**7)) if int(x) > 0]:
+            if p.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"testpmd txonly on net_null sent nothing: {_tail(log)}")
+            time.sleep(0.05)
+        time.sleep(warmup + secs + 1.5)
+    finally:
+        stop(p, signal.SIGKILL, 2)
+        shutil.rmtree(f"/var/run/dpdk/{prefix}", ignore_errors=True)
+    tx = [int(v) for v in re.findall(r"Tx-pps:\s+(\d+)", _tail(log, 10**7)) if int(v) > 0]
+    log.close()
+    tx = tx[1 + round(warmup):1 + round(warmup) + secs] or tx
+    return {"tx_pps": sum(tx) / len(tx)}
 
 
 def _tail(f, n=1500):

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Runs every experiment of bench/ in one go, then draws the plots.
 
-In this order, each as its own command with the options given here passed on: sizes.py,
-batch.py, destinations.py, ports.py, latency.py, cpu.py, host_ports.py, vhost_user.py, guests.py,
-modules.py, then plot.py (PNGs in docs/bench/)
+In this order, each as its own command with the options given here passed on: bound.py,
+sizes.py, batch.py, destinations.py, ports.py, scale.py, latency.py, cpu.py, host_ports.py,
+vhost_user.py, guests.py, modules.py, then plot.py (PNGs in docs/bench/)
 and summary.py (Markdown tables in bench/results/summary.md). Each prints its table
 and writes bench/results/<name>.json; this script prints how long each took and writes
 bench/results/run_all.json (the list of experiments, their exit status and durations).
@@ -20,8 +20,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import common  # noqa: E402
 
-EXPERIMENTS = ["sizes", "batch", "destinations", "ports", "latency", "cpu", "host_ports", "vhost_user",
-               "guests", "modules"]
+EXPERIMENTS = ["bound", "sizes", "batch", "destinations", "ports", "scale", "latency", "cpu", "host_ports",
+               "vhost_user", "guests", "modules"]
 
 
 def main():
@@ -34,6 +34,8 @@ def main():
     ap.add_argument("--only", default=",".join(EXPERIMENTS), help=f"which experiments (default all: {','.join(EXPERIMENTS)})")
     ap.add_argument("--no-plot", action="store_true", help="do not run plot.py at the end")
     a = ap.parse_args()
+    if a.layout == "own" and common.LAYOUTS["own"] is None:
+        ap.error(f"--layout own needs 3 CPUs; this machine has {len(common.cpu_topology())}")
     only = [e for e in a.only.split(",") if e]
     bad = [e for e in only if e not in EXPERIMENTS]
     if bad:
@@ -43,6 +45,9 @@ def main():
     done, t_all = [], time.monotonic()
     for e in only:
         cmd = [sys.executable, os.path.join(HERE, f"{e}.py"), "--layout", a.layout]
+        if e == "vhost_user" and a.layout == "own":   # its own name for a CPU per party
+            own = common.LAYOUTS["own"]
+            cmd[-2:] = ["--layout", "pinned", "--cpus", f"{own['tx']},{own['valed']},{own['rx']}"]
         if a.runs:
             cmd += ["--runs", str(a.runs)]
         if a.seconds:
@@ -51,7 +56,7 @@ def main():
             cmd.append("--quick")
         if a.no_peers and e in ("host_ports", "vhost_user", "guests"):
             continue    # nothing but a comparison with a peer; vale's side of vhost_user needs testpmd too
-        if a.no_peers and e not in ("ports", "modules"):
+        if a.no_peers and e not in ("ports", "modules", "bound", "scale"):
             cmd.append("--no-peers")
         print(f"\n=== {e}: {' '.join(os.path.relpath(c) if c.startswith('/') else c for c in cmd[1:])}", flush=True)
         t0 = time.monotonic()
