@@ -38,7 +38,7 @@ fn ready_once_listening(valed: &Path, dir: &Path, notify: &str, sock: &UnixDatag
         .expect("timeout");
     let mut cmd = Command::new(valed);
     cmd.arg("--run-dir").arg(dir).env("NOTIFY_SOCKET", notify);
-    let mut kid = Kid::spawn(cmd, "valed");
+    let kid = Kid::spawn(cmd, "valed");
     let mut buf = [0u8; 4096];
     let n = sock
         .recv(&mut buf)
@@ -74,7 +74,11 @@ fn readiness_is_notified_once_the_control_socket_listens() {
     let kid = ready_once_listening(&bin("valed"), &run, path.to_str().unwrap(), &sock);
     kid.signal(libc::SIGTERM);
     let out = kid.finish(T);
-    assert!(out.status.success(), "valed after SIGTERM: {:?}", out.status);
+    assert!(
+        out.status.success(),
+        "valed after SIGTERM: {:?}",
+        out.status
+    );
 }
 
 #[test]
@@ -97,9 +101,27 @@ fn without_notify_socket_valed_starts_as_ever() {
 }
 
 /// `systemd-analyze verify` of `unit`, with the binaries its ExecStart names found under
-/// `root` (`--root`); None when systemd-analyze is not installed.
+/// `root` (`--root`); None when systemd-analyze is not installed. The host's targets
+/// (sysinit.target, network.target...) are copied under `root` for the time of the check:
+/// the unit's dependencies must resolve there.
 fn verify_unit(root_dir: &Path, unit: &Path) -> Option<std::process::Output> {
     let analyze = which("systemd-analyze")?;
+    let units = root_dir.join("usr/lib/systemd/system");
+    let mut copied = Vec::new();
+    for host in ["/usr/lib/systemd/system", "/lib/systemd/system"] {
+        let Ok(entries) = std::fs::read_dir(host) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let to = units.join(e.file_name());
+            if e.file_name().to_string_lossy().ends_with(".target") && !to.exists() {
+                // Copies, not links: systemd-analyze resolves links inside the root.
+                if std::fs::copy(e.path(), &to).is_ok() {
+                    copied.push(to);
+                }
+            }
+        }
+    }
     let out = run_bounded(
         Command::new(analyze)
             .arg("verify")
@@ -108,6 +130,9 @@ fn verify_unit(root_dir: &Path, unit: &Path) -> Option<std::process::Output> {
             .arg(unit),
         Duration::from_secs(60),
     );
+    for f in copied {
+        let _ = std::fs::remove_file(f);
+    }
     Some(out)
 }
 
@@ -120,7 +145,11 @@ fn multiarch() -> String {
 
 /// A root directory with an empty dpkg database, for `dpkg --root`.
 fn dpkg_root(dir: &Path) {
-    for d in ["var/lib/dpkg/info", "var/lib/dpkg/updates", "var/lib/dpkg/triggers"] {
+    for d in [
+        "var/lib/dpkg/info",
+        "var/lib/dpkg/updates",
+        "var/lib/dpkg/triggers",
+    ] {
         std::fs::create_dir_all(dir.join(d)).expect("mkdir");
     }
     std::fs::write(dir.join("var/lib/dpkg/status"), "").expect("status");
@@ -132,7 +161,13 @@ fn dpkg(dir: &Path, args: &[&str]) -> String {
     ok(
         Command::new("dpkg")
             .arg(format!("--root={}", dir.display()))
-            .args(["--log=/dev/null", "--force-script-chrootless", "--force-depends"])
+            .args([
+                "--log=/dev/null",
+                "--force-script-chrootless",
+                "--force-depends",
+            ])
+            // Whatever the host's dpkg.cfg.d leaves out (man pages, in slim images).
+            .arg("--path-include=/*")
             .args(args),
         Duration::from_secs(120),
     )
@@ -160,7 +195,12 @@ fn debian_package_installs_and_runs_from_its_paths() {
     let deb = PathBuf::from(stdout.lines().last().expect("package path").trim());
     assert!(deb.is_file(), "no package at {}", deb.display());
     let info = ok(Command::new("dpkg-deb").arg("--info").arg(&deb), T);
-    for f in ["Package: vale", "Depends: libc6 (>= 2.", "conffiles", "postinst"] {
+    for f in [
+        "Package: vale",
+        "Depends: libc6 (>= 2.",
+        "conffiles",
+        "postinst",
+    ] {
         assert!(info.contains(f), "dpkg-deb --info lacks {f:?}:\n{info}");
     }
     let ma = multiarch();
@@ -216,7 +256,12 @@ fn debian_package_installs_and_runs_from_its_paths() {
                 .env("MANWIDTH", "100"),
             T,
         );
-        for s in ["--busy-poll-us", "--admin-group", "VALE_RUN_DIR", "SYNOPSIS"] {
+        for s in [
+            "--busy-poll-us",
+            "--admin-group",
+            "VALE_RUN_DIR",
+            "SYNOPSIS",
+        ] {
             assert!(text.contains(s), "valed(8) lacks {s}:\n{text}");
         }
     }
@@ -239,7 +284,12 @@ fn debian_package_installs_and_runs_from_its_paths() {
     let run = tmp.0.join("run");
     let notify = tmp.0.join("notify.sock");
     let sock = UnixDatagram::bind(&notify).expect("bind the notify socket");
-    let valed = ready_once_listening(&usr_bin.join("valed"), &run, notify.to_str().unwrap(), &sock);
+    let valed = ready_once_listening(
+        &usr_bin.join("valed"),
+        &run,
+        notify.to_str().unwrap(),
+        &sock,
+    );
     let ctl = |args: &[&str]| {
         ok(
             Command::new(usr_bin.join("vale-ctl"))
@@ -268,7 +318,9 @@ fn debian_package_installs_and_runs_from_its_paths() {
         c
     };
     let rx = Kid::spawn(
-        pktgen(&["-i", "vale0:b", "-f", "rx", "-n", "1000", "-T", "20", "--json", "-q"]),
+        pktgen(&[
+            "-i", "vale0:b", "-f", "rx", "-n", "1000", "-T", "20", "--json", "-q",
+        ]),
         "installed vale-pktgen rx",
     );
     assert!(
@@ -277,7 +329,9 @@ fn debian_package_installs_and_runs_from_its_paths() {
         ports()
     );
     let tx = run_bounded(
-        &mut pktgen(&["-i", "vale0:a", "-f", "tx", "-n", "1000", "-l", "60", "--json", "-q"]),
+        &mut pktgen(&[
+            "-i", "vale0:a", "-f", "tx", "-n", "1000", "-l", "60", "--json", "-q",
+        ]),
         T * 2,
     );
     report(&tx, "installed vale-pktgen tx");
@@ -333,12 +387,22 @@ fn debian_package_installs_and_runs_from_its_paths() {
     );
     valed.signal(libc::SIGTERM);
     let out = valed.finish(T);
-    assert!(out.status.success(), "installed valed after SIGTERM: {:?}", out.status);
+    assert!(
+        out.status.success(),
+        "installed valed after SIGTERM: {:?}",
+        out.status
+    );
 
     // Purged, it leaves nothing behind, its configuration file included.
     dpkg(&dest, &["--purge", "vale"]);
     for f in ["usr/bin/valed", "etc/default/valed", "usr/include/vale.h"] {
-        assert!(!dest.join(f).exists(), "{f} is still there after dpkg --purge");
+        assert!(
+            !dest.join(f).exists(),
+            "{f} is still there after dpkg --purge"
+        );
     }
-    eprintln!("package built, installed, run and purged in {:?}", started.elapsed());
+    eprintln!(
+        "package built, installed, run and purged in {:?}",
+        started.elapsed()
+    );
 }
