@@ -94,10 +94,23 @@ fn readiness_goes_to_an_abstract_notify_socket() {
 
 #[test]
 fn without_notify_socket_valed_starts_as_ever() {
-    // Valed::start waits for the socket; a valed that insisted on notifying would not get
-    // there (or would log an error).
-    let v = Valed::start();
-    assert!(!v.log().contains("service manager"), "{}", v.log());
+    let tmp = TempDir::new("no-notify");
+    let mut cmd = Command::new(bin("valed"));
+    cmd.arg("--run-dir").arg(&tmp.0).env_remove("NOTIFY_SOCKET");
+    let kid = Kid::spawn(cmd, "valed");
+    assert!(
+        wait_until(T, || UnixStream::connect(tmp.0.join(SOCKET_NAME)).is_ok()),
+        "valed without NOTIFY_SOCKET never listened"
+    );
+    kid.signal(libc::SIGTERM);
+    let out = kid.finish(T);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "valed after SIGTERM: {:?}: {err}",
+        out.status
+    );
+    assert!(!err.contains("service manager"), "{err}");
 }
 
 /// `systemd-analyze verify` of `unit`, with the binaries its ExecStart names found under
