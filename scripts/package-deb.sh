@@ -74,7 +74,11 @@ install -m 644 packaging/deb/copyright "$root/usr/share/doc/vale/copyright"
 install -m 755 packaging/deb/postinst packaging/deb/prerm packaging/deb/postrm "$root/DEBIAN/"
 echo /etc/default/valed >"$root/DEBIAN/conffiles"
 
-# Man pages from the same clap definitions as --help: valed in section 8, the tools in 1.
+# Man pages from the same clap definitions as --help: valed in section 8, the tools in 1,
+# dated by the last commit when there is one.
+if [ -z "${SOURCE_DATE_EPOCH:-}" ] && epoch=$(git log -1 --format=%ct 2>/dev/null); then
+    export SOURCE_DATE_EPOCH="$epoch"
+fi
 "$rel/valed" --write-man-pages "$root/usr/share/man/man8" >/dev/null
 "$rel/vale-ctl" --write-man-pages "$root/usr/share/man/man1" >/dev/null
 "$rel/vale-pktgen" --write-man-pages "$root/usr/share/man/man1" >/dev/null

@@ -269,11 +269,14 @@ fn debian_package_installs_and_runs_from_its_paths() {
                 .env("MANWIDTH", "100"),
             T,
         );
+        // The footer names the source, "vale VERSION", and a date: the .TH line is whole.
+        let footer = format!("vale {}", env!("CARGO_PKG_VERSION"));
         for s in [
             "--busy-poll-us",
             "--admin-group",
             "VALE_RUN_DIR",
             "SYNOPSIS",
+            &footer,
         ] {
             assert!(text.contains(s), "valed(8) lacks {s}:\n{text}");
         }
