@@ -1,6 +1,7 @@
 //! valed: the vale daemon.
 
 mod control;
+mod notify;
 mod peer;
 mod rundir;
 
@@ -84,6 +85,7 @@ struct Args {
 }
 
 fn main() {
+    vale_man::write_if_asked("8", <Args as clap::CommandFactory>::command);
     if let Err(e) = run() {
         eprintln!("valed: {e:#}");
         std::process::exit(1);
@@ -140,6 +142,8 @@ fn run() -> anyhow::Result<()> {
 
     tracing::info!(run_dir = %run_dir.display(), workers = args.workers, batch = args.batch,
         busy_poll_us = args.busy_poll_us, pid = std::process::id(), "valed ready");
+    // The socket listens: a service manager waiting for us (Type=notify) may go on.
+    notify::ready();
     let policy = control::Policy {
         admin_gid,
         conns_per_user: args.max_conns_per_user as usize,
