@@ -38,7 +38,8 @@ use crate::port::{add, Port};
 use crate::region::Region;
 use crate::switch::Switch;
 
-/// The ring geometry of host ports: deep enough for a burst of 64 KiB TSO segments.
+/// The ring geometry of host ports unless their kind says otherwise ([`Device::params`]):
+/// deep enough for a burst of 64 KiB TSO segments.
 pub const HOST_PARAMS: PortParams = PortParams {
     tx_rings: 1,
     rx_rings: 1,
@@ -109,6 +110,10 @@ pub trait Device: Send {
     /// The offload work (TSO, partial checksums) frames to the port may carry as they are, at
     /// attach time (see [`Steps::set_caps`]).
     fn caps(&self) -> Caps;
+    /// The geometry of the port's rings.
+    fn params(&self) -> PortParams {
+        HOST_PARAMS
+    }
     /// Where switch threads may write frames for this port straight away, if anywhere.
     fn direct(&self) -> Option<Arc<dyn DirectSink>> {
         None
@@ -128,6 +133,12 @@ pub trait Polled: Egress + Send {
     fn ingress(&mut self, ring: &mut TxSide) -> Result<usize, DevError>;
     /// The device's own view of its state, looked at about once a second.
     fn is_up(&self) -> bool;
+    /// The last `ingress` stopped because the device had nothing more (not for want of room
+    /// or at its burst): the driver need not look again before it waits on `poll_fds`, which
+    /// are level-triggered and wake it at once for anything that came since.
+    fn drained(&self) -> bool {
+        false
+    }
 }
 
 /// The generic driver of a polled device (a [`Device::driver`]).
@@ -582,7 +593,9 @@ impl HostLoop {
                     .set_up(self.steps.port_name(), up, &"the device is down or gone");
             }
             let due = self.steps.fire_due();
-            if moved_in + moved_out != 0 {
+            // A device read dry needs no second look (one system call per wake-up less): the
+            // wait below returns at once if it has frames again.
+            if moved_out != 0 || (moved_in != 0 && !self.dev.drained()) {
                 continue;
             }
             // Moderation: at most one wake-up per interval. Idle early, the thread naps out the

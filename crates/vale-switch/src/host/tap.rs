@@ -16,7 +16,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
-use vale_abi::region::{MAX_FRAGS, MAX_FRAME_LEN};
+use vale_abi::region::{PortParams, MAX_FRAGS, MAX_FRAME_LEN};
 
 use super::{polled, DevError, Device, DirectSink, Driver, Egress, Polled, TxSide};
 use crate::kind::{Delivered, OutFrames};
@@ -37,6 +37,21 @@ const TUN_F_TSO_ECN: libc::c_ulong = 0x08;
 /// Frames read per round: the rest waits for the next one, so egress gets its turn.
 const INGRESS_BURST: usize = 64;
 
+/// The ring geometry of a TAP port: 64 slots of 16 KiB. A 64 KiB segment takes 4 slots (5
+/// iovecs per system call, not 33 with the default 2112-byte buffers), and the port's thread,
+/// which reads a burst into the tx ring and at once writes it out to the destination TAP,
+/// cycles through 1 MiB of buffers instead of 4.3 MiB: what the kernel copied in is still in
+/// the cache when it copies it out, and the next reads land on lines that are. Measured
+/// against 2048 × 2112 B (TCP, one stream, TAP to TAP): about a quarter less CPU per byte in
+/// valed; 256 × 16 KiB gained half of that, 64 × 8 KiB and 64 × 4 KiB less. The rx ring is
+/// used only by frames a direct write could not take (a TAP's never declines).
+pub const TAP_PARAMS: PortParams = PortParams {
+    tx_rings: 1,
+    rx_rings: 1,
+    slots: 64,
+    buf_size: 16384,
+};
+
 #[repr(C)]
 struct IfReq {
     name: [u8; libc::IFNAMSIZ],
@@ -50,6 +65,8 @@ pub struct Tap {
     name: String,
     /// One iovec per slot a frame can take, plus the header's.
     iov: Vec<libc::iovec>,
+    /// The last ingress step read until the device had nothing more.
+    drained: bool,
 }
 
 // SAFETY: the iovecs are scratch space rebuilt before every use; nothing points across calls.
@@ -143,6 +160,7 @@ impl Tap {
             }),
             name,
             iov: Vec::with_capacity(1 + MAX_FRAGS as usize),
+            drained: false,
         })
     }
 }
@@ -229,6 +247,10 @@ impl Device for Tap {
         Caps(Caps::CSUM.0 | Caps::TSO4.0 | Caps::TSO6.0 | Caps::ECN.0)
     }
 
+    fn params(&self) -> PortParams {
+        TAP_PARAMS
+    }
+
     fn direct(&self) -> Option<Arc<dyn DirectSink>> {
         Some(self.sink.clone())
     }
@@ -247,6 +269,7 @@ impl Polled for Tap {
         let max_slots = ring.slots_for(MAX_FRAME_LEN as usize);
         let mut hdr = [0u8; VNET_HDR_LEN];
         let mut moved = 0;
+        self.drained = false;
         while moved < INGRESS_BURST && ring.room() >= max_slots {
             self.iov.clear();
             self.iov.push(libc::iovec {
@@ -270,6 +293,7 @@ impl Polled for Tap {
             if n < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::WouldBlock {
+                    self.drained = true;
                     break;
                 }
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -291,6 +315,9 @@ impl Polled for Tap {
     }
     fn is_up(&self) -> bool {
         self.sink.up.load(Relaxed)
+    }
+    fn drained(&self) -> bool {
+        self.drained
     }
 }
 
