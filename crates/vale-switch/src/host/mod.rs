@@ -133,12 +133,6 @@ pub trait Polled: Egress + Send {
     fn ingress(&mut self, ring: &mut TxSide) -> Result<usize, DevError>;
     /// The device's own view of its state, looked at about once a second.
     fn is_up(&self) -> bool;
-    /// The last `ingress` stopped because the device had nothing more (not for want of room
-    /// or at its burst): the driver need not look again before it waits on `poll_fds`, which
-    /// are level-triggered and wake it at once for anything that came since.
-    fn drained(&self) -> bool {
-        false
-    }
 }
 
 /// The generic driver of a polled device (a [`Device::driver`]).
@@ -593,9 +587,7 @@ impl HostLoop {
                     .set_up(self.steps.port_name(), up, &"the device is down or gone");
             }
             let due = self.steps.fire_due();
-            // A device read dry needs no second look (one system call per wake-up less): the
-            // wait below returns at once if it has frames again.
-            if moved_out != 0 || (moved_in != 0 && !self.dev.drained()) {
+            if moved_in + moved_out != 0 {
                 continue;
             }
             // Moderation: at most one wake-up per interval. Idle early, the thread naps out the

@@ -65,8 +65,6 @@ pub struct Tap {
     name: String,
     /// One iovec per slot a frame can take, plus the header's.
     iov: Vec<libc::iovec>,
-    /// The last ingress step read until the device had nothing more.
-    drained: bool,
 }
 
 // SAFETY: the iovecs are scratch space rebuilt before every use; nothing points across calls.
@@ -160,7 +158,6 @@ impl Tap {
             }),
             name,
             iov: Vec::with_capacity(1 + MAX_FRAGS as usize),
-            drained: false,
         })
     }
 }
@@ -269,7 +266,6 @@ impl Polled for Tap {
         let max_slots = ring.slots_for(MAX_FRAME_LEN as usize);
         let mut hdr = [0u8; VNET_HDR_LEN];
         let mut moved = 0;
-        self.drained = false;
         while moved < INGRESS_BURST && ring.room() >= max_slots {
             self.iov.clear();
             self.iov.push(libc::iovec {
@@ -293,7 +289,6 @@ impl Polled for Tap {
             if n < 0 {
                 let e = io::Error::last_os_error();
                 if e.kind() == io::ErrorKind::WouldBlock {
-                    self.drained = true;
                     break;
                 }
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -315,9 +310,6 @@ impl Polled for Tap {
     }
     fn is_up(&self) -> bool {
         self.sink.up.load(Relaxed)
-    }
-    fn drained(&self) -> bool {
-        self.drained
     }
 }
 

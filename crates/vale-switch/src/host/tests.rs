@@ -44,8 +44,6 @@ struct FakeDevice {
     sink: Option<Arc<FakeSink>>,
     /// The port's ring geometry.
     params: PortParams,
-    /// The last ingress emptied `to_switch` (see [`Polled::drained`]).
-    drained: bool,
 }
 
 impl Device for FakeDevice {
@@ -74,7 +72,6 @@ impl Polled for FakeDevice {
         eventfd::drain(&*self.ready);
         let mut q = self.wire.to_switch.lock().unwrap();
         let mut n = 0;
-        self.drained = false;
         while let Some(f) = q.front() {
             if !ring.push(f) {
                 // No room now: the rest waits, and the device says so again.
@@ -84,14 +81,10 @@ impl Polled for FakeDevice {
             q.pop_front();
             n += 1;
         }
-        self.drained = q.is_empty();
         Ok(n)
     }
     fn is_up(&self) -> bool {
         true
-    }
-    fn drained(&self) -> bool {
-        self.drained
     }
 }
 
@@ -171,7 +164,6 @@ fn fake(
         ready: ready.clone(),
         sink: sink.clone(),
         params: super::HOST_PARAMS,
-        drained: false,
     };
     (dev, wire, ready, sink)
 }
@@ -251,8 +243,7 @@ fn frames_cross_the_seam_both_ways() {
 }
 
 /// A kind's ring geometry is its port's (a TAP's: 64 slots of 16 KiB), and frames of every
-/// length up to 64 KiB cross unchanged between ports of either geometry, both ways, while the
-/// device says it is drained after each burst (so its thread waits without a second look) and
+/// length up to 64 KiB cross unchanged between ports of either geometry, both ways, while
 /// frames keep coming in small bursts from another thread: no wake-up is lost.
 #[test]
 fn a_kinds_ring_geometry_is_its_ports_and_long_frames_cross_it_whole() {
