@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Namespaces on a switch: vale's TAP and NIC ports against the Linux bridge, in the same run.
 
-Two experiments, each the median of --runs runs of --seconds, with min and max:
+Two experiments (--experiments tcp or pps runs one), each the median of --runs runs of
+--seconds, with min and max:
 
 - tcp: iperf3, one TCP stream, between two network namespaces. Through vale, each namespace
   has a TAP port (TSO and checksum offload on; 64 KiB segments cross the switch whole). Through
-  the Linux bridge, each namespace has a veth into a bridge (TSO on, as veths come).
+  the Linux bridge, each namespace has a veth into a bridge (TSO on, as veths come). Also
+  valed's CPU seconds (user + system) per GB carried.
 - pps: 60-byte frames from trafgen in a namespace, out of a veth. Through vale, the veth's
   peer is a NIC port (AF_XDP native, AF_XDP generic, AF_PACKET: --modes; each with no
   moderation and with --moderation) and the receiver a native port (vale-pktgen rx, counted by
@@ -17,7 +19,8 @@ Nothing is pinned: iperf3, trafgen, the kernel's softirqs and valed's threads sh
 as they would on a host. Needs root; installs iperf3, ethtool, netsniff-ng and iproute2 with
 apt-get if missing. Every namespace is removed on exit, error, Ctrl-C and SIGTERM.
 
-    cargo build --release && bench/host_ports.py [--runs 5] [--seconds 3] [--modes xdp,xdp-generic,packet]
+    cargo build --release && bench/host_ports.py [--runs 5] [--seconds 3] [--experiments tcp]
+        [--modes xdp,xdp-generic,packet]
 """
 import json, os, subprocess, time
 
@@ -179,17 +182,25 @@ def main():
     results = {}
     if "tcp" in which:
         # Alternate vale and the bridge run by run, so drifts of the machine hit both.
-        vale, bridge = [], []
+        vale, bridge, cpu = [], [], []
         for _ in range(a.runs):
             one = argparse_like(a, runs=1)
-            vale.append(tcp_vale(one)["bps"]["median"])
+            v = tcp_vale(one)
+            vale.append(v["bps"]["median"])
+            # valed's CPU seconds per GB carried: what a TAP port costs, less sensitive than
+            # the rate to what else runs on the machine.
+            gb = v["bps"]["median"] * max(1, round(a.seconds)) / 8 / 1e9
+            cpu.append(v["valed_cpu_s"]["median"] / gb if gb else 0.0)
             bridge.append(tcp_bridge(one)["bps"]["median"])
-        results["tcp"] = {"vale_tap": {"bps": summary(vale)}, "linux_bridge": {"bps": summary(bridge)}}
+        results["tcp"] = {"vale_tap": {"bps": summary(vale), "valed_cpu_s_per_gb": summary(cpu)},
+                          "linux_bridge": {"bps": summary(bridge)}}
         r = ratio(results["tcp"]["vale_tap"]["bps"], results["tcp"]["linux_bridge"]["bps"])
         results["tcp"]["ratio"] = r
-        common.table(["TCP, one stream", "Gbit/s median (min-max)", "vale / bridge"],
-                     [["vale, TAP ports", gbps(results["tcp"]["vale_tap"]["bps"]), fmt_ratio(r)],
-                      ["Linux bridge, veths", gbps(results["tcp"]["linux_bridge"]["bps"]), ""]])
+        c = results["tcp"]["vale_tap"]["valed_cpu_s_per_gb"]
+        common.table(["TCP, one stream", "Gbit/s median (min-max)", "vale / bridge", "valed CPU s/GB"],
+                     [["vale, TAP ports", gbps(results["tcp"]["vale_tap"]["bps"]), fmt_ratio(r),
+                       f"{c['median']:.3f} ({c['min']:.3f}-{c['max']:.3f})"],
+                      ["Linux bridge, veths", gbps(results["tcp"]["linux_bridge"]["bps"]), "", ""]])
     if "pps" in which:
         res = {"linux_bridge": pps_runs(peers.LinuxBridge(), a)}
         rows = [["Linux bridge, veth -> veth", common.mpps(res["linux_bridge"]["rx_pps"], 3), ""]]

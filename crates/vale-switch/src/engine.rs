@@ -15,7 +15,7 @@ use vale_abi::name::{parse_port, parse_switch};
 use vale_abi::region::{Layout, PortParams};
 
 use crate::access::{Caller, Usage, UserLimits};
-use crate::host::{self, KindArgs, HOST_PARAMS};
+use crate::host::{self, KindArgs};
 use crate::lookup;
 use crate::port::{descriptors_for, Attachment, Port, PortIndex, PortShared};
 use crate::switch::{Installed, Switch, DEFAULT_BATCH, MAX_PORTS};
@@ -212,12 +212,11 @@ impl Engine {
         caller: &Caller,
     ) -> Result<(), String> {
         caller.must_be_admin("attaching a host device")?;
-        let layout = Layout::new(&HOST_PARAMS)?;
         self.with_switch(name, |_, sw| {
             // Before the device is opened: a refused attach must not create one (a TAP, say).
             place(sw, name, caller)?;
             let dev = host::open_device(kind, args)?;
-            self.attach_device_to(sw, name, layout, dev, caller)?;
+            self.attach_device_to(sw, name, dev, caller)?;
             tracing::info!(port = name, kind, ?args, "host port attached");
             Ok(())
         })
@@ -232,20 +231,18 @@ impl Engine {
         caller: &Caller,
     ) -> Result<(), String> {
         caller.must_be_admin("attaching a host device")?;
-        let layout = Layout::new(&HOST_PARAMS)?;
-        self.with_switch(name, |_, sw| {
-            self.attach_device_to(sw, name, layout, dev, caller)
-        })
+        self.with_switch(name, |_, sw| self.attach_device_to(sw, name, dev, caller))
     }
 
     fn attach_device_to(
         &self,
         sw: &Arc<Switch>,
         name: &str,
-        layout: Layout,
         dev: Box<dyn host::Device>,
         caller: &Caller,
     ) -> Result<(), String> {
+        // The ring geometry is the kind's (a TAP's frames are up to 64 KiB long).
+        let layout = Layout::new(&dev.params())?;
         let (index, shared) = place(sw, name, caller)?;
         let mut att = Attachment::new(name, layout, std::process::id())
             .map_err(|e| format!("cannot create memory for port '{name}': {e}"))?;

@@ -38,7 +38,8 @@ use crate::port::{add, Port};
 use crate::region::Region;
 use crate::switch::Switch;
 
-/// The ring geometry of host ports: deep enough for a burst of 64 KiB TSO segments.
+/// The ring geometry of host ports unless their kind says otherwise ([`Device::params`]):
+/// deep enough for a burst of 64 KiB TSO segments.
 pub const HOST_PARAMS: PortParams = PortParams {
     tx_rings: 1,
     rx_rings: 1,
@@ -109,6 +110,10 @@ pub trait Device: Send {
     /// The offload work (TSO, partial checksums) frames to the port may carry as they are, at
     /// attach time (see [`Steps::set_caps`]).
     fn caps(&self) -> Caps;
+    /// The geometry of the port's rings.
+    fn params(&self) -> PortParams {
+        HOST_PARAMS
+    }
     /// Where switch threads may write frames for this port straight away, if anywhere.
     fn direct(&self) -> Option<Arc<dyn DirectSink>> {
         None

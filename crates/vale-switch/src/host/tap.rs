@@ -16,7 +16,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 
-use vale_abi::region::{MAX_FRAGS, MAX_FRAME_LEN};
+use vale_abi::region::{PortParams, MAX_FRAGS, MAX_FRAME_LEN};
 
 use super::{polled, DevError, Device, DirectSink, Driver, Egress, Polled, TxSide};
 use crate::kind::{Delivered, OutFrames};
@@ -36,6 +36,21 @@ const TUN_F_TSO_ECN: libc::c_ulong = 0x08;
 
 /// Frames read per round: the rest waits for the next one, so egress gets its turn.
 const INGRESS_BURST: usize = 64;
+
+/// The ring geometry of a TAP port: 64 slots of 16 KiB. A 64 KiB segment takes 4 slots (5
+/// iovecs per system call, not 33 with the default 2112-byte buffers), and the port's thread,
+/// which reads a burst into the tx ring and at once writes it out to the destination TAP,
+/// cycles through 1 MiB of buffers instead of 4.3 MiB: what the kernel copied in is still in
+/// the cache when it copies it out, and the next reads land on lines that are. Measured
+/// against 2048 × 2112 B (TCP, one stream, TAP to TAP): about a quarter less CPU per byte in
+/// valed; 256 × 16 KiB gained half of that, 64 × 8 KiB and 64 × 4 KiB less. The rx ring is
+/// used only by frames a direct write could not take (a TAP's never declines).
+pub const TAP_PARAMS: PortParams = PortParams {
+    tx_rings: 1,
+    rx_rings: 1,
+    slots: 64,
+    buf_size: 16384,
+};
 
 #[repr(C)]
 struct IfReq {
@@ -227,6 +242,10 @@ impl Device for Tap {
 
     fn caps(&self) -> Caps {
         Caps(Caps::CSUM.0 | Caps::TSO4.0 | Caps::TSO6.0 | Caps::ECN.0)
+    }
+
+    fn params(&self) -> PortParams {
+        TAP_PARAMS
     }
 
     fn direct(&self) -> Option<Arc<dyn DirectSink>> {

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 
 use vale_abi::eventfd;
 
+use vale_abi::region::PortParams;
+
 use super::{polled, DevError, Device, Driver, Egress, Polled, TxSide};
 use crate::access::Caller;
 use crate::engine::{Engine, EngineConfig};
@@ -40,6 +42,8 @@ struct FakeDevice {
     /// Readable when frames wait in `to_switch`.
     ready: Arc<OwnedFd>,
     sink: Option<Arc<FakeSink>>,
+    /// The port's ring geometry.
+    params: PortParams,
 }
 
 impl Device for FakeDevice {
@@ -48,6 +52,9 @@ impl Device for FakeDevice {
     }
     fn caps(&self) -> Caps {
         Caps::NONE
+    }
+    fn params(&self) -> PortParams {
+        self.params
     }
     fn direct(&self) -> Option<Arc<dyn DirectSink>> {
         self.sink.clone().map(|s| s as Arc<dyn DirectSink>)
@@ -156,6 +163,7 @@ fn fake(
         wire: wire.clone(),
         ready: ready.clone(),
         sink: sink.clone(),
+        params: super::HOST_PARAMS,
     };
     (dev, wire, ready, sink)
 }
@@ -232,6 +240,83 @@ fn frames_cross_the_seam_both_ways() {
     engine.detach("vale0:a", &admin).unwrap();
     engine.detach("vale0:b", &admin).unwrap();
     assert!(engine.list().is_empty());
+}
+
+/// A kind's ring geometry is its port's (a TAP's: 64 slots of 16 KiB), and frames of every
+/// length up to 64 KiB cross unchanged between ports of either geometry, both ways, while
+/// frames keep coming in small bursts from another thread: no wake-up is lost.
+#[test]
+fn a_kinds_ring_geometry_is_its_ports_and_long_frames_cross_it_whole() {
+    let engine = Engine::new(EngineConfig::default()).unwrap();
+    let admin = Caller::valed();
+    let (mut dev_a, wire_a, ready_a, _) = fake("a", false);
+    dev_a.params = super::tap::TAP_PARAMS;
+    let (dev_b, wire_b, ready_b, sink_b) = fake("b", true);
+    let sink_b = sink_b.unwrap();
+    engine
+        .attach_device("vale0:a", Box::new(dev_a), &admin)
+        .unwrap();
+    engine
+        .attach_device("vale0:b", Box::new(dev_b), &admin)
+        .unwrap();
+    let (a, b) = (port_info(&engine, "vale0:a"), port_info(&engine, "vale0:b"));
+    assert_eq!((a.slots, a.buf_size), (64, 16384));
+    assert_eq!((b.slots, b.buf_size), (2048, 2112));
+
+    let lens = [60, 1514, 2112, 16383, 16384, 16385, 40000, 65535, 65536];
+    let frames = |src: u8, dst: [u8; 6], n: u32| -> Vec<Vec<u8>> {
+        (0..n)
+            .map(|i| frame(src, dst, i, lens[i as usize % lens.len()]))
+            .collect()
+    };
+    // a -> b, broadcast: 300 frames in bursts of 1 to 7 with pauses of 0 to 300 µs, from
+    // another thread, so bursts land while a's thread reads, forwards or goes to sleep. Each
+    // burst fits a's 63 free slots (7 frames of at most 4 slots).
+    let to_b = frames(0xa, [0xff; 6], 300);
+    let offer = {
+        let (to_b, wire_a, ready_a) = (to_b.clone(), wire_a.clone(), ready_a.clone());
+        std::thread::spawn(move || {
+            let mut i = 0;
+            let mut k = 1u32;
+            while i < to_b.len() {
+                let n = (k as usize % 7 + 1).min(to_b.len() - i);
+                // Each burst waits until the one before has been read (a's ring is shallow).
+                while !wire_a.to_switch.lock().unwrap().is_empty() {
+                    std::thread::yield_now();
+                }
+                wire_a.offer(&to_b[i..i + n], &ready_a);
+                i += n;
+                k = k.wrapping_mul(1103515245).wrapping_add(12345);
+                std::thread::sleep(Duration::from_micros((k >> 8) as u64 % 300));
+            }
+        })
+    };
+    wait_for("300 frames at b's sink", || {
+        sink_b.frames.lock().unwrap().len() == 300
+    });
+    offer.join().unwrap();
+    assert!(*sink_b.frames.lock().unwrap() == to_b, "frames changed");
+
+    // b -> a, unicast: through a's rx ring of 64 slots (at most 15 frames of 64 KiB) and a's
+    // egress step, a few frames at a time.
+    let to_a = frames(0xb, [2, 0, 0, 0, 0, 0xa], 90);
+    for (k, burst) in to_a.chunks(6).enumerate() {
+        wire_b.offer(burst, &ready_b);
+        wait_for("a burst on a's wire", || {
+            wire_a.from_switch.lock().unwrap().len() == (k + 1) * 6
+        });
+    }
+    assert!(
+        *wire_a.from_switch.lock().unwrap() == to_a,
+        "frames changed"
+    );
+    let (a, b) = (port_info(&engine, "vale0:a"), port_info(&engine, "vale0:b"));
+    assert_eq!((a.counters.tx_packets, a.counters.rx_packets), (300, 90));
+    assert_eq!(b.counters.tx_packets, 90);
+    assert_eq!(a.counters.rx_drops + b.counters.rx_drops, 0);
+    assert_eq!(a.counters.bad_input + b.counters.bad_input, 0);
+    engine.detach("vale0:a", &admin).unwrap();
+    engine.detach("vale0:b", &admin).unwrap();
 }
 
 /// A direct sink that takes only part of each batch: the rest goes through the port's rx ring
