@@ -19,6 +19,12 @@ the ring indices in shared memory and ask valed for no interrupt):
     busy-clients   ping and pong busy-wait, valed sleeps (their kicks wake it)
     busy-ping      valed busy-polls and ping busy-waits, pong sleeps
     busy           nobody sleeps: valed busy-polls, ping and pong busy-wait
+    busy-1thread   nobody sleeps, and the two clients are one thread: libvale's example
+                   busy_pingpong (crates/libvale/examples/; built here if missing) sends from
+                   one port, spins until the frame is at the other, echoes it, spins until it
+                   is back; valed busy-polls. The round trip takes the path of `busy` (client,
+                   valed, client, valed, client, no sleep, no system call) with the two
+                   clients' turns in one thread, so it needs 2 CPUs where `busy` needs 3
 
 A busy party wants a CPU of its own. With 3 or more vCPUs each party gets one (valed, ping,
 pong on cpus 1, 2, 3, or 0, 1, 2 with three); --busy-cpus V,P,Q sets them. With 2 vCPUs
@@ -48,6 +54,7 @@ VARIANTS = {
     "busy-clients": (False, True, True),
     "busy-ping": (True, True, False),
     "busy": (True, True, True),
+    "busy-1thread": (True, True, True),
 }
 # Where each party runs with 2 vCPUs, per variant: (valed, ping, pong).
 TWO_CPU_LAYOUT = {
@@ -55,7 +62,9 @@ TWO_CPU_LAYOUT = {
     "busy-clients": ("1", "0", "1"),
     "busy-ping": ("1", "0", "1"),
     "busy": ("1", "0", "0"),
+    "busy-1thread": ("1", "0", "0"),
 }
+PINGPONG = os.path.join(common.BIN, "examples", "busy_pingpong")
 
 
 def vale_ping(v, size, seconds, ping_args=(), pong_args=()):
@@ -74,15 +83,22 @@ def vale_ping(v, size, seconds, ping_args=(), pong_args=()):
     return rtt
 
 
+def one_thread_ping(v, size, seconds):
+    """busy_pingpong (both clients in one busy thread) on v's tx CPU; its RTT report."""
+    out = common.sh(["taskset", "-c", v.layout["tx"], PINGPONG, str(seconds), str(size)],
+                    timeout=seconds + 30, env=v.env)
+    return json.loads(out)
+
+
 def variant_cpus(name, fixed):
     """(valed, ping, pong) CPUs of a busy variant: `fixed` (--busy-cpus), else one each."""
     if fixed:
         return tuple(fixed)
     n = os.cpu_count() or 1
-    if n >= 4:
-        return ("1", "2", "3")
-    if n == 3:
-        return ("0", "1", "2")
+    if n >= 3:
+        cpus = ("1", "2", "3") if n >= 4 else ("0", "1", "2")
+        # The one thread of busy-1thread plays both clients on the ping CPU.
+        return cpus if name != "busy-1thread" else (cpus[0], cpus[1], cpus[1])
     if n == 2:
         return TWO_CPU_LAYOUT[name]
     return ("0", "0", "0")
@@ -104,13 +120,19 @@ def busy_variants(a, sizes, names, fixed_cpus):
         v = common.Valed({"name": name, "valed": cpus[0], "tx": cpus[1], "rx": cpus[2]}, extra=extra)
         ping_args = ["--busy"] if ping_busy else []
         pong_args = ["--busy"] if pong_busy else []
+        if name == "busy-1thread":
+            ping_args = pong_args = []
         for s in sizes:
-            runs = [vale_ping(v, s, a.seconds, ping_args, pong_args) for _ in range(a.runs)]
+            if name == "busy-1thread":
+                runs = [one_thread_ping(v, s, a.seconds) for _ in range(a.runs)]
+            else:
+                runs = [vale_ping(v, s, a.seconds, ping_args, pong_args) for _ in range(a.runs)]
             rows.append({"variant": name, "frame_len": s, "samples": sum(r["samples"] for r in runs),
                          "cpus": {"valed": cpus[0], "ping": cpus[1], "pong": cpus[2]},
                          "busy": {"valed": valed_busy, "ping": ping_busy, "pong": pong_busy},
                          "valed_args": extra, "ping_args": ping_args, "pong_args": pong_args,
-                         "oversubscribed": oversubscribed(cpus, (valed_busy, ping_busy, pong_busy)),
+                         "oversubscribed": name != "busy-1thread"
+                                           and oversubscribed(cpus, (valed_busy, ping_busy, pong_busy)),
                          **{k: summary([r[f"{k}_us"] for r in runs]) for k in ("min", "median", "p99", "max")}})
             print(f"vale {name} {s} B: median RTT {fmt(rows[-1]['median'])} us", flush=True)
         common.stop(v.proc, common.signal.SIGTERM)
@@ -134,6 +156,10 @@ def main():
     if any(n not in VARIANTS for n in names):
         ap.error(f"--variants: unknown variant in {a.variants!r} (known: {', '.join(VARIANTS)})")
     fixed_cpus = a.busy_cpus.split(",") if a.busy_cpus else None
+    if "busy-1thread" in names and not os.path.exists(PINGPONG):
+        common.sh(["cargo", "build", "--release", "--manifest-path", os.path.join(common.ROOT, "Cargo.toml"),
+                   "-p", "libvale", "--example", "busy_pingpong"],
+                  timeout=600)
     if fixed_cpus is not None and (len(fixed_cpus) != 3 or not all(c.strip().isdigit() for c in fixed_cpus)):
         ap.error("--busy-cpus takes three CPU numbers: valed,ping,pong")
     if any(not 60 <= s <= 1514 for s in sizes):
