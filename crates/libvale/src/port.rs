@@ -278,7 +278,10 @@ impl Port {
         let ns = match wait {
             Wait::Sleep => 0,
             Wait::Busy => u64::MAX,
-            Wait::BusyFor(d) => (d.as_nanos() as u64).clamp(1, u64::MAX - 1),
+            // A spin of 584 years or more is a spin without end in all but name.
+            Wait::BusyFor(d) => u64::try_from(d.as_nanos())
+                .unwrap_or(u64::MAX)
+                .clamp(1, u64::MAX - 1),
         };
         self.spin_ns.store(ns, Relaxed);
     }
@@ -512,6 +515,7 @@ impl Port {
     /// for it, and while nothing moves the spin does not sync at all, so it never kicks in
     /// a loop (which would get its ring muted). `appl_need_kick` stays 0, so valed raises no
     /// interrupt either.
+    ///
     /// Every [`SPINS_PER_LOOK`] spins it reads the clock (vDSO, no system call) and, at
     /// most once a millisecond, polls the control connection without waiting: a valed that
     /// died ends the spin with the error of a gone port.
@@ -550,9 +554,10 @@ impl Port {
     /// Also watches the control connection: fails with [`io::ErrorKind::ConnectionReset`]
     /// as soon as valed goes away.
     ///
-    /// With [`Wait::Busy`] it never sleeps: it spins until a ring is ready or `timeout`
-    /// passes (`None`: until then or until valed goes away, noticed within about a
-    /// millisecond); with [`Wait::BusyFor`] it spins up to that long, then sleeps.
+    /// With [`Wait::Busy`] (see [`Port::set_wait`]) it never sleeps: it spins until a ring
+    /// is ready or `timeout` passes, and fails once valed is gone (noticed within about a
+    /// millisecond, or a clock tick); with [`Wait::BusyFor`] it spins up to that long, then
+    /// sleeps.
     pub fn poll(&self, want: Events, timeout: Option<Duration>) -> io::Result<Events> {
         let start = Instant::now();
         let deadline = timeout.map(|t| start + t);
