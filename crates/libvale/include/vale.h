@@ -469,7 +469,7 @@ int vale_poll(struct vale_port *p, int events, int timeout_ms);
  * Busy waiting burns a whole CPU for as long as the wait lasts: give each busy client a
  * core of its own.  It changes nothing else: vale_txsync() still kicks valed when valed
  * sleeps on the ring and asked for a kick, so a busy client works with any valed; only
- * with valed busy-polling too (valed --busy-poll-us) does nobody make a system call per
+ * with valed busy-polling too (valed --busy-poll-us) is there no kick and no interrupt per
  * packet.  vale_txsync()/vale_rxsync() never wait, in either mode.  Returns 0, or -1 if p
  * is NULL (errno EINVAL).
  */

@@ -273,7 +273,8 @@ impl Port {
     /// the client's rings is unchanged: [`Port::txsync`] still kicks valed when, asleep, it
     /// asked for it, so a busy client works against a valed that sleeps (it saves only its
     /// own wake-ups) as against one that busy-polls (`valed --busy-poll-us`, whose rings
-    /// stay awake and need no kick: then nobody makes a system call per packet).
+    /// stay awake and need no kick: then neither side notifies the other, and the client
+    /// makes no system call per packet).
     pub fn set_wait(&self, wait: Wait) {
         let ns = match wait {
             Wait::Sleep => 0,

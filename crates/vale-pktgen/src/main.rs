@@ -103,12 +103,13 @@ struct Args {
     announce: bool,
     /// Busy-wait instead of sleeping: whenever it waits (for frames, for room on the tx ring,
     /// for the next --rate slot) vale-pktgen spins on the ring indices valed writes in shared
-    /// memory, and tells valed not to interrupt it, so waiting costs no system call and no
-    /// wake-up. With =US it spins at most US microseconds per wait and then sleeps as
+    /// memory, and tells valed not to interrupt it, so waiting costs no wake-up and no
+    /// system call but a look, about once a millisecond, at whether valed is still there.
+    /// With =US it spins at most US microseconds per wait and then sleeps as
     /// without --busy; plain --busy (or --busy=0) never sleeps and keeps a CPU 100% busy for
     /// the whole run, so give it a CPU of its own (taskset). Meant for -f ping and -f pong
-    /// with valed --busy-poll-us, where no party sleeps and no system call is made per
-    /// round trip; against a valed that sleeps it still works (vale-pktgen kicks valed when
+    /// with valed --busy-poll-us, where no party sleeps and no kick or interrupt is needed
+    /// per round trip; against a valed that sleeps it still works (vale-pktgen kicks valed when
     /// valed asks for it) and saves only its own wake-ups. A valed that goes away is noticed
     /// within about a millisecond, as without --busy
     #[arg(long, value_name = "US", num_args = 0..=1, require_equals = true,
