@@ -41,7 +41,7 @@ bytes. Frames longer than a buffer travel as chains of slots marked NS_MOREFRAG.
 vale-pktgen -i vale0:a -f tx -l 1514 -R 1000000 -n 5000000 -D 02:00:00:00:00:0b\n  \
 vale-pktgen -i vale0:b -f rx -b 64 --announce -S 02:00:00:00:00:0b &   (learnt: unicast, no flood)\n  \
 vale-pktgen -i vale0:p -f pong &\n  vale-pktgen -i vale0:q -f ping -n 10000 --json\n  \
-valed --busy-poll-us 50 &   (then, each on a CPU of its own: no party ever sleeps)\n  \
+taskset -c 1 valed --busy-poll-us 50 &   (each party on a CPU of its own: nobody ever sleeps)\n  \
 taskset -c 2 vale-pktgen -i vale0:p -f pong --busy &\n  \
 taskset -c 3 vale-pktgen -i vale0:q -f ping --busy -T 5\n\n\
 STOPPING:\n  After --count packets, after --duration seconds, or on SIGINT/SIGTERM; each prints the final report.\n  \
@@ -101,8 +101,10 @@ struct Args {
     /// never send otherwise)
     #[arg(long)]
     announce: bool,
-    /// Busy-wait instead of sleeping: whenever it waits (for frames, for room on the tx ring,
-    /// for the next --rate slot) vale-pktgen spins on the ring indices valed writes in shared
+    /// Busy-wait instead of sleeping (=US: spin at most US microseconds per wait, then sleep)
+    ///
+    /// Whenever it waits (for frames, for room on the tx ring, for the next --rate slot)
+    /// vale-pktgen spins on the ring indices valed writes in shared
     /// memory, and tells valed not to interrupt it, so waiting costs no wake-up and no
     /// system call but a look, about once a millisecond, at whether valed is still there.
     /// With =US it spins at most US microseconds per wait and then sleeps as
