@@ -24,6 +24,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -528,6 +529,11 @@ int main(int argc, char **argv)
 	deadline_ns = now_ns() + (int64_t)TOTAL_MS * 1000000;
 
 	check_all_layouts();
+
+	step = "vale_set_busy_wait(NULL)";
+	errno = 0;
+	if (vale_set_busy_wait(NULL, -1) != -1 || errno != EINVAL)
+		fail("vale_set_busy_wait(NULL, -1) did not fail with EINVAL (errno %d)", errno);
 
 	snprintf(name_a, sizeof name_a, "%s:a", sw);
 	snprintf(name_b, sizeof name_b, "%s:b", sw);
