@@ -168,6 +168,7 @@ def main():
     if not a.no_peers:
         common.need_root("bench/latency.py with the Linux bridge (use --no-peers for vale alone)")
 
+    load_before = os.getloadavg()[0]
     v = common.Valed(a.layout)
     results = []
     for s in sizes:
@@ -222,6 +223,9 @@ def main():
         setup["vale_busy"] = (f"as vale, with valed --busy-poll-us {a.busy_poll_us} where valed is busy and "
                               "vale-pktgen --busy where a client is (spins on the CSB, asks for no interrupt); "
                               "each party pinned (taskset) as cpus says")
+    # Anything else running shows here: each busy party wants a CPU to itself.
+    setup["loadavg_before_after"] = [load_before, os.getloadavg()[0]]
+    print(f"1-minute load average before and after: {load_before:.2f}, {os.getloadavg()[0]:.2f}")
     common.write_report(a.out, "latency", a, layout, results, setup=setup, unit="microseconds",
                         ratio="median RTT through the Linux bridge (kernel ping) / median RTT through vale",
                         busy=busy)
