@@ -1,7 +1,7 @@
 /*
  * vale_abi_check -- checks vale's port ABI from C, the way a netmap program would use it.
  *
- *   vale_abi_check [-v] [SWITCH]        (SWITCH defaults to "valec")
+ *   vale_abi_check [-v] [-b] [SWITCH]   (SWITCH defaults to "valec")
  *
  * 1. Checks the size and offset of every field of the ABI structures at run time (vale.h
  *    also checks them at compile time).
@@ -13,6 +13,9 @@
  *    (b's address is never learnt, since b sends nothing): with only a and b on the switch,
  *    b receives everything either way.
  *
+ * With -b both ports busy-wait (vale_set_busy_wait(p, -1)): every vale_poll() spins instead
+ * of sleeping, and the same frames must arrive the same way.
+ *
  * Exit 0 after "vale_abi_check: N frames ok"; exit 1 with a message naming the first
  * mismatch, or after 10 s without finishing.
  *
@@ -21,6 +24,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 
+#include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -48,6 +52,7 @@ static const uint8_t MAC_B[6] = {0x02, 0, 0, 0, 0, 0x0b};
 #define ETHERTYPE 0x88b5u   /* IEEE local experimental */
 
 static int verbose;
+static int busy;
 static int64_t deadline_ns;
 static const char *volatile step = "starting";
 
@@ -247,6 +252,8 @@ static void open_port(struct port *pt, const char *name)
 	pt->p = vale_open(name, NULL);
 	if (!pt->p)
 		fail("vale_open(\"%s\"): %s", name, vale_last_error());
+	if (busy && vale_set_busy_wait(pt->p, -1) != 0)
+		fail("vale_set_busy_wait(%s): %s", name, vale_last_error());
 	r = pt->reg = vale_region(pt->p);
 	nifp = pt->nifp = vale_nifp(pt->p);
 	if (!r || !nifp)
@@ -505,8 +512,10 @@ int main(int argc, char **argv)
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "-v") == 0)
 			verbose = 1;
+		else if (strcmp(argv[i], "-b") == 0)
+			busy = 1;
 		else if (argv[i][0] == '-') {
-			fprintf(stderr, "usage: %s [-v] [SWITCH]\n", argv[0]);
+			fprintf(stderr, "usage: %s [-v] [-b] [SWITCH]\n", argv[0]);
 			return 2;
 		} else
 			sw = argv[i];
@@ -521,14 +530,19 @@ int main(int argc, char **argv)
 
 	check_all_layouts();
 
+	step = "vale_set_busy_wait(NULL)";
+	errno = 0;
+	if (vale_set_busy_wait(NULL, -1) != -1 || errno != EINVAL)
+		fail("vale_set_busy_wait(NULL, -1) did not fail with EINVAL (errno %d)", errno);
+
 	snprintf(name_a, sizeof name_a, "%s:a", sw);
 	snprintf(name_b, sizeof name_b, "%s:b", sw);
 	memset(&a, 0, sizeof a);
 	memset(&b, 0, sizeof b);
 	open_port(&a, name_a);
 	open_port(&b, name_b);
-	printf("vale_abi_check: opened %s and %s (%u slots of %u bytes)\n", name_a, name_b,
-	       a.reg->num_slots, a.reg->buf_size);
+	printf("vale_abi_check: opened %s and %s (%u slots of %u bytes)%s\n", name_a, name_b,
+	       a.reg->num_slots, a.reg->buf_size, busy ? ", busy-waiting" : "");
 
 	/* Keep at most WINDOW frames in flight, so b's rx ring never overflows and nothing is
 	 * dropped whatever the two sides' relative speed. */

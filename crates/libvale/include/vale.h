@@ -455,6 +455,26 @@ int vale_rxsync(struct vale_port *p, uint32_t ring);
  */
 int vale_poll(struct vale_port *p, int events, int timeout_ms);
 
+/*
+ * Chooses how vale_poll() waits on this port from now on:
+ *   spin_us == 0  sleep in poll(2) on the interrupt lines (the default): an idle client costs
+ *                 no CPU, each wake-up a system call and a trip through the scheduler;
+ *   spin_us <  0  busy-wait, never sleep: vale_poll() spins (with a CPU pause between looks)
+ *                 on the hwtail valed writes in the CSB, and never sets appl_need_kick, so
+ *                 valed never raises the interrupt line either.  No system call while
+ *                 waiting but, at most once a millisecond, a zero-timeout look at the control
+ *                 connection: a valed that went away still ends the wait (errno ECONNRESET).
+ *                 timeout_ms still bounds the spin (< 0: spin until something happens);
+ *   spin_us >  0  spin up to spin_us microseconds per call, then sleep as with 0.
+ * Busy waiting burns a whole CPU for as long as the wait lasts: give each busy client a
+ * core of its own.  It changes nothing else: vale_txsync() still kicks valed when valed
+ * sleeps on the ring and asked for a kick, so a busy client works with any valed; only
+ * with valed busy-polling too (valed --busy-poll-us) is there no kick and no interrupt per
+ * packet.  vale_txsync()/vale_rxsync() never wait, in either mode.  Returns 0, or -1 if p
+ * is NULL (errno EINVAL).
+ */
+int vale_set_busy_wait(struct vale_port *p, int64_t spin_us);
+
 /* The message of this thread's last failed libvale call ("" if none).  The string stays
  * valid until the thread's next libvale call. */
 const char *vale_last_error(void);

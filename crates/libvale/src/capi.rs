@@ -7,7 +7,7 @@ use std::time::Duration;
 use vale_abi::netmap::NetmapIf;
 use vale_abi::region::{PortParams, RegionHeader};
 
-use crate::port::{Events, OpenOptions, Port};
+use crate::port::{Events, OpenOptions, Port, Wait};
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
@@ -172,6 +172,20 @@ pub unsafe extern "C" fn vale_poll(p: *mut Port, events: c_int, timeout_ms: c_in
             if got.readable { VALE_POLLIN } else { 0 }
                 | if got.writable { VALE_POLLOUT } else { 0 },
         )
+    })
+}
+
+/// # Safety
+/// `p` must come from `vale_open`.
+#[no_mangle]
+pub unsafe extern "C" fn vale_set_busy_wait(p: *mut Port, spin_us: i64) -> c_int {
+    with_port(p, |p| {
+        p.set_wait(match spin_us {
+            0 => Wait::Sleep,
+            us if us < 0 => Wait::Busy,
+            us => Wait::BusyFor(Duration::from_micros(us as u64)),
+        });
+        Ok(0)
     })
 }
 

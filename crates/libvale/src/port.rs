@@ -129,6 +129,7 @@ impl OpenOptions {
             interrupts: AtomicU64::new(0),
             gone: AtomicBool::new(false),
             looked_ns: AtomicU64::new(coarse_ns()),
+            spin_ns: AtomicU64::new(0),
         };
         layout
             .check_header(port.region())
@@ -167,7 +168,31 @@ pub struct Port {
     gone: AtomicBool,
     /// When a sync last looked at the control connection (coarse clock, ns).
     looked_ns: AtomicU64,
+    /// How [`Port::poll`] waits: 0 sleeps at once ([`Wait::Sleep`]), `u64::MAX` never
+    /// sleeps ([`Wait::Busy`]), anything else spins that many ns first ([`Wait::BusyFor`]).
+    spin_ns: AtomicU64,
 }
+
+/// How [`Port::poll`] waits when nothing is ready yet (see [`Port::set_wait`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Wait {
+    /// Sleep in poll(2) on the rings' interrupt lines, with valed asked to interrupt the
+    /// client (the default): an idle client costs no CPU, and each wake-up costs a system
+    /// call and a trip through the scheduler on both sides.
+    #[default]
+    Sleep,
+    /// Never sleep: spin on the indices valed writes in the CSB, with valed asked *not* to
+    /// interrupt the client. No system call while waiting but one look at the control
+    /// connection a millisecond (so a valed that has gone away is still noticed); a whole
+    /// core is burned for as long as the wait lasts.
+    Busy,
+    /// Spin as [`Wait::Busy`] for up to this long per wait, then sleep as [`Wait::Sleep`]
+    /// for the rest of it.
+    BusyFor(Duration),
+}
+
+/// Spins between two looks at the clock and at valed's liveness, in a busy wait.
+const SPINS_PER_LOOK: u32 = 128;
 
 /// How often, at most, a sync that found nothing new looks at the control connection.
 const LOOK_EVERY_NS: u64 = 1_000_000;
@@ -238,6 +263,37 @@ impl Port {
     /// thousands unread loses the surplus, which changes nothing: it has a wake-up pending).
     pub fn interrupts(&self) -> u64 {
         self.interrupts.load(Relaxed)
+    }
+
+    /// Chooses how [`Port::poll`] waits from now on (the default is [`Wait::Sleep`]).
+    ///
+    /// Busy waiting changes nothing in the protocol: only the client's own flag,
+    /// `appl_need_kick`, which a busy wait never sets, so valed never raises the interrupt
+    /// line for it (no system call on valed's side either). What tells valed to look at
+    /// the client's rings is unchanged: [`Port::txsync`] still kicks valed when, asleep, it
+    /// asked for it, so a busy client works against a valed that sleeps (it saves only its
+    /// own wake-ups) as against one that busy-polls (`valed --busy-poll-us`, whose rings
+    /// stay awake and need no kick: then neither side notifies the other, and the client
+    /// makes no system call per packet).
+    pub fn set_wait(&self, wait: Wait) {
+        let ns = match wait {
+            Wait::Sleep => 0,
+            Wait::Busy => u64::MAX,
+            // A spin of 584 years or more is a spin without end in all but name.
+            Wait::BusyFor(d) => u64::try_from(d.as_nanos())
+                .unwrap_or(u64::MAX)
+                .clamp(1, u64::MAX - 1),
+        };
+        self.spin_ns.store(ns, Relaxed);
+    }
+
+    /// How [`Port::poll`] waits (see [`Port::set_wait`]).
+    pub fn wait_mode(&self) -> Wait {
+        match self.spin_ns.load(Relaxed) {
+            0 => Wait::Sleep,
+            u64::MAX => Wait::Busy,
+            ns => Wait::BusyFor(Duration::from_nanos(ns)),
+        }
     }
 
     /// This port's counters as valed keeps them (one control round trip; not for a hot loop).
@@ -450,12 +506,76 @@ impl Port {
         (0..all).filter(move |&i| if i < t { want.writable } else { want.readable })
     }
 
+    /// The busy wait of [`Port::poll`]: spins until a ring `want` names is ready (`Some`) or
+    /// `end` passes (`None`; `end` `None`: never). Fails as soon as valed is seen gone.
+    ///
+    /// It syncs the rings once (pushing out pending tx slots, and kicking valed if it
+    /// sleeps, as a sleeping poll does), then only reads `hwtail` in the CSB, a cache line
+    /// valed writes, until it moves; only then does it sync again. So a spin makes no
+    /// system call of its own: a sync kicks only when valed sleeps on the ring and asked
+    /// for it, and while nothing moves the spin does not sync at all, so it never kicks in
+    /// a loop (which would get its ring muted). `appl_need_kick` stays 0, so valed raises no
+    /// interrupt either.
+    ///
+    /// Every [`SPINS_PER_LOOK`] spins it reads the clock (vDSO, no system call) and, at
+    /// most once a millisecond, polls the control connection without waiting: a valed that
+    /// died ends the spin with the error of a gone port.
+    fn spin(&self, want: Events, end: Option<Instant>) -> io::Result<Option<Events>> {
+        let got = self.ready(want)?;
+        if got != Events::default() {
+            return Ok(Some(got));
+        }
+        loop {
+            for _ in 0..SPINS_PER_LOOK {
+                // Relaxed: only a hint that something moved; the sync reads it again with
+                // acquire ordering before the client touches a slot.
+                let moved = self
+                    .wanted(want)
+                    .any(|i| self.ktoa(i).hwtail.load(Relaxed) != self.ring(i).tail());
+                if moved {
+                    let got = self.ready(want)?;
+                    if got != Events::default() {
+                        return Ok(Some(got));
+                    }
+                }
+                std::hint::spin_loop();
+            }
+            if self.gone.load(Relaxed) {
+                return Err(gone_error());
+            }
+            self.check_alive()?;
+            if end.is_some_and(|e| Instant::now() >= e) {
+                return Ok(None);
+            }
+        }
+    }
+
     /// Waits until some rx ring has frames (`readable`) or some tx ring has room
     /// (`writable`), or `timeout` passes (`None`: forever). Syncs the rings it looks at.
     /// Also watches the control connection: fails with [`io::ErrorKind::ConnectionReset`]
     /// as soon as valed goes away.
+    ///
+    /// With [`Wait::Busy`] (see [`Port::set_wait`]) it never sleeps: it spins until a ring
+    /// is ready or `timeout` passes, and fails once valed is gone (noticed within about a
+    /// millisecond, or a clock tick); with [`Wait::BusyFor`] it spins up to that long, then
+    /// sleeps.
     pub fn poll(&self, want: Events, timeout: Option<Duration>) -> io::Result<Events> {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let start = Instant::now();
+        let deadline = timeout.map(|t| start + t);
+        let spin = self.spin_ns.load(Relaxed);
+        if spin != 0 {
+            let spin_end = (spin != u64::MAX).then(|| start + Duration::from_nanos(spin));
+            let end = match (deadline, spin_end) {
+                (Some(d), Some(s)) => Some(d.min(s)),
+                (d, s) => d.or(s),
+            };
+            if let Some(got) = self.spin(want, end)? {
+                return Ok(got);
+            }
+            if spin == u64::MAX || deadline.is_some_and(|d| Instant::now() >= d) {
+                return Ok(Events::default());
+            }
+        }
         loop {
             let got = self.ready(want)?;
             if got != Events::default() {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Parser, ValueEnum};
-use vale::{Events, OpenOptions, Port, NS_MOREFRAG};
+use vale::{Events, OpenOptions, Port, Wait, NS_MOREFRAG};
 
 use report::{Final, Meter, Rtt};
 
@@ -40,7 +40,10 @@ bytes. Frames longer than a buffer travel as chains of slots marked NS_MOREFRAG.
     after_help = "EXAMPLES:\n  vale-pktgen -i vale0:b -f rx &\n  vale-pktgen -i vale0:a -f tx -l 60 -T 5\n  \
 vale-pktgen -i vale0:a -f tx -l 1514 -R 1000000 -n 5000000 -D 02:00:00:00:00:0b\n  \
 vale-pktgen -i vale0:b -f rx -b 64 --announce -S 02:00:00:00:00:0b &   (learnt: unicast, no flood)\n  \
-vale-pktgen -i vale0:p -f pong &\n  vale-pktgen -i vale0:q -f ping -n 10000 --json\n\n\
+vale-pktgen -i vale0:p -f pong &\n  vale-pktgen -i vale0:q -f ping -n 10000 --json\n  \
+taskset -c 1 valed --busy-poll-us 50 &   (each party on a CPU of its own: nobody ever sleeps)\n  \
+taskset -c 2 vale-pktgen -i vale0:p -f pong --busy &\n  \
+taskset -c 3 vale-pktgen -i vale0:q -f ping --busy -T 5\n\n\
 STOPPING:\n  After --count packets, after --duration seconds, or on SIGINT/SIGTERM; each prints the final report.\n  \
 On SIGINT/SIGTERM, -f rx first counts the frames already waiting on its rings.\n\n\
 EXIT STATUS:\n  0 on success, 1 on an error (port cannot be opened, valed went away), 2 on bad usage.\n\n\
@@ -102,6 +105,22 @@ struct Args {
     /// never send otherwise)
     #[arg(long)]
     announce: bool,
+    /// Busy-wait instead of sleeping (=US: spin at most US microseconds per wait, then sleep)
+    ///
+    /// Whenever it waits (for frames, for room on the tx ring, for the next --rate slot)
+    /// vale-pktgen spins on the ring indices valed writes in shared
+    /// memory, and tells valed not to interrupt it, so waiting costs no wake-up and no
+    /// system call but a look, about once a millisecond, at whether valed is still there.
+    /// With =US it spins at most US microseconds per wait and then sleeps as
+    /// without --busy; plain --busy (or --busy=0) never sleeps and keeps a CPU 100% busy for
+    /// the whole run, so give it a CPU of its own (taskset). Meant for -f ping and -f pong
+    /// with valed --busy-poll-us, where no party sleeps and no kick or interrupt is needed
+    /// per round trip; against a valed that sleeps it still works (vale-pktgen kicks valed when
+    /// valed asks for it) and saves only its own wake-ups. A valed that goes away is noticed
+    /// within about a millisecond, as without --busy
+    #[arg(long, value_name = "US", num_args = 0..=1, require_equals = true,
+          default_missing_value = "0")]
+    busy: Option<u64>,
     /// Print the final report as one JSON object
     #[arg(long)]
     json: bool,
@@ -183,6 +202,11 @@ fn run() -> anyhow::Result<()> {
     let port = opts
         .open(&args.port)
         .with_context(|| format!("cannot open {}", args.port))?;
+    port.set_wait(match args.busy {
+        None => Wait::Sleep,
+        Some(0) => Wait::Busy,
+        Some(us) => Wait::BusyFor(Duration::from_micros(us)),
+    });
     // SAFETY: the handler only stores to an atomic.
     unsafe {
         libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
@@ -236,6 +260,23 @@ fn run() -> anyhow::Result<()> {
     }
     .print(args.json);
     Ok(())
+}
+
+/// Waits `d` between two frames of a --rate: sleeps, or with --busy spins (as long as the
+/// port's busy wait would before it sleeps).
+fn pause(port: &Port, d: Duration) {
+    let spin = match port.wait_mode() {
+        Wait::Sleep => Duration::ZERO,
+        Wait::Busy => d,
+        Wait::BusyFor(s) => s.min(d),
+    };
+    let start = Instant::now();
+    while start.elapsed() < spin {
+        std::hint::spin_loop();
+    }
+    if let Some(rest) = d.checked_sub(start.elapsed()) {
+        std::thread::sleep(rest);
+    }
 }
 
 /// Writes `frame` into the slots from `cur` on, chaining with NS_MOREFRAG when it does not fit
@@ -303,7 +344,7 @@ fn tx(
             let allowed = (args.rate as f64 * (now - start).as_secs_f64()) as u64 + 1;
             want = want.min(allowed.saturating_sub(meter.packets));
             if want == 0 {
-                std::thread::sleep(Duration::from_micros(20));
+                pause(port, Duration::from_micros(20));
                 continue;
             }
         }
@@ -484,7 +525,7 @@ fn ping(
         if args.rate != 0 {
             let next = Duration::from_secs_f64(sent as f64 / args.rate as f64);
             if now - epoch < next {
-                std::thread::sleep(next - (now - epoch));
+                pause(port, next - (now - epoch));
             }
         }
         seq = seq.wrapping_add(1);

@@ -68,8 +68,14 @@ fn names_libvale_so(exe: &Path) -> bool {
 
 /// Runs the compiled checker against a fresh valed and requires it to pass.
 fn run_checker(exe: &Path, v: &Valed) {
+    run_checker_with(exe, v, &[]);
+}
+
+/// As [`run_checker`], with the checker's options `opts` (`-b`: busy-waiting ports).
+fn run_checker_with(exe: &Path, v: &Valed, opts: &[&str]) {
     let out = run_bounded(
         Command::new(exe)
+            .args(opts)
             .arg("valec")
             .env("VALE_RUN_DIR", v.run_dir())
             .env("VALE_NO_AUTOSTART", "1"),
@@ -136,6 +142,26 @@ fn c_program_against_static_library() {
     run_checker(&exe, &v);
 }
 
+/// The same frames with both ports busy-waiting (`vale_set_busy_wait(p, -1)`), through a
+/// valed that sleeps (the clients' kicks wake it) and one that busy-polls (no kick needed).
+#[test]
+fn c_program_busy_waiting() {
+    let tmp = TempDir::new("cabi-busy");
+    let exe = tmp.0.join("vale_abi_check_busy");
+    built("libvale.so");
+    let lib = target_dir();
+    compile(
+        build_checker(&exe)
+            .arg(format!("-L{}", lib.display()))
+            .arg("-lvale")
+            .arg(format!("-Wl,-rpath,{}", lib.display())),
+    );
+    for valed_args in [&[][..], &["--busy-poll-us", "50"][..]] {
+        let v = Valed::start_with(valed_args);
+        run_checker_with(&exe, &v, &["-b"]);
+    }
+}
+
 /// A translation unit that includes vale.h and checks a few facts again, the C++ way.
 const CXX_PROGRAM: &str = r#"
 #include <vale.h>
@@ -161,6 +187,7 @@ int main()
         (void)vale_txsync(p, 0);
         (void)vale_rxsync(p, 0);
         (void)vale_poll(p, VALE_POLLIN | VALE_POLLOUT, 0);
+        (void)vale_set_busy_wait(p, -1);
         vale_close(p);
     }
     return vale_last_error() == nullptr;

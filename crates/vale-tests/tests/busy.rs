@@ -1,0 +1,279 @@
+//! Busy-waiting clients (`vale::Wait::Busy`, `vale-pktgen --busy`): ping-pong through a valed
+//! that busy-polls and through one that sleeps, clients whose valed is killed, and what a busy
+//! wait asks of valed (no interrupt). Every check is of correctness (frames delivered, exit
+//! status, flags), never of a latency: busy clients on a small machine share its CPUs.
+
+use std::process::Output;
+use std::sync::atomic::{AtomicU32, Ordering::*};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use vale::Wait;
+use vale_tests::*;
+
+/// Round trips per ping-pong run. Two busy clients and valed on two CPUs take turns on them
+/// at the scheduler's pace (milliseconds a round trip at worst), so keep it small.
+const ROUND_TRIPS: u64 = 300;
+
+/// How long a busy client may take to notice that valed is gone: it looks about once a
+/// millisecond, but shares the CPUs with other spinners.
+const NOTICE: Duration = Duration::from_secs(5);
+
+fn num(r: &serde_json::Value, field: &str) -> u64 {
+    r[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("report field {field} missing or not an integer: {r}"))
+}
+
+/// pong (busy or not, as `pong_args` says) on vale0:b, announced, then `ROUND_TRIPS` pings
+/// from vale0:a to it with `ping_args`; checks that every ping was answered and counted.
+fn ping_pong(v: &Valed, ping_args: &[&str], pong_args: &[&str]) {
+    let mut args = vec![
+        "-i",
+        "vale0:b",
+        "-f",
+        "pong",
+        "-T",
+        "120",
+        "--json",
+        "-q",
+        "--announce",
+        "-S",
+        "02:00:00:00:00:0b",
+    ];
+    args.extend_from_slice(pong_args);
+    let pong = v.spawn_client(v.pktgen(&args), "vale-pktgen pong", "vale0:b");
+    // The announcement is in: pings go to b alone (unicast), nothing floods back to a.
+    assert!(
+        wait_until(T, || v.counters("vale0:b").tx_packets >= 1),
+        "pong never announced itself"
+    );
+    let n = ROUND_TRIPS.to_string();
+    let mut args = vec![
+        "-i",
+        "vale0:a",
+        "-f",
+        "ping",
+        "-n",
+        &n,
+        "-D",
+        "02:00:00:00:00:0b",
+        "--json",
+        "-q",
+    ];
+    args.extend_from_slice(ping_args);
+    let ping = Kid::spawn(v.pktgen(&args), "vale-pktgen ping").finish(Duration::from_secs(120));
+    let r = report(&ping, "vale-pktgen ping");
+    assert_eq!(num(&r, "packets"), ROUND_TRIPS, "{r}");
+    assert_eq!(
+        num(&r, "drops"),
+        0,
+        "every ping answered within a second: {r}"
+    );
+    assert_eq!(num(&r["rtt"], "samples"), ROUND_TRIPS, "{r}");
+    // (a's port went away with ping.) b's announcement plus one echo per ping.
+    let bc = v.counters("vale0:b");
+    assert_eq!(
+        (bc.rx_packets, bc.tx_packets, bc.rx_drops),
+        (ROUND_TRIPS, ROUND_TRIPS + 1, 0),
+        "{bc:?}"
+    );
+    pong.signal(libc::SIGTERM);
+    let p = report(&pong.finish(T), "vale-pktgen pong");
+    assert_eq!(num(&p, "packets"), ROUND_TRIPS, "{p}");
+}
+
+/// Nobody sleeps: valed busy-polls, both clients busy-wait.
+#[test]
+fn busy_ping_pong_through_busy_polling_valed() {
+    let _s = serial();
+    let v = Valed::start_with(&["--busy-poll-us", "50"]);
+    ping_pong(&v, &["--busy"], &["--busy"]);
+}
+
+/// Busy clients against a valed that sleeps: their kicks still wake it.
+#[test]
+fn busy_ping_pong_through_sleeping_valed() {
+    let _s = serial();
+    let v = Valed::start();
+    ping_pong(&v, &["--busy"], &["--busy"]);
+}
+
+/// One busy client, one that sleeps, and one that spins a little then sleeps
+/// (`--busy=US`), through a sleeping valed.
+#[test]
+fn mixed_waits_ping_pong() {
+    let _s = serial();
+    let v = Valed::start();
+    ping_pong(&v, &["--busy"], &[]);
+    let v = Valed::start_with(&["--busy-poll-us", "50"]);
+    ping_pong(&v, &["--busy=20"], &["--busy"]);
+}
+
+/// Busy ping and pong in full swing when valed is killed: both end with a clear error, in
+/// bounded time, instead of spinning for ever.
+#[test]
+fn busy_clients_end_when_valed_is_killed() {
+    let _s = serial();
+    for valed_args in [&["--busy-poll-us", "50"][..], &[][..]] {
+        let v = Valed::start_with(valed_args);
+        let pong = v.spawn_client(
+            v.pktgen(&[
+                "-i",
+                "vale0:b",
+                "-f",
+                "pong",
+                "--busy",
+                "-q",
+                "--announce",
+                "-S",
+                "02:00:00:00:00:0b",
+            ]),
+            "vale-pktgen pong --busy",
+            "vale0:b",
+        );
+        let ping = v.spawn_client(
+            v.pktgen(&[
+                "-i",
+                "vale0:a",
+                "-f",
+                "ping",
+                "--busy",
+                "-q",
+                "-D",
+                "02:00:00:00:00:0b",
+            ]),
+            "vale-pktgen ping --busy",
+            "vale0:a",
+        );
+        assert!(
+            wait_until(T, || v.counters("vale0:b").rx_packets >= 20),
+            "no round trips before the kill: {:?}",
+            v.counters("vale0:b")
+        );
+        v.signal(libc::SIGKILL);
+        let killed = Instant::now();
+        let outs: Vec<(Output, &str)> = [(ping, "ping"), (pong, "pong")]
+            .into_iter()
+            .map(|(kid, what)| (kid.finish(NOTICE), what))
+            .collect();
+        for (out, what) in &outs {
+            assert_exit(
+                out,
+                &format!("vale-pktgen {what} --busy (valed {valed_args:?})"),
+                1,
+                "valed went away",
+            );
+        }
+        eprintln!(
+            "valed {valed_args:?}: both busy clients ended {:?} after the kill",
+            killed.elapsed()
+        );
+    }
+}
+
+/// `appl_need_kick` in the client's half of the CSB of region ring `k`.
+fn appl_need_kick(port: &vale::Port, k: u32) -> &AtomicU32 {
+    let h = port.region();
+    // SAFETY: the CSB lies inside the port's mapping, at the offset valed wrote and libvale
+    // checked; appl_need_kick is the 4-byte aligned field at offset 8 of each ring's pair.
+    unsafe {
+        &*((h as *const vale_abi::region::RegionHeader as *const u8)
+            .add(h.csb_ofs as usize + 128 * k as usize + 8) as *const AtomicU32)
+    }
+}
+
+/// A busy wait never asks valed for an interrupt (its `appl_need_kick` stays 0), ends at its
+/// timeout, and returns as soon as a frame is there; a wait that spins a while then sleeps
+/// does ask, once it sleeps. Region ring 1 is the rx ring.
+#[test]
+fn busy_wait_asks_for_no_interrupt_and_keeps_its_timeout() {
+    let _s = serial();
+    let v = Valed::start();
+    let a = v.open("vale0:a");
+    let b = Arc::new(v.open("vale0:b"));
+    assert_eq!(b.wait_mode(), Wait::Sleep);
+    b.set_wait(Wait::Busy);
+    assert_eq!(b.wait_mode(), Wait::Busy);
+
+    for (mode, expect_flag) in [
+        (Wait::Busy, false),
+        (Wait::BusyFor(Duration::from_millis(1)), true),
+    ] {
+        b.set_wait(mode);
+        let waiter = std::thread::spawn({
+            let b = b.clone();
+            move || {
+                let t = Instant::now();
+                (
+                    b.poll(READABLE, Some(Duration::from_millis(300))),
+                    t.elapsed(),
+                )
+            }
+        });
+        let mut flag_seen = false;
+        while !waiter.is_finished() {
+            flag_seen |= appl_need_kick(&b, 1).load(SeqCst) != 0;
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let (got, waited) = waiter.join().expect("waiter");
+        assert_eq!(
+            got.expect("poll"),
+            vale::Events::default(),
+            "{mode:?}: nothing was sent"
+        );
+        assert!(
+            waited >= Duration::from_millis(300),
+            "{mode:?}: returned after {waited:?}, before its timeout"
+        );
+        assert_eq!(flag_seen, expect_flag, "{mode:?}: appl_need_kick seen set");
+        assert_eq!(
+            appl_need_kick(&b, 1).load(SeqCst),
+            0,
+            "{mode:?}: flag left set"
+        );
+    }
+
+    // A frame sent while b spins ends the spin (no interrupt needed).
+    b.set_wait(Wait::Busy);
+    for seq in 0..50 {
+        let waiter = std::thread::spawn({
+            let b = b.clone();
+            move || b.poll(READABLE, Some(T))
+        });
+        let f = test_frame(60, MAC_A, BROADCAST, seq);
+        send_all(&a, std::slice::from_ref(&f));
+        let got = join_by("a busy poll with a frame sent", waiter, Instant::now() + T);
+        assert_eq!(got.expect("poll"), READABLE, "frame {seq}");
+        assert_eq!(recv_frames(&b), vec![f], "frame {seq}");
+    }
+    assert_eq!(b.interrupts(), 0, "a busy client consumed interrupts");
+}
+
+/// A library client in a busy `poll` with no timeout when valed dies: the poll fails with
+/// ConnectionReset (it looks at the control connection now and then while it spins).
+#[test]
+fn busy_poll_without_timeout_ends_when_valed_dies() {
+    let _s = serial();
+    let v = Valed::start_with(&["--busy-poll-us", "50"]);
+    let b = Arc::new(v.open("vale0:b"));
+    b.set_wait(Wait::Busy);
+    let waiter = std::thread::spawn({
+        let b = b.clone();
+        move || b.poll(READABLE, None)
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(
+        !waiter.is_finished(),
+        "poll(None) returned with nothing to read"
+    );
+    v.signal(libc::SIGKILL);
+    let e = join_by(
+        "a busy poll(None) after valed died",
+        waiter,
+        Instant::now() + NOTICE,
+    )
+    .expect_err("poll after valed died");
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    assert!(e.to_string().contains("valed went away"), "{e}");
+}
