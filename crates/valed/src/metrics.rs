@@ -286,6 +286,9 @@ fn family<'a, M: EncodeMetric>(
     Ok(())
 }
 
+/// A label value and the counter that goes with it.
+type Counter = fn(&PortCounters) -> u64;
+
 /// A counter of every port, one sample per port and value of label `key` (none if empty).
 fn per_port(
     enc: &mut DescriptorEncoder,
@@ -293,7 +296,7 @@ fn per_port(
     name: &str,
     help: &str,
     key: &'static str,
-    values: &[(&'static str, fn(&PortCounters) -> u64)],
+    values: &[(&'static str, Counter)],
 ) -> fmt::Result {
     family(
         enc,
