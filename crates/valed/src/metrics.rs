@@ -281,6 +281,10 @@ fn family<'a, M: EncodeMetric>(
     let kind: MetricType = first.metric_type();
     let mut m = enc.encode_descriptor(name, help, None, kind)?;
     for (labels, value) in samples {
+        if labels.is_empty() {
+            // A family of one sample with no labels: `name value`, not `name{} value`.
+            return value.encode(m);
+        }
         value.encode(m.encode_family(&labels)?)?;
     }
     Ok(())
