@@ -2,7 +2,8 @@
 # Installs what the tests need, then builds vale and runs every test: unit tests, the
 # end-to-end tests against a real valed, the tests of TAP and NIC ports with the Linux stack
 # in network namespaces, of QEMU guests and of DPDK testpmd on vhost-user ports (these need
-# root), the C ABI check, formatting and lints.
+# root), the C ABI check, the Debian package (built from this build, installed into a
+# directory of its own, run from there), formatting and lints.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,6 +15,12 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v iperf3 >/dev/null 2>&1 || need+=(iperf3)
 command -v ethtool >/dev/null 2>&1 || need+=(ethtool)
 command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
+# The package test: scripts/package-deb.sh strips with binutils and packs with dpkg-deb; the
+# C program finds the installed libvale through pkg-config; systemd-analyze verifies the unit
+# (systemd is in most Debian images: installing it is skipped there).
+command -v objdump >/dev/null 2>&1 || need+=(binutils)
+command -v pkg-config >/dev/null 2>&1 || need+=(pkgconf)
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 if ((${#need[@]})); then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -qq

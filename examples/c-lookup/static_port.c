@@ -9,6 +9,7 @@
  *
  * --arg index=N sends every frame to port index N instead, whether or not such a port exists:
  * valed drops and counts what names no port (bad_dst), which this argument lets one see.
+ * --arg ring=R delivers them to the uplink's rx ring R (default: the switch picks).
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -20,6 +21,7 @@
 struct state {
     char to[80];          /* the uplink's name, or "" with a fixed index */
     _Atomic uint32_t dst; /* the uplink's index, or VALE_DST_DROP while it is not there */
+    uint16_t ring;        /* the uplink's rx ring, or VALE_RING_ANY */
     _Atomic uint64_t sent, flooded;
 };
 
@@ -31,6 +33,7 @@ static void *create(const struct vale_arg *args, uint32_t nargs, char *err, size
         return NULL;
     }
     atomic_init(&s->dst, VALE_DST_DROP);
+    s->ring = VALE_RING_ANY;
     int have = 0;
     for (uint32_t i = 0; i < nargs; i++) {
         if (strcmp(args[i].key, "to") == 0 && strlen(args[i].value) < sizeof s->to) {
@@ -47,8 +50,18 @@ static void *create(const struct vale_arg *args, uint32_t nargs, char *err, size
             }
             atomic_store(&s->dst, (uint32_t)n);
             have = 1;
+        } else if (strcmp(args[i].key, "ring") == 0) {
+            char *end;
+            unsigned long n = strtoul(args[i].value, &end, 10);
+            if (*args[i].value == '\0' || *end != '\0' || n >= VALE_RING_ANY) {
+                snprintf(err, errlen, "ring must be a number from 0 to 65534, not '%s'",
+                         args[i].value);
+                free(s);
+                return NULL;
+            }
+            s->ring = (uint16_t)n;
         } else {
-            snprintf(err, errlen, "unknown argument '%s' (known: to, index)", args[i].key);
+            snprintf(err, errlen, "unknown argument '%s' (known: to, index, ring)", args[i].key);
             free(s);
             return NULL;
         }
@@ -74,6 +87,7 @@ static uint64_t lookup(void *state, struct vale_batch *b)
             flooded++;
         } else {
             b->frames[i].dst = (uint16_t)dst;
+            b->frames[i].ring = s->ring;
         }
     }
     atomic_fetch_add_explicit(&s->sent, b->count - flooded, memory_order_relaxed);

@@ -533,6 +533,7 @@ impl From<anyhow::Error> for Failure {
 }
 
 fn main() -> ExitCode {
+    vale_man::write_if_asked("1", <Cli as clap::CommandFactory>::command);
     let cli = Cli::parse();
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,

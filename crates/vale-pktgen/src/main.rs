@@ -132,6 +132,7 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 fn main() {
+    vale_man::write_if_asked("1", <Args as clap::CommandFactory>::command);
     if let Err(e) = run() {
         eprintln!("vale-pktgen: {e:#}");
         std::process::exit(1);

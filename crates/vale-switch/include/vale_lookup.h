@@ -9,8 +9,9 @@
  *
  *     vale-ctl lookup vale0 /path/to/module.so [--arg key=value ...]
  *
- * valed calls vale_lookup_module() once, checks abi_version against the version it speaks
- * (VALE_LOOKUP_ABI_VERSION below) and refuses a module of any other version, or one missing
+ * valed calls vale_lookup_module() once, checks abi_version against the versions it speaks
+ * (VALE_LOOKUP_ABI_VERSION below, and older ones it names) and refuses a module of any
+ * other version, or one missing
  * the symbol or a required function, leaving the switch's module as it was.
  *
  * Threads: lookup() is called by every forwarding thread, concurrently, for batches of
@@ -33,7 +34,9 @@
 extern "C" {
 #endif
 
-#define VALE_LOOKUP_ABI_VERSION 1u
+/* 2: vale_frame.ring is a result. 1: it was ignored (valed still loads version 1 modules,
+ * and ignores what they write there). */
+#define VALE_LOOKUP_ABI_VERSION 2u
 
 /* Values of vale_frame.dst besides a port index. */
 #define VALE_DST_FLOOD 0xffffu /* every other port of the switch */
@@ -59,8 +62,9 @@ struct vale_frame {
      * is called. A port that is not on the switch (or the source port itself) is a drop,
      * counted as the source's tx drop and in the module's bad_dst counter. */
     uint16_t dst;
-    /* Out: the destination's rx ring, VALE_RING_ANY (as given). Version 1 delivers to the
-     * ring the source ring maps to whatever is written here. */
+    /* Out: the destination's rx ring, or VALE_RING_ANY (as given: the ring the source's tx
+     * ring maps to). A ring the destination does not have is a drop, counted as the
+     * source's tx drop. Flooded frames go to each port's usual ring whatever is here. */
     uint16_t ring;
     uint16_t reserved; /* 0; what a module writes here is ignored */
 };

@@ -21,7 +21,7 @@ use vale_abi::region::{FIRST_SLOT_BUF, MAX_FRAGS, MAX_FRAME_LEN};
 
 use crate::kind::{DirectSink, OutFrame, OutFrames};
 use crate::lookup::{
-    Egress, FrameMeta, Lookup, SourcePort, DEST_DROP, DEST_FLOOD, VLAN_TAGGED, VLAN_VID,
+    Egress, FrameMeta, Lookup, SourcePort, DEST_DROP, DEST_FLOOD, RING_ANY, VLAN_TAGGED, VLAN_VID,
 };
 use crate::offload::{Caps, Offload, Resolver};
 use crate::port::{add, Irq, Port};
@@ -160,6 +160,8 @@ pub struct Pipeline {
     dst_tail: Vec<u16>,
     /// Destinations whose list is not empty.
     active: Vec<u16>,
+    /// Lists of frames to an rx ring the module chose: (port, ring, head, tail).
+    chosen: Vec<(u16, u16, u16, u16)>,
     dst_bufs: Vec<*mut u8>,
     /// A frame's pieces for a direct write, behind one header.
     iov: Vec<libc::iovec>,
@@ -193,6 +195,7 @@ impl Pipeline {
             dst_head: vec![NIL; MAX_PORTS],
             dst_tail: vec![NIL; MAX_PORTS],
             active: Vec::with_capacity(MAX_PORTS),
+            chosen: Vec::with_capacity(b),
             dst_bufs: Vec::with_capacity(MAX_FRAGS as usize),
             iov: Vec::with_capacity(1 + MAX_FRAGS as usize),
             resolver: Resolver::new(),
@@ -644,10 +647,25 @@ impl Pipeline {
                 flooded += 1;
                 continue;
             }
-            let valid =
-                d != DEST_DROP && d != src.index && matches!(table.get(d as usize), Some(Some(_)));
+            let valid = d != DEST_DROP
+                && d != src.index
+                && match table.get(d as usize) {
+                    Some(Some(p)) => f.ring == RING_ANY || p.has_rx_ring(f.ring),
+                    _ => false,
+                };
             if !valid {
                 tx_drops += 1;
+                continue;
+            }
+            if f.ring != RING_ANY {
+                // Few lists a batch (a module that picks rings picks few): a linear search.
+                match self.chosen.iter_mut().find(|c| (c.0, c.1) == (d, f.ring)) {
+                    Some(c) => {
+                        self.next[c.3 as usize] = i;
+                        c.3 = i;
+                    }
+                    None => self.chosen.push((d, f.ring, i, i)),
+                }
                 continue;
             }
             let d = d as usize;
@@ -673,17 +691,24 @@ impl Pipeline {
             for p in table.iter().flatten() {
                 if p.index != src.index {
                     let own = self.dst_head[p.index as usize];
-                    self.deliver(src, p, ring, own, flood_head);
+                    self.deliver(src, p, (ring, RING_ANY), own, flood_head);
                 }
             }
         } else {
             for k in 0..self.active.len() {
                 let d = self.active[k] as usize;
                 if let Some(Some(p)) = table.get(d) {
-                    self.deliver(src, p, ring, self.dst_head[d], NIL);
+                    self.deliver(src, p, (ring, RING_ANY), self.dst_head[d], NIL);
                 }
             }
         }
+        for k in 0..self.chosen.len() {
+            let (d, r, head, _) = self.chosen[k];
+            if let Some(Some(p)) = table.get(d as usize) {
+                self.deliver(src, p, (ring, r), head, NIL);
+            }
+        }
+        self.chosen.clear();
         for &d in &self.active {
             self.dst_head[d as usize] = NIL;
         }
@@ -691,15 +716,27 @@ impl Pipeline {
     }
 
     /// Delivers the frames of list `a` merged with list `b` (in batch order) to `dst`, in one
-    /// critical section on the destination ring.
-    fn deliver(&mut self, src: &Port, dst: &Arc<Port>, src_ring: u32, mut a: u16, mut b: u16) {
+    /// critical section on the destination ring: `rx_ring`, or with [`RING_ANY`] the one
+    /// `src_ring` maps to.
+    fn deliver(
+        &mut self,
+        src: &Port,
+        dst: &Arc<Port>,
+        (src_ring, rx_ring): (u32, u16),
+        mut a: u16,
+        mut b: u16,
+    ) {
         let stats = dst.stats();
         let Some(att) = &dst.attachment else {
             add(&stats.rx_drops, count_lists(&self.next, a, b));
             return;
         };
         let caps = Caps(att.caps.load(Relaxed));
-        let r = src_ring % att.rx.len() as u32;
+        let r = match rx_ring {
+            RING_ANY => src_ring,
+            // Checked against the port in stage 3; a port attached again since may have fewer.
+            r => r as u32,
+        } % att.rx.len() as u32;
         // Segments of a frame the resolver cut for a direct sink that then declined them, from
         // this one on: they go into the ring first.
         let mut seg_next = self.seg_spans.len();

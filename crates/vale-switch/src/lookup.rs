@@ -46,8 +46,9 @@ pub struct FrameMeta {
     pub flags: u16,
     /// Output: a port index, [`DEST_FLOOD`] or [`DEST_DROP`] (the engine's default).
     pub dst: Dest,
-    /// Output: the destination's rx ring, or [`RING_ANY`] (the engine's default). Version 1
-    /// of the interface delivers to the ring the source ring maps to whatever is written here.
+    /// Output: the destination's rx ring, or [`RING_ANY`] (the engine's default: the ring the
+    /// source ring maps to). A ring the destination does not have is a counted drop (the
+    /// source's tx drop); flooded frames ignore it.
     pub ring: u16,
     /// Output (Rust modules whose [`Lookup::vlans`] is true): the frame's VLAN, with
     /// [`VLAN_TAGGED`] if it arrived with an 802.1Q tag; 0: the frame is in no VLAN. Shared

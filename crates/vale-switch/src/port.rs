@@ -215,6 +215,13 @@ impl Port {
         &self.shared.stats
     }
 
+    /// Whether rx ring `r` exists; a port nobody holds takes (and drops, counted) any.
+    pub fn has_rx_ring(&self, r: u16) -> bool {
+        self.attachment
+            .as_ref()
+            .is_none_or(|a| (r as usize) < a.rx.len())
+    }
+
     /// Logs the first bad value an owner writes; later ones are only counted.
     pub fn note_bad_input(&self, what: std::fmt::Arguments) {
         if let Some(a) = &self.attachment {

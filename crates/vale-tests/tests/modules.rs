@@ -268,7 +268,7 @@ CHECK(sizeof(struct vale_counter) == 40);
 CHECK(offsetof(struct vale_lookup_module, name) == 8);
 CHECK(offsetof(struct vale_lookup_module, counters) == 56);
 CHECK(sizeof(struct vale_lookup_module) == 64);
-CHECK(VALE_LOOKUP_ABI_VERSION == 1);
+CHECK(VALE_LOOKUP_ABI_VERSION == 2);
 CHECK(VALE_DST_FLOOD == 0xffff && VALE_DST_DROP == 0xfffe && VALE_MAX_PORTS == 2048);
 CHECK(VALE_NS_NO_LEARN == 0x0008);
 const struct vale_lookup_module *vale_lookup_module(void) { return 0; }
@@ -384,6 +384,68 @@ fn results_naming_no_port_are_counted_drops() {
     assert_eq!(v.counters("vale0:b").rx_drops, 0);
 }
 
+/// A version 1 module: every frame to port index 1, ring 1 (which version 1 ignored).
+const V1_RING_MODULE: &str = r#"
+#include "vale_lookup.h"
+static void *create(const struct vale_arg *a, uint32_t n, char *err, size_t len) {
+    (void)a; (void)n; (void)err; (void)len;
+    static int state;
+    return &state;
+}
+static void destroy(void *s) { (void)s; }
+static uint64_t lookup(void *s, struct vale_batch *b) {
+    (void)s;
+    for (uint32_t i = 0; i < b->count; i++) { b->frames[i].dst = 1; b->frames[i].ring = 1; }
+    return 0;
+}
+static const struct vale_lookup_module m = {
+    .abi_version = 1, .name = "v1_ring", .create = create, .destroy = destroy, .lookup = lookup,
+};
+const struct vale_lookup_module *vale_lookup_module(void) { return &m; }
+"#;
+
+#[test]
+fn a_module_picks_the_receiving_ring() {
+    let v = Valed::start();
+    let dir = TempDir::new("modules");
+    let a = v.open("vale0:a");
+    let b = v
+        .options()
+        .rings(1, 2)
+        .open("vale0:b")
+        .expect("open vale0:b with 2 rx rings");
+    let so = c_example(&dir.0);
+    let frames: Vec<Vec<u8>> = (0..10).map(|i| test_frame(60, MAC_A, MAC_B, i)).collect();
+    // send_all returns once valed took every frame: each is delivered or dropped by then.
+    for (ring, want, drops) in [("1", [0, 10], 0), ("0", [10, 0], 0), ("2", [0, 0], 10)] {
+        v.ctl_ok(&[
+            "lookup",
+            "vale0",
+            so.to_str().unwrap(),
+            "--arg",
+            "to=vale0:b",
+            "--arg",
+            &format!("ring={ring}"),
+        ]);
+        let before = v.counters("vale0:a").tx_drops;
+        send_all(&a, &frames);
+        let got = [recv_ring(&b, 0).len(), recv_ring(&b, 1).len()];
+        assert_eq!(got, want, "ring={ring}");
+        // A ring b does not have: counted drops of the sender.
+        assert_eq!(
+            v.counters("vale0:a").tx_drops - before,
+            drops,
+            "ring={ring}"
+        );
+    }
+    assert_eq!(v.counters("vale0:b").rx_drops, 0);
+    // A version 1 module's ring is not a result: the frames go where the switch puts them.
+    let old = c_module(&dir.0, "libv1ring.so", V1_RING_MODULE);
+    v.ctl_ok(&["lookup", "vale0", old.to_str().unwrap()]);
+    send_all(&a, &frames);
+    assert_eq!([recv_ring(&b, 0).len(), recv_ring(&b, 1).len()], [10, 0]);
+}
+
 /// A module of ABI version 99, one whose create() refuses, one missing a required function.
 const BAD_MODULE: &str = r#"
 #include "vale_lookup.h"
@@ -431,7 +493,7 @@ fn modules_that_fail_to_load_leave_the_old_one() {
     let cases: Vec<(Vec<String>, &str)> = vec![
         (
             vec![path(&wrong_version)],
-            "is built for lookup ABI version 99; this valed speaks version 1",
+            "is built for lookup ABI version 99; this valed speaks versions 1 to 2",
         ),
         (vec![path(&no_symbol)], "has no symbol 'vale_lookup_module'"),
         (vec![path(&refuses)], "refused its configuration: no way"),

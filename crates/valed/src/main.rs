@@ -2,6 +2,7 @@
 
 mod control;
 mod metrics;
+mod notify;
 mod peer;
 mod rundir;
 
@@ -91,6 +92,7 @@ struct Args {
 }
 
 fn main() {
+    vale_man::write_if_asked("8", <Args as clap::CommandFactory>::command);
     if let Err(e) = run() {
         eprintln!("valed: {e:#}");
         std::process::exit(1);
@@ -150,6 +152,8 @@ fn run() -> anyhow::Result<()> {
 
     tracing::info!(run_dir = %run_dir.display(), workers = args.workers, batch = args.batch,
         busy_poll_us = args.busy_poll_us, pid = std::process::id(), "valed ready");
+    // The socket listens: a service manager waiting for us (Type=notify) may go on.
+    notify::ready();
     let policy = control::Policy {
         admin_gid,
         conns_per_user: args.max_conns_per_user as usize,

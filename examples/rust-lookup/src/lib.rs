@@ -14,7 +14,7 @@ use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// `VALE_LOOKUP_ABI_VERSION` of the header this module follows.
-const ABI_VERSION: u32 = 1;
+const ABI_VERSION: u32 = 2;
 const DST_FLOOD: u16 = 0xffff;
 const MAC: u64 = 0xffff_ffff_ffff;
 

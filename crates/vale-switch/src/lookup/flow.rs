@@ -784,6 +784,41 @@ struct Subtable {
     /// Rank of the best rule in it.
     max_rank: u64,
     map: Map,
+    /// The distinct word-0 values (type, protocol, VLAN, in-port) of its rules when there
+    /// are at most [`HEADS`] of them (else `heads_known` is 0): a frame whose word 0 is none
+    /// of them skips the table without hashing (a `tcp` table for a UDP frame).
+    heads: [u64; HEADS],
+    heads_known: u8,
+}
+
+const HEADS: usize = 4;
+
+impl Subtable {
+    /// The best rule of this table for `k`.
+    #[inline(always)]
+    fn probe(&self, k: &Key) -> Option<u32> {
+        let m = k.and(&self.mask);
+        let n = self.heads_known as usize;
+        if n != 0 && !self.heads[..n].contains(&m.0[0]) {
+            return None;
+        }
+        self.map.get(&m).copied()
+    }
+
+    /// Fills `heads` once the map is complete.
+    fn note_heads(&mut self) {
+        let mut heads = Vec::with_capacity(HEADS + 1);
+        for k in self.map.keys() {
+            if !heads.contains(&k.0[0]) {
+                heads.push(k.0[0]);
+                if heads.len() > HEADS {
+                    return;
+                }
+            }
+        }
+        self.heads[..heads.len()].copy_from_slice(&heads);
+        self.heads_known = heads.len() as u8;
+    }
 }
 
 /// Prefix tracking ([`prefix`]), on classifiers with many masks.
@@ -951,6 +986,8 @@ impl Classifier {
                     mask: m.mask,
                     max_rank: 0,
                     map: Map::default(),
+                    heads: [0; HEADS],
+                    heads_known: 0,
                 });
                 subtables.len() - 1
             });
@@ -962,6 +999,9 @@ impl Classifier {
             }
         }
         subtables.sort_by_key(|s| std::cmp::Reverse(s.max_rank));
+        for st in subtables.iter_mut() {
+            st.note_heads();
+        }
         let tracking = if subtables.len() > TRACK_ABOVE_MASKS {
             Tracking::new(&subtables, rules)
         } else {
@@ -1019,7 +1059,7 @@ impl Classifier {
                 // Sorted: no table left holds a better rule.
                 break;
             }
-            if let Some(&r) = st.map.get(&k.and(&st.mask)) {
+            if let Some(r) = st.probe(k) {
                 let rank = self.rules[r as usize].rank;
                 if rank > best_rank {
                     (best, best_rank) = (r, rank);
@@ -1048,7 +1088,7 @@ impl Classifier {
                 if lengths[a as usize] >> (la - 1) & lengths[b as usize] >> (lb - 1) & 1 == 0 {
                     continue;
                 }
-                if let Some(&r) = st.map.get(&k.and(&st.mask)) {
+                if let Some(r) = st.probe(k) {
                     let rank = self.rules[r as usize].rank;
                     if rank > best_rank {
                         (best, best_rank) = (r, rank);

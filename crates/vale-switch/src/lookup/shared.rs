@@ -12,12 +12,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use libloading::Library;
 
-use super::{Args, FrameMeta, Lookup, SourcePort, DEST_DROP, DEST_FLOOD};
+use super::{Args, FrameMeta, Lookup, SourcePort, DEST_DROP, DEST_FLOOD, RING_ANY};
 use crate::port::PortIndex;
 use crate::switch::MAX_PORTS;
 
 /// `VALE_LOOKUP_ABI_VERSION`: the version of `vale_lookup.h` this valed speaks.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
+/// The oldest version it still loads. Version 1 differs only in `ring`, which it ignores:
+/// its modules' rings are set back to [`RING_ANY`] after each call.
+pub const OLDEST_ABI_VERSION: u32 = 1;
 /// The symbol valed looks for.
 pub const ENTRY: &str = "vale_lookup_module";
 /// Most counters a module may export.
@@ -82,6 +85,8 @@ pub struct SharedModule {
     /// Ports on the switch now: a result naming any other is a counted drop.
     present: Box<[AtomicBool]>,
     bad_dst: AtomicU64,
+    /// Version 1: the rings it writes are not results.
+    rings_ignored: bool,
     /// Declared last: closed after `Drop::drop` has destroyed the instance.
     _lib: Library,
 }
@@ -119,10 +124,10 @@ impl SharedModule {
             // Only the version is read before it is known to match: a module of another
             // version may have another layout after it.
             let version = std::ptr::read(p as *const u32);
-            if version != ABI_VERSION {
+            if !(OLDEST_ABI_VERSION..=ABI_VERSION).contains(&version) {
                 return Err(format!(
                     "lookup module '{shown}' is built for lookup ABI version {version}; \
-                     this valed speaks version {ABI_VERSION}"
+                     this valed speaks versions {OLDEST_ABI_VERSION} to {ABI_VERSION}"
                 ));
             }
             std::ptr::read(p)
@@ -186,6 +191,7 @@ impl SharedModule {
             state,
             present: (0..MAX_PORTS).map(|_| AtomicBool::new(false)).collect(),
             bad_dst: AtomicU64::new(0),
+            rings_ignored: ops.abi_version == 1,
             _lib: lib,
         })
     }
@@ -221,6 +227,9 @@ impl Lookup for SharedModule {
         let mut bad = 0;
         for f in frames.iter_mut() {
             f.vlan = 0;
+            if self.rings_ignored {
+                f.ring = RING_ANY;
+            }
             let d = f.dst;
             if d != DEST_FLOOD
                 && d != DEST_DROP

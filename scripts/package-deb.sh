@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# Builds the Debian package of vale from the release build, with dpkg-deb only:
+#
+#     cargo build --release --workspace      # or: scripts/package-deb.sh --build
+#     scripts/package-deb.sh [-o DIR]        # writes DIR/vale_<version>_<arch>.deb (DIR: target/debian)
+#
+# It packages what target/release holds (CARGO_TARGET_DIR is honoured; --from DIR names
+# another directory of built binaries) and compiles nothing itself unless given --build, so
+# the test suite packages the very build it tests.
+# The package holds valed, vale-ctl and vale-pktgen; libvale.so and libvale.a with vale.h,
+# vale_lookup.h and libvale.pc; the systemd unit valed.service (not enabled on install);
+# /etc/default/valed, the options the unit gives valed; and the man pages, rendered from the
+# binaries' own clap definitions (TOOL --write-man-pages DIR, crates/vale-man). The last line
+# printed is the path of the package.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+out=""
+build=0
+from=""
+while (($#)); do
+    case "$1" in
+    -o) out="$2"; shift 2 ;;
+    --build) build=1; shift ;;
+    --from) from="$2"; shift 2 ;;
+    *) echo "usage: $0 [--build] [--from DIR] [-o DIR]" >&2; exit 2 ;;
+    esac
+done
+target="${CARGO_TARGET_DIR:-target}"
+out="${out:-$target/debian}"
+rel="${from:-$target/release}"
+if ((build)); then
+    cargo build --release --workspace
+fi
+for f in valed vale-ctl vale-pktgen libvale.so libvale.a; do
+    if [ ! -f "$rel/$f" ]; then
+        echo "package-deb.sh: $rel/$f is missing: run cargo build --release --workspace (or --build)" >&2
+        exit 1
+    fi
+done
+
+version=$(awk '/^\[workspace.package\]/ {p = 1; next} /^\[/ {p = 0}
+               p && $1 == "version" {gsub(/"/, "", $3); print $3; exit}' Cargo.toml)
+arch=$(dpkg --print-architecture)
+multiarch=$(cc -print-multiarch 2>/dev/null || true)
+if [ -z "$multiarch" ]; then
+    multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH)
+fi
+
+stage=$(mktemp -d "${TMPDIR:-/tmp}/vale-deb.XXXXXX")
+trap 'rm -rf "$stage"' EXIT
+root="$stage/root"
+lib="$root/usr/lib/$multiarch"
+install -d "$root/DEBIAN" "$root/usr/bin" "$lib/pkgconfig" "$root/usr/include" \
+    "$root/usr/lib/systemd/system" "$root/etc/default" "$root/usr/share/doc/vale" \
+    "$root/usr/share/man/man1" "$root/usr/share/man/man8"
+
+# The release profile keeps line tables for the benchmarks' profiles; the package does not.
+for b in valed vale-ctl vale-pktgen; do
+    install -m 755 "$rel/$b" "$root/usr/bin/$b"
+    strip --strip-unneeded "$root/usr/bin/$b"
+done
+install -m 644 "$rel/libvale.so" "$lib/libvale.so"
+strip --strip-unneeded "$lib/libvale.so"
+install -m 644 "$rel/libvale.a" "$lib/libvale.a"
+strip --strip-debug "$lib/libvale.a"
+install -m 644 crates/libvale/include/vale.h crates/vale-switch/include/vale_lookup.h \
+    "$root/usr/include/"
+sed -e "s/@VERSION@/$version/" -e "s/@MULTIARCH@/$multiarch/" packaging/libvale.pc.in \
+    >"$lib/pkgconfig/libvale.pc"
+install -m 644 packaging/valed.service "$root/usr/lib/systemd/system/valed.service"
+install -m 644 packaging/valed.default "$root/etc/default/valed"
+install -m 644 packaging/deb/copyright "$root/usr/share/doc/vale/copyright"
+install -m 755 packaging/deb/postinst packaging/deb/prerm packaging/deb/postrm "$root/DEBIAN/"
+echo /etc/default/valed >"$root/DEBIAN/conffiles"
+
+# Man pages from the same clap definitions as --help: valed in section 8, the tools in 1,
+# dated by the last commit when there is one.
+if [ -z "${SOURCE_DATE_EPOCH:-}" ] && epoch=$(git log -1 --format=%ct 2>/dev/null); then
+    export SOURCE_DATE_EPOCH="$epoch"
+fi
+"$rel/valed" --write-man-pages "$root/usr/share/man/man8" >/dev/null
+"$rel/vale-ctl" --write-man-pages "$root/usr/share/man/man1" >/dev/null
+"$rel/vale-pktgen" --write-man-pages "$root/usr/share/man/man1" >/dev/null
+gzip -9n "$root"/usr/share/man/man*/*
+
+# Depends: the newest glibc symbol version any shipped object needs, and libgcc_s (unwinding).
+elves=("$root"/usr/bin/* "$lib/libvale.so")
+glibc=$(objdump -T "${elves[@]}" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1)
+size=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
+cat >"$root/DEBIAN/control" <<CONTROL
+Package: vale
+Version: $version
+Architecture: $arch
+Maintainer: vale developers <vale@localhost>
+Installed-Size: $size
+Depends: libc6 (>= $glibc), libgcc-s1
+Section: net
+Priority: optional
+Description: software Ethernet switch in user space (VALE-style)
+ vale connects processes, containers (TAP), NICs (AF_XDP, AF_PACKET) and virtual
+ machines (vhost-user) on software switches at millions of packets per second, with no
+ kernel module: netmap-compatible rings in shared memory and the batched forwarding of
+ the VALE and mSwitch papers.
+ .
+ This package holds the daemon valed and its systemd unit, the control tool vale-ctl,
+ the traffic tool vale-pktgen, and the client library libvale (shared and static, C
+ headers, pkg-config file).
+CONTROL
+
+mkdir -p "$out"
+deb="$out/vale_${version}_${arch}.deb"
+dpkg-deb --root-owner-group -Zgzip --build "$root" "$deb" >/dev/null
+echo "$deb"
