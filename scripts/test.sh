@@ -69,6 +69,16 @@ if ! dpdk_ok; then
         echo "test.sh: the DPDK tests need root to install dpdk-dev; they will be skipped" >&2
     fi
 fi
+# The metrics test: a real Prometheus server scrapes valed --metrics (run with a temporary
+# configuration and storage; the package's own service is not needed).
+if ! command -v prometheus >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus
+    else
+        echo "test.sh: the Prometheus test needs root to install prometheus; it will be skipped" >&2
+    fi
+fi
 if ! command -v cargo >/dev/null 2>&1; then
     echo "test.sh: cargo (Rust 1.89 or newer) is needed: see README.md" >&2
     exit 1

@@ -55,6 +55,8 @@ pub enum Request {
     },
     /// Every switch and port with counters.
     List,
+    /// Every forwarding worker with its counters. The reply is [`Reply::Workers`].
+    Workers,
     /// Create a persistent port: it stays, with its counters, when no client holds it.
     Create { port: String },
     /// Remove a port (persistent or not; an owned port is taken from its owner) or a switch
@@ -116,6 +118,25 @@ pub enum Reply {
     List { switches: Vec<SwitchInfo> },
     Lookup { lookup: LookupInfo },
     Flows { flows: FlowTable },
+    Workers { workers: Vec<WorkerInfo> },
+}
+
+/// A forwarding thread of valed and what it did since valed started.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerInfo {
+    /// 0, 1, ... as `valed --workers` made them.
+    pub id: u32,
+    /// The thread's id (`vale-worker-ID` in `ps -L`), 0 until it has started.
+    pub tid: u32,
+    /// Time the thread spent on a CPU, nanoseconds (the kernel's account: polling and
+    /// forwarding, not sleeping).
+    pub busy_ns: u64,
+    /// Batches it forwarded (passes over a ring that took at least one frame).
+    pub batches: u64,
+    /// Slots those batches took from their rings (a frame of several slots counts each).
+    pub slots: u64,
+    /// Source rings it serves now.
+    pub rings: u32,
 }
 
 /// Rules of a switch's `flow` module (all of them, or those a request added or deleted).

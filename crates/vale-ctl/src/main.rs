@@ -17,6 +17,8 @@ use vale_abi::control::{
 };
 use vale_abi::name::{parse_port, parse_switch};
 
+mod top;
+
 /// Exit status when valed refused a request or the conversation failed.
 const EXIT_FAILED: u8 = 1;
 /// Exit status of a usage error.
@@ -66,6 +68,7 @@ vale-ctl attach vale0:vm1 --vhost-user /run/vale/vm1.sock   a VM's virtio-net (Q
 vale-ctl detach vale0:eth            veth0 goes back to the kernel\n  \
 vale-ctl destroy vale0:a             remove one port (taken from its client, if held)\n  \
 vale-ctl rm vale0                    remove switch vale0 and all its ports\n  \
+vale-ctl top                         live per-port rates and drops, like top (q to quit)\n  \
 vale-ctl --run-dir /tmp/v list       ask the valed of another run directory\n\n\
 EXIT STATUS:\n  \
 0  success\n  \
@@ -362,6 +365,62 @@ vale-ctl flow vale0 dump --json"
         #[command(subcommand)]
         op: FlowOp,
     },
+    /// Live per-port rates (packets, bits, drops per second), refreshed like top
+    #[command(
+        long_about = "Shows every port's rates, refreshed every second (--interval), like top: \
+the busiest ports first. It reads the counters 'vale-ctl list' shows, and the workers' \
+counters, over the control socket, and shows what changed per second since the last refresh.\n\n\
+The header gives the time, the number of ports, the totals of the columns below and each \
+forwarding worker's busy share (CPU time of its thread, polling and forwarding, per second of \
+wall time). Then a line per port:\n\n  \
+PORT      the port, valeX:Y\n  \
+KIND      native, tap, nic or vhost-user\n  \
+STATE     up; down (its device is down or gone); free (persistent, nobody holds it)\n  \
+RX-PPS    frames per second the switch delivered to the port (RX-BPS: bits per second)\n  \
+TX-PPS    frames per second the port sent into the switch (TX-BPS: bits per second)\n  \
+DROPS/S   frames per second dropped: for the port (its ring full, nobody holding it, its\n            \
+device refusing them) or from it (nowhere to go); RX-DROP plus TX-DROP of 'list'\n  \
+BAD/S     frames per second refused because the client wrote bad ring values\n\n\
+A port that appeared since the last refresh shows - until the next. Rates read as 1.23k, \
+4.56M, 7.89G (powers of 1000).\n\n\
+On a terminal, top takes the whole screen (as many ports as fit) until q or Ctrl-C. With \
+--once or -n COUNT, or when stdout is not a terminal, it prints plain tables one after the \
+other (the first after one interval: a rate needs two looks), all ports, and exits after COUNT \
+of them (or at Ctrl-C, SIGTERM). With --json, each refresh is one line of JSON: \
+{\"interval_s\", \"ports\": [{\"name\", \"kind\", \"state\", \"rx_pps\", \"rx_bps\", \
+\"tx_pps\", \"tx_bps\", \"drops_per_s\", \"bad_input_per_s\"}], \"workers\": [{\"id\", \
+\"busy_percent\"}]} (null where a port is new).\n\n\
+Anyone who may connect to valed may watch every port: top changes nothing.",
+        after_help = "EXAMPLES:\n  \
+vale-ctl top                      every port, live, until q\n  \
+vale-ctl top vale0                the ports of switch vale0\n  \
+vale-ctl top vale0:a --once       one table of one port, after one second\n  \
+vale-ctl top -n 10 -i 0.5 --json  ten JSON lines, half a second apart"
+    )]
+    Top {
+        /// Show only this switch (valeX) or port (valeX:Y)
+        #[arg(value_name = "NAME", value_parser = any_name)]
+        name: Option<String>,
+        /// Seconds between refreshes (0.1 to 3600)
+        #[arg(short = 'i', long, default_value = "1", value_name = "SECS",
+              value_parser = interval)]
+        interval: std::time::Duration,
+        /// Show one table (after one interval) and exit: -n 1
+        #[arg(long, conflicts_with = "count")]
+        once: bool,
+        /// Show COUNT tables and exit
+        #[arg(short = 'n', long, value_name = "COUNT",
+              value_parser = clap::value_parser!(u64).range(1..))]
+        count: Option<u64>,
+    },
+}
+
+/// Seconds between refreshes of `top`.
+fn interval(s: &str) -> Result<std::time::Duration, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.1..=3600.0).contains(&v) => Ok(std::time::Duration::from_secs_f64(v)),
+        _ => Err(format!("expected seconds from 0.1 to 3600, not '{s}'")),
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -557,6 +616,20 @@ fn run(cli: &Cli) -> Result<(), Failure> {
     };
     let sock = connect(&run_dir)?;
     match &cli.command {
+        Command::Top {
+            name,
+            interval,
+            once,
+            count,
+        } => top::run(
+            &sock,
+            &top::TopArgs {
+                name: name.as_deref(),
+                interval: *interval,
+                count: if *once { Some(1) } else { *count },
+                json: cli.json,
+            },
+        ),
         Command::List { name } => {
             let switches = match ask(&sock, &Request::List)? {
                 Reply::List { switches } => switches,

@@ -9,7 +9,7 @@ use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use vale_abi::control::{
-    FlowRule, FlowTable, LookupInfo, ModuleArg, ModuleCounter, PortInfo, SwitchInfo,
+    FlowRule, FlowTable, LookupInfo, ModuleArg, ModuleCounter, PortInfo, SwitchInfo, WorkerInfo,
 };
 use vale_abi::name::{parse_port, parse_switch};
 use vale_abi::region::{Layout, PortParams};
@@ -19,7 +19,7 @@ use crate::host::{self, KindArgs};
 use crate::lookup;
 use crate::port::{descriptors_for, Attachment, Port, PortIndex, PortShared};
 use crate::switch::{Installed, Switch, DEFAULT_BATCH, MAX_PORTS};
-use crate::worker::{Cmd, Worker};
+use crate::worker::{Cmd, Worker, WorkerStats};
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -561,6 +561,27 @@ impl Engine {
         Ok(lookup_info(sw))
     }
 
+    /// Every worker and its counters, read without stopping it.
+    pub fn workers(&self) -> Vec<WorkerInfo> {
+        self.workers
+            .iter()
+            .enumerate()
+            .map(|(id, w)| {
+                let tid = w.stats.tid.load(Relaxed);
+                WorkerInfo {
+                    id: id as u32,
+                    tid,
+                    busy_ns: WorkerStats::cpu_ns(tid),
+                    batches: w.stats.batches.load(Relaxed),
+                    slots: w.stats.slots.load(Relaxed),
+                    rings: w.stats.rings.load(Relaxed),
+                }
+            })
+            .collect()
+    }
+
+    /// Every switch with its ports and their counters (copied out under the control lock,
+    /// which forwarding never takes).
     pub fn list(&self) -> Vec<SwitchInfo> {
         let sws = self.lock();
         sws.values()

@@ -17,7 +17,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::atomic::{fence, Ordering::*};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -46,6 +46,61 @@ pub enum Cmd {
 pub struct Worker {
     inbox: Mutex<Vec<Cmd>>,
     wake: OwnedFd,
+    /// What the thread did, for `vale-ctl top` and the metrics.
+    pub stats: WorkerStats,
+}
+
+/// A worker's counters. The thread is their only writer (plain loads and stores, no atomic
+/// read-modify-write on the forwarding path); anyone may read them.
+#[derive(Default)]
+pub struct WorkerStats {
+    /// The thread's kernel id, once it runs: its CPU time is the kernel's to tell
+    /// (`/proc/self/task/TID/schedstat`), at no cost to forwarding.
+    pub tid: AtomicU32,
+    /// Passes over a ring that took at least one frame.
+    pub batches: AtomicU64,
+    /// Slots those passes took (a frame of several slots counts each).
+    pub slots: AtomicU64,
+    /// Source rings served now.
+    pub rings: AtomicU32,
+}
+
+impl WorkerStats {
+    /// Adds to counters only this thread writes.
+    fn count(&self, batches: u64, slots: u64) {
+        self.batches
+            .store(self.batches.load(Relaxed) + batches, Relaxed);
+        self.slots.store(self.slots.load(Relaxed) + slots, Relaxed);
+    }
+
+    /// Nanoseconds thread `tid` of this process spent on a CPU (0 if the kernel does not
+    /// say).
+    pub fn cpu_ns(tid: u32) -> u64 {
+        if tid == 0 {
+            return 0;
+        }
+        // schedstat: run time in ns, wait time, timeslices. Without CONFIG_SCHEDSTATS-like
+        // support, stat's utime + stime (clock ticks).
+        if let Ok(s) = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")) {
+            if let Some(ns) = s.split_whitespace().next().and_then(|v| v.parse().ok()) {
+                return ns;
+            }
+        }
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")) else {
+            return 0;
+        };
+        // Fields after the command name (which may hold spaces, closed by the last ')').
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .map(|v| v.parse().unwrap_or(0))
+            .collect();
+        // utime and stime are fields 14 and 15 of stat; rest starts at field 3.
+        let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+        // SAFETY: sysconf has no preconditions.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        ticks * (1_000_000_000 / hz)
+    }
 }
 
 impl Worker {
@@ -54,6 +109,7 @@ impl Worker {
         let w = Arc::new(Worker {
             inbox: Mutex::new(Vec::new()),
             wake: eventfd::new()?,
+            stats: WorkerStats::default(),
         });
         let me = w.clone();
         let mut lp = Loop::new(me, busy_poll, epoch)?;
@@ -133,6 +189,9 @@ impl Loop {
     }
 
     fn run(&mut self) {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() } as u32;
+        self.me.stats.tid.store(tid, Relaxed);
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 64];
         loop {
             // Sleep only when no ring is active (and no longer than a mute lasts); otherwise
@@ -227,6 +286,8 @@ impl Loop {
                 }
             }
         }
+        let rings = self.sources.iter().flatten().count() as u32;
+        self.me.stats.rings.store(rings, Relaxed);
     }
 
     /// A kick arrived: if the ring's `head` moved since it went to sleep, poll it from now on,
@@ -331,11 +392,15 @@ impl Loop {
 
     /// One batch from every active ring; rings that ran dry go back to sleep.
     fn round(&mut self) {
+        let (mut batches, mut slots) = (0u64, 0u64);
         let mut i = 0;
         while i < self.active.len() {
             let token = self.active[i];
             let s = self.sources[token].as_mut().expect("active rings exist");
-            if self.pipe.forward(&s.sw, &s.port, s.ring) != 0 {
+            let took = self.pipe.forward(&s.sw, &s.port, s.ring);
+            if took != 0 {
+                batches += 1;
+                slots += u64::from(took);
                 s.dry_since = None;
                 i += 1;
                 continue;
@@ -362,6 +427,9 @@ impl Loop {
             }
             s.active = false;
             self.active.swap_remove(i);
+        }
+        if batches != 0 {
+            self.me.stats.count(batches, slots);
         }
     }
 

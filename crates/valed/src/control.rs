@@ -445,6 +445,9 @@ fn handle(engine: &Engine, caller: &Caller, req: Request) -> (Reply, Option<Arc<
         Request::List => Reply::List {
             switches: engine.list(),
         },
+        Request::Workers => Reply::Workers {
+            workers: engine.workers(),
+        },
         Request::Create { port } => done(engine.create(&port, caller)),
         Request::Attach { port, kind, args } => {
             done(engine.attach_host(&port, &kind, &args, caller))

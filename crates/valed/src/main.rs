@@ -1,6 +1,7 @@
 //! valed: the vale daemon.
 
 mod control;
+mod metrics;
 mod notify;
 mod peer;
 mod rundir;
@@ -39,7 +40,8 @@ The run directory must be one no other user can change names in: valed refuses o
 that belongs to another user (root's is fine), or that its group or everyone may\n  \
 write unless it is sticky (as /tmp is). A missing one is created with mode 0755.\n  \
 valed.lock is never followed through a symbolic link.\n\n\
-EXAMPLES:\n  valed --run-dir /tmp/v &\n  valed --workers 2 --busy-poll-us 50\n\n\
+EXAMPLES:\n  valed --run-dir /tmp/v &\n  valed --workers 2 --busy-poll-us 50\n  \
+valed --metrics 127.0.0.1:9781   Prometheus scrapes http://127.0.0.1:9781/metrics\n\n\
 SIGNALS:\n  SIGTERM, SIGINT   remove the socket and exit; clients see their ports' connection close"
 )]
 struct Args {
@@ -82,6 +84,11 @@ struct Args {
     /// port and 3 per ring
     #[arg(long, default_value_t = 4096, value_name = "N")]
     max_port_fds_per_user: u32,
+    /// Serve every port's, lookup module's and worker's counters, and valed's own memory and
+    /// descriptors, in the Prometheus text format at http://ADDR:PORT/metrics (off unless
+    /// given; anyone who can reach ADDR may read them, so prefer a loopback address)
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 fn main() {
@@ -137,6 +144,9 @@ fn run() -> anyhow::Result<()> {
         descriptor_budget: nofile.saturating_sub(args.max_conns as usize + DESCRIPTOR_RESERVE),
     })
     .context("cannot start workers")?;
+    if let Some(addr) = args.metrics {
+        metrics::start(addr, engine.clone())?;
+    }
 
     let listener = run.bind_socket(mode)?;
 
