@@ -60,6 +60,19 @@ fn build_checker(exe: &Path) -> Command {
     c
 }
 
+/// Builds the checker into `exe` against the workspace's libvale.so (found at run time by
+/// its rpath).
+fn compile_against_shared_library(exe: &Path) {
+    built("libvale.so");
+    let lib = target_dir();
+    compile(
+        build_checker(exe)
+            .arg(format!("-L{}", lib.display()))
+            .arg("-lvale")
+            .arg(format!("-Wl,-rpath,{}", lib.display())),
+    );
+}
+
 /// Whether the executable `exe` names libvale.so (is linked against it dynamically).
 fn names_libvale_so(exe: &Path) -> bool {
     let bytes = std::fs::read(exe).expect("read executable");
@@ -101,14 +114,7 @@ fn run_checker_with(exe: &Path, v: &Valed, opts: &[&str]) {
 fn c_program_against_shared_library() {
     let tmp = TempDir::new("cabi-so");
     let exe = tmp.0.join("vale_abi_check");
-    built("libvale.so");
-    let lib = target_dir();
-    compile(
-        build_checker(&exe)
-            .arg(format!("-L{}", lib.display()))
-            .arg("-lvale")
-            .arg(format!("-Wl,-rpath,{}", lib.display())),
-    );
+    compile_against_shared_library(&exe);
     assert!(
         names_libvale_so(&exe),
         "the executable does not name libvale.so: not dynamically linked?"
@@ -148,14 +154,7 @@ fn c_program_against_static_library() {
 fn c_program_busy_waiting() {
     let tmp = TempDir::new("cabi-busy");
     let exe = tmp.0.join("vale_abi_check_busy");
-    built("libvale.so");
-    let lib = target_dir();
-    compile(
-        build_checker(&exe)
-            .arg(format!("-L{}", lib.display()))
-            .arg("-lvale")
-            .arg(format!("-Wl,-rpath,{}", lib.display())),
-    );
+    compile_against_shared_library(&exe);
     for valed_args in [&[][..], &["--busy-poll-us", "50"][..]] {
         let v = Valed::start_with(valed_args);
         run_checker_with(&exe, &v, &["-b"]);
