@@ -410,9 +410,13 @@ impl Port {
         let atok = self.atok(i);
         let ktoa = self.ktoa(i);
         atok.cur.store(cur, Relaxed);
+        // Only this client writes head: what it holds is what valed was last told.
+        let moved = atok.head.load(Relaxed) != head;
         // Release: the slots filled before head are visible to valed before head is.
         atok.head.store(head, Release);
-        if may_kick {
+        // A head that did not move gives valed nothing to do: no kick (a sync of an idle
+        // ring must cost no system call, as netmap's CSB mode).
+        if may_kick && moved {
             // Store head, full fence, then load kern_need_kick: valed stores the flag, fences,
             // then re-reads head, so either we see its flag and kick, or it sees our head.
             fence(SeqCst);

@@ -586,3 +586,33 @@ fn rate_limited_tx_keeps_its_rate() {
     rx.signal(libc::SIGTERM);
     rx.finish(T);
 }
+
+/// Write system calls this thread has made (`/proc/thread-self/io`, `syscw`).
+fn thread_writes() -> u64 {
+    let io = std::fs::read_to_string("/proc/thread-self/io").expect("read /proc/thread-self/io");
+    io.lines()
+        .find_map(|l| l.strip_prefix("syscw: "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("syscw in /proc/thread-self/io")
+}
+
+/// A txsync whose head did not move kicks no one, even while valed sleeps and asks for kicks;
+/// one that queued a frame kicks once, and the frame goes.
+#[test]
+fn txsync_kicks_only_when_head_moved() {
+    let v = Valed::start();
+    let (a, b) = v.open_ab();
+    // valed sleeps on a's idle tx ring, its kick flag raised.
+    std::thread::sleep(Duration::from_millis(50));
+    let before = thread_writes();
+    for _ in 0..10_000 {
+        a.txsync(0).expect("txsync");
+    }
+    let idle = thread_writes() - before;
+    assert!(idle <= 2, "{idle} writes for 10000 syncs of an idle ring");
+    let f = test_frame(60, MAC_X, MAC_D, 1);
+    let before = thread_writes();
+    send_all(&a, &[f.clone()]);
+    assert!(thread_writes() - before >= 1, "no kick for a queued frame");
+    assert_eq!(wait_frames(&b, Duration::from_secs(5)), vec![f]);
+}
