@@ -485,14 +485,14 @@ impl Port {
         self.sync(self.rx_index(ring)?, false)
     }
 
-    /// Syncs the rings `want` names and says which are ready, without sleeping.
+    /// Syncs the rings `want` names and says which are ready, without sleeping. The tx
+    /// rings are synced whatever `want` says, as netmap's poll does: slots queued before a
+    /// wait for frames go out (a sync that moved nothing costs no system call).
     fn ready(&self, want: Events) -> io::Result<Events> {
         let mut got = Events::default();
-        if want.writable {
-            for r in 0..self.layout.params.tx_rings {
-                self.txsync(r)?;
-                got.writable |= self.tx_ring(r).space() > 0;
-            }
+        for r in 0..self.layout.params.tx_rings {
+            self.txsync(r)?;
+            got.writable |= want.writable && self.tx_ring(r).space() > 0;
         }
         if want.readable {
             for r in 0..self.layout.params.rx_rings {

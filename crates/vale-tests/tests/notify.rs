@@ -616,3 +616,17 @@ fn txsync_kicks_only_when_head_moved() {
     assert!(thread_writes() - before >= 1, "no kick for a queued frame");
     assert_eq!(wait_frames(&b, Duration::from_secs(5)), vec![f]);
 }
+
+/// Slots queued (head moved) but not synced go out when the client waits for frames only,
+/// as netmap's poll pushes out tx rings: a ping that queues and then polls for the reply.
+#[test]
+fn poll_for_frames_pushes_out_queued_slots() {
+    let v = Valed::start();
+    let (a, b) = v.open_ab();
+    let f = test_frame(60, MAC_X, MAC_D, 2);
+    queue_chain(&a.tx_ring(0), std::iter::once(&f[..]), true);
+    // Waiting for a reply that cannot come: only the push matters here.
+    a.poll(vale::Events::READABLE, Some(Duration::from_millis(50)))
+        .expect("poll");
+    assert_eq!(wait_frames(&b, Duration::from_secs(5)), vec![f]);
+}
