@@ -1,9 +1,11 @@
 //! valed: the vale daemon.
 
+mod config;
 mod control;
 mod metrics;
 mod notify;
 mod peer;
+mod persist;
 mod rundir;
 
 use std::path::PathBuf;
@@ -89,6 +91,17 @@ struct Args {
     /// given; anyone who can reach ADDR may read them, so prefer a loopback address)
     #[arg(long, value_name = "ADDR:PORT")]
     metrics: Option<std::net::SocketAddr>,
+    /// Configuration file: applied at start, before the control socket listens, and written
+    /// by 'vale-ctl save'. TOML: switches with their batch, lookup module (arguments and flow
+    /// rules) and ports (persistent ones, TAP/NIC/vhost-user attachments, knobs); see FILES.
+    /// A missing file is an empty configuration; a file that does not parse, is larger than
+    /// 16 MiB, or that others than root or valed's user may write is refused and valed exits
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Check the configuration file (--config) and exit: 0 if it parses and valed would read
+    /// it, 1 with the reason otherwise. Nothing is applied
+    #[arg(long, requires = "config")]
+    check_config: bool,
 }
 
 fn main() {
@@ -122,6 +135,29 @@ fn run() -> anyhow::Result<()> {
         .as_deref()
         .map(|g| peer::group_id(g).with_context(|| format!("no such group '{g}' (--admin-group)")))
         .transpose()?;
+    let config = match &args.config {
+        Some(path) => {
+            let cfg = config::load(path, admin_gid).map_err(anyhow::Error::msg)?;
+            if cfg.is_none() {
+                tracing::info!(path = %path.display(), "no configuration file yet: starting empty");
+            }
+            cfg
+        }
+        None => None,
+    };
+    if args.check_config {
+        println!(
+            "{}: {}",
+            args.config.as_deref().expect("required").display(),
+            if config.is_some() {
+                "valid"
+            } else {
+                "absent (an empty configuration)"
+            }
+        );
+        return Ok(());
+    }
+    persist::set_file(args.config.clone());
     let nofile = raise_descriptor_limit();
     let run_dir = args.run_dir.clone().unwrap_or_else(default_run_dir);
     // One valed per run directory: the lock is held for the life of the process.
@@ -148,6 +184,18 @@ fn run() -> anyhow::Result<()> {
         metrics::start(addr, engine.clone())?;
     }
 
+    // The configuration before the socket: a client that connects sees it applied.
+    if let Some(cfg) = &config {
+        let started = std::time::Instant::now();
+        let problems = config::apply(&engine, cfg, persist::attachments());
+        tracing::info!(
+            path = %args.config.as_deref().expect("given").display(),
+            switches = cfg.switches.len(),
+            not_applied = problems.len(),
+            ms = started.elapsed().as_millis() as u64,
+            "configuration applied"
+        );
+    }
     let listener = run.bind_socket(mode)?;
 
     tracing::info!(run_dir = %run_dir.display(), workers = args.workers, batch = args.batch,
