@@ -405,7 +405,11 @@ pub fn snapshot(engine: &Engine, attachments: &Attachments) -> Config {
             let rules = if info.module == "flow" {
                 engine
                     .flow_dump(&sw.name)
-                    .map(|t| {
+                    .map(|mut t| {
+                        // Added again in the order they were added first, so that they get
+                        // the same order among equal priorities (and, with no deletions, the
+                        // same ids).
+                        t.rules.sort_by_key(|r| r.id);
                         t.rules
                             .iter()
                             .map(|r| {
