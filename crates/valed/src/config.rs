@@ -145,7 +145,7 @@ pub fn load(path: &Path, admin_gid: Option<u32>) -> Result<Option<Config>, Strin
     check_trusted(path, &meta, admin_gid)?;
     if meta.len() > MAX_CONFIG {
         return Err(format!(
-            "configuration {shown} is {} bytes, more than the {MAX_CONFIG} valed reads",
+            "configuration {shown} is {} bytes, more than the {MAX_CONFIG} bytes valed reads",
             meta.len()
         ));
     }
@@ -313,10 +313,13 @@ pub fn apply(engine: &Arc<Engine>, cfg: &Config, attachments: &Attachments) -> V
                 report(format!("switch '{}' lookup {}", sw.name, l.module), why);
                 continue;
             }
-            // One rule at a time: a bad rule is reported and the others stay.
-            for r in &l.rules {
-                if let Err(why) = engine.flow_add(&sw.name, r, &me) {
-                    report(format!("switch '{}' flow rule '{r}'", sw.name), why);
+            // All at once (one rebuild of the table); if one is bad, one at a time, so that
+            // the bad ones are reported and the others stay.
+            if !l.rules.is_empty() && engine.flow_add(&sw.name, &l.rules.join("\n"), &me).is_err() {
+                for r in &l.rules {
+                    if let Err(why) = engine.flow_add(&sw.name, r, &me) {
+                        report(format!("switch '{}' flow rule '{r}'", sw.name), why);
+                    }
                 }
             }
         }
