@@ -41,9 +41,21 @@ FILES:\n  <run dir>/valed.sock   control socket (mode from --socket-mode)\n  \
 The run directory must be one no other user can change names in: valed refuses one\n  \
 that belongs to another user (root's is fine), or that its group or everyone may\n  \
 write unless it is sticky (as /tmp is). A missing one is created with mode 0755.\n  \
-valed.lock is never followed through a symbolic link.\n\n\
+valed.lock is never followed through a symbolic link.\n  \
+--config FILE   TOML, applied at start, written by 'vale-ctl save': a [[switch]] table per\n  \
+switch (name, batch, [switch.lookup] with module, args = [\"key=value\", ...] and, for flow,\n  \
+rules = [\"RULE\", ...]) and a [[switch.port]] table per port that survives a restart (name,\n  \
+persistent, owner_uid, moderation_us, learn_limit, and attach = { kind = \"tap\", name = ...,\n  \
+persist = \"yes\", netns = NS } or { kind = \"nic\", iface = ..., mode = ... } or\n  \
+{ kind = \"vhost-user\", path = ..., client = \"yes\", queues = N }). A TAP is adopted by\n  \
+name (in namespace NS, under /run/netns, if given), a NIC bound again. An item that cannot\n  \
+be applied (a missing interface, a module that fails to load, a bad value) is logged with\n  \
+its name and why, and the rest applied. The file is refused, and valed exits, if it does not\n  \
+parse (the line is named), is over 16 MiB or a symbolic link, or if anyone but root or\n  \
+valed's user owns it or others may write it: it may name shared objects valed loads.\n\n\
 EXAMPLES:\n  valed --run-dir /tmp/v &\n  valed --workers 2 --busy-poll-us 50\n  \
-valed --metrics 127.0.0.1:9781   Prometheus scrapes http://127.0.0.1:9781/metrics\n\n\
+valed --metrics 127.0.0.1:9781   Prometheus scrapes http://127.0.0.1:9781/metrics\n  \
+valed --config /etc/vale/valed.toml   then 'vale-ctl save' keeps what runs for the next start\n\n\
 SIGNALS:\n  SIGTERM, SIGINT   remove the socket and exit; clients see their ports' connection close"
 )]
 struct Args {
