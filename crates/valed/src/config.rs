@@ -105,7 +105,10 @@ fn is_false(b: &bool) -> bool {
 /// The attachments as they were asked for, by port: what `vale-ctl list` shows of a device
 /// does not say all (a TAP's `persist`, a vhost-user port's `queues`).
 #[derive(Default)]
-pub struct Attachments(Mutex<HashMap<String, (String, BTreeMap<String, String>)>>);
+pub struct Attachments(Mutex<HashMap<String, Attached>>);
+
+/// A port kind and its arguments.
+type Attached = (String, BTreeMap<String, String>);
 
 impl Attachments {
     pub fn record(&self, port: &str, kind: &str, args: &BTreeMap<String, String>) {
@@ -113,7 +116,7 @@ impl Attachments {
         m.insert(port.to_string(), (kind.to_string(), args.clone()));
     }
 
-    fn get(&self, port: &str) -> Option<(String, BTreeMap<String, String>)> {
+    fn get(&self, port: &str) -> Option<Attached> {
         let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
         m.get(port).cloned()
     }
@@ -238,9 +241,9 @@ pub fn apply(engine: &Arc<Engine>, cfg: &Config, attachments: &Attachments) -> V
             let name = format!("{}:{}", sw.name, p.name);
             let caller = Caller {
                 uid: p.owner_uid.unwrap_or(me.uid),
-                ..me.clone()
+                ..me
             };
-            if let Some(att) = &p.attachment() {
+            if let Some(att) = &p.attach {
                 if let Err(why) = attach(engine, &name, att, &caller, attachments) {
                     report(format!("port '{name}'"), why);
                     if !p.persistent {
@@ -325,12 +328,6 @@ pub fn apply(engine: &Arc<Engine>, cfg: &Config, attachments: &Attachments) -> V
         }
     }
     problems
-}
-
-impl PortConf {
-    fn attachment(&self) -> Option<BTreeMap<String, String>> {
-        self.attach.clone()
-    }
 }
 
 /// Attaches the device `att` describes as port `name`; a TAP with `netns` is opened in that
