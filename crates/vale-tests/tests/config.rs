@@ -275,3 +275,49 @@ fn tap_ports_in_namespaces_ping_again_after_a_restart_with_no_action() {
     assert_eq!(a.moderation_us, 10);
     assert!(ping_once(&hosts[1].0, "10.78.0.1"), "b to a");
 }
+
+#[test]
+fn a_nic_port_is_bound_again_after_a_restart() {
+    let _g = serial();
+    let home = Netns::new("h");
+    let far = Netns::new("far");
+    let cfg_dir = TempDir::new("cfg");
+    let cfg = cfg_dir.0.join("valed.toml");
+    let cfg_s = cfg.to_str().unwrap();
+    let mut v = Valed::start_in(&home, &["--config", cfg_s]);
+    let tap = unique("vcfg");
+    v.ctl_ok(&["attach", "vale0:t", "--tap", &tap, "--persist"]);
+    let near = Netns::new("t");
+    near.adopt(Some(&home), &tap, &["10.78.1.1/24"]);
+    let nic = unique("vnic");
+    let peer = unique("vpeer");
+    home.ok(&format!(
+        "ip link add {nic} type veth peer name {peer} netns {}",
+        far.name
+    ));
+    home.ok(&format!("ip link set {nic} up"));
+    far.adopt(None, &peer, &["10.78.1.10/24"]);
+    far.ok(&format!("ethtool -K {peer} tso off gso off tx off"));
+    v.ctl_ok(&["attach", "vale0:eth", "--iface", &nic]);
+    let mode = v.port("vale0:eth").unwrap().mode;
+    assert!(
+        wait_until(Duration::from_secs(10), || ping_once(&far, "10.78.1.1")),
+        "no ping before the restart: {}",
+        v.log()
+    );
+    v.ctl_ok(&["save"]);
+
+    let started = Instant::now();
+    v.restart_in(&home, &["--config", cfg_s]);
+    let back = wait_until_every(Duration::from_secs(10), Duration::from_millis(1), || {
+        ping_once(&far, "10.78.1.1")
+    });
+    assert!(back, "no ping after the restart: {}", v.log());
+    eprintln!(
+        "restart with a NIC port: pings through the switch again {} ms after SIGTERM",
+        started.elapsed().as_millis()
+    );
+    let p = v.port("vale0:eth").expect("vale0:eth back");
+    assert_eq!((p.kind.as_str(), p.state.as_str()), ("nic", "up"));
+    assert_eq!(p.mode, mode, "bound again in the same mode");
+}
