@@ -244,7 +244,19 @@ pub fn apply(engine: &Arc<Engine>, cfg: &Config, attachments: &Attachments) -> V
                 ..me
             };
             if let Some(att) = &p.attach {
-                if let Err(why) = attach(engine, &name, att, &caller, attachments) {
+                let mut r = attach(engine, &name, att, &caller, attachments);
+                // Right after the old valed let go of a NIC, its driver may still be tearing
+                // down the old AF_XDP socket: an interface that exists gets a few more tries.
+                let nic = att.get("kind").map(String::as_str) == Some("nic");
+                let iface = att.get("iface").cloned().unwrap_or_default();
+                for _ in 0..10 {
+                    if r.is_ok() || !nic || !interface_exists(&iface) {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    r = attach(engine, &name, att, &caller, attachments);
+                }
+                if let Err(why) = r {
                     report(format!("port '{name}'"), why);
                     if !p.persistent {
                         continue;
@@ -495,16 +507,24 @@ fn derived_args(p: &vale_abi::control::PortInfo) -> BTreeMap<String, String> {
     a
 }
 
+/// Whether interface `name` exists in valed's network namespace.
+fn interface_exists(name: &str) -> bool {
+    let Ok(c) = std::ffi::CString::new(name) else {
+        return false;
+    };
+    // SAFETY: a valid C string.
+    unsafe { libc::if_nametoindex(c.as_ptr()) != 0 }
+}
+
 /// The network namespace (a name under /run/netns) interface `dev` lives in, if it is not in
 /// valed's own.
 fn netns_of(dev: &str) -> Option<String> {
+    if interface_exists(dev) {
+        return None;
+    }
     let Ok(c) = std::ffi::CString::new(dev) else {
         return None;
     };
-    // SAFETY: a valid C string.
-    if unsafe { libc::if_nametoindex(c.as_ptr()) } != 0 {
-        return None;
-    }
     let entries = std::fs::read_dir("/run/netns").ok()?;
     for e in entries.flatten().take(4096) {
         let name = e.file_name().to_string_lossy().into_owned();
