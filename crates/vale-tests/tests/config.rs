@@ -343,8 +343,13 @@ fn a_nic_port_is_bound_again_after_a_restart() {
     );
     let p = v.port("vale0:eth").expect("vale0:eth back");
     assert_eq!((p.kind.as_str(), p.state.as_str()), ("nic", "up"));
-    // With no --mode valed binds the best mode that works: right after the old valed's
-    // AF_XDP socket went, the driver's mode may not bind yet and a lesser one is taken.
+    // With no --mode, the mode it was bound in is tried first (for a moment: the driver may
+    // still be tearing down the old valed's AF_XDP socket).
+    assert_eq!(
+        p.mode.as_deref(),
+        Some(mode.as_str()),
+        "bound again in the same mode"
+    );
     eprintln!(
         "NIC mode before the restart {mode}, after {}",
         p.mode.unwrap_or_default()

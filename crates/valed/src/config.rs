@@ -93,7 +93,8 @@ pub struct PortConf {
     /// A device valed moves the frames of: `kind` (`tap`, `nic`, `vhost-user`) and that kind's
     /// arguments as `vale-ctl attach` sends them (`name`, `persist`; `iface`, `mode`; `path`,
     /// `client`, `queues`). A TAP may carry `netns`: the network namespace (a name under
-    /// /run/netns, or a path) where its device lives.
+    /// /run/netns, or a path) where its device lives; a NIC with no `mode` may carry `bound`:
+    /// the mode it was in when saved, tried first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attach: Option<BTreeMap<String, String>>,
 }
@@ -356,6 +357,25 @@ fn attach(
         .remove("kind")
         .ok_or("attach has no 'kind' (tap, nic or vhost-user)")?;
     let netns = args.remove("netns");
+    // A NIC attached with no mode: the mode it was bound in when saved is tried first, for a
+    // moment (the driver may still be tearing down the old valed's AF_XDP socket), then the
+    // best that binds, as at attach time.
+    let bound = args.remove("bound");
+    if let (true, Some(m), None) = (kind == "nic", &bound, args.get("mode")) {
+        let mut pinned = args.clone();
+        pinned.insert("mode".into(), m.clone());
+        let iface = args.get("iface").cloned().unwrap_or_default();
+        for _ in 0..10 {
+            if engine.attach_host(name, &kind, &pinned, caller).is_ok() {
+                attachments.record(name, &kind, &args);
+                return Ok(());
+            }
+            if !interface_exists(&iface) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
     match netns {
         None => engine.attach_host(name, &kind, &args, caller)?,
         Some(ns) => {
@@ -458,6 +478,11 @@ pub fn snapshot(engine: &Engine, attachments: &Attachments) -> Config {
                     Some((kind, args)) if kind == p.kind => args,
                     _ => derived_args(p),
                 };
+                if p.kind == "nic" && !args.contains_key("mode") {
+                    if let Some(m) = &p.mode {
+                        args.insert("bound".into(), m.clone());
+                    }
+                }
                 if p.kind == "tap" {
                     args.remove("netns");
                     if let Some(dev) = &p.device {
@@ -493,9 +518,6 @@ fn derived_args(p: &vale_abi::control::PortInfo) -> BTreeMap<String, String> {
         }
         "nic" => {
             a.insert("iface".into(), dev);
-            if let Some(m) = &p.mode {
-                a.insert("mode".into(), m.clone());
-            }
         }
         _ => {
             a.insert("path".into(), dev);

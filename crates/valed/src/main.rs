@@ -46,7 +46,7 @@ valed.lock is never followed through a symbolic link.\n  \
 switch (name, batch, [switch.lookup] with module, args = [\"key=value\", ...] and, for flow,\n  \
 rules = [\"RULE\", ...]) and a [[switch.port]] table per port that survives a restart (name,\n  \
 persistent, owner_uid, moderation_us, learn_limit, and attach = { kind = \"tap\", name = ...,\n  \
-persist = \"yes\", netns = NS } or { kind = \"nic\", iface = ..., mode = ... } or\n  \
+persist = \"yes\", netns = NS } or { kind = \"nic\", iface = ..., mode|bound = ... } or\n  \
 { kind = \"vhost-user\", path = ..., client = \"yes\", queues = N }). A TAP is adopted by\n  \
 name (in namespace NS, under /run/netns, if given), a NIC bound again. An item that cannot\n  \
 be applied (a missing interface, a module that fails to load, a bad value) is logged with\n  \
