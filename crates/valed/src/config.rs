@@ -117,6 +117,13 @@ impl Attachments {
         m.insert(port.to_string(), (kind.to_string(), args.clone()));
     }
 
+    /// Forgets the ports not in `live` (detached or destroyed since), so the record stays as
+    /// small as the switches.
+    fn keep_only(&self, live: &std::collections::HashSet<String>) {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        m.retain(|port, _| live.contains(port));
+    }
+
     fn get(&self, port: &str) -> Option<Attached> {
         let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
         m.get(port).cloned()
@@ -416,7 +423,15 @@ fn attach(
 /// knobs. Ports a client opened and holds are the client's: they are not saved.
 pub fn snapshot(engine: &Engine, attachments: &Attachments) -> Config {
     let mut cfg = Config::default();
-    for sw in engine.list() {
+    let switches = engine.list();
+    let live = switches
+        .iter()
+        .flat_map(|s| s.ports.iter())
+        .filter(|p| p.kind != "native")
+        .map(|p| p.name.clone())
+        .collect();
+    attachments.keep_only(&live);
+    for sw in switches {
         let mut conf = SwitchConf {
             name: sw.name.clone(),
             batch: Some(sw.batch),
