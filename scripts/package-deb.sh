@@ -9,7 +9,8 @@
 # the test suite packages the very build it tests.
 # The package holds valed, vale-ctl and vale-pktgen; libvale.so and libvale.a with vale.h,
 # vale_lookup.h and libvale.pc; the systemd unit valed.service (not enabled on install);
-# /etc/default/valed, the options the unit gives valed; and the man pages, rendered from the
+# /etc/default/valed, the options the unit gives valed; /etc/vale/valed.toml, the
+# configuration (switches, ports, modules, knobs) valed applies at start; and the man pages, rendered from the
 # binaries' own clap definitions (TOOL --write-man-pages DIR, crates/vale-man). The last line
 # printed is the path of the package.
 set -euo pipefail
@@ -52,7 +53,7 @@ trap 'rm -rf "$stage"' EXIT
 root="$stage/root"
 lib="$root/usr/lib/$multiarch"
 install -d "$root/DEBIAN" "$root/usr/bin" "$lib/pkgconfig" "$root/usr/include" \
-    "$root/usr/lib/systemd/system" "$root/etc/default" "$root/usr/share/doc/vale" \
+    "$root/usr/lib/systemd/system" "$root/etc/default" "$root/etc/vale" "$root/usr/share/doc/vale" \
     "$root/usr/share/man/man1" "$root/usr/share/man/man8"
 
 # The release profile keeps line tables for the benchmarks' profiles; the package does not.
@@ -70,9 +71,10 @@ sed -e "s/@VERSION@/$version/" -e "s/@MULTIARCH@/$multiarch/" packaging/libvale.
     >"$lib/pkgconfig/libvale.pc"
 install -m 644 packaging/valed.service "$root/usr/lib/systemd/system/valed.service"
 install -m 644 packaging/valed.default "$root/etc/default/valed"
+install -m 644 packaging/valed.toml "$root/etc/vale/valed.toml"
 install -m 644 packaging/deb/copyright "$root/usr/share/doc/vale/copyright"
 install -m 755 packaging/deb/postinst packaging/deb/prerm packaging/deb/postrm "$root/DEBIAN/"
-echo /etc/default/valed >"$root/DEBIAN/conffiles"
+printf '%s\n' /etc/default/valed /etc/vale/valed.toml >"$root/DEBIAN/conffiles"
 
 # Man pages from the same clap definitions as --help: valed in section 8, the tools in 1,
 # dated by the last commit when there is one.

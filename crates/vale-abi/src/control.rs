@@ -107,18 +107,41 @@ pub enum Request {
         knob: String,
         value: String,
     },
+    /// Write the running configuration (switches, persistent and device ports, lookup modules
+    /// with their rules, knobs) to valed's configuration file (`valed --config FILE`),
+    /// atomically. An administrator's. The reply is [`Reply::Saved`].
+    Save,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "reply", rename_all = "snake_case")]
 pub enum Reply {
     Ok,
-    Error { message: String },
-    Opened { port: String, fds: u32 },
-    List { switches: Vec<SwitchInfo> },
-    Lookup { lookup: LookupInfo },
-    Flows { flows: FlowTable },
-    Workers { workers: Vec<WorkerInfo> },
+    Error {
+        message: String,
+    },
+    Opened {
+        port: String,
+        fds: u32,
+    },
+    List {
+        switches: Vec<SwitchInfo>,
+    },
+    Lookup {
+        lookup: LookupInfo,
+    },
+    Flows {
+        flows: FlowTable,
+    },
+    Workers {
+        workers: Vec<WorkerInfo>,
+    },
+    /// [`Request::Save`] wrote `path`: `switches` switches with `ports` ports.
+    Saved {
+        path: String,
+        switches: u32,
+        ports: u32,
+    },
 }
 
 /// A forwarding thread of valed and what it did since valed started.

@@ -225,6 +225,19 @@ to the kernel. The port goes too, unless it is persistent ('vale-ctl create')."
         #[arg(value_name = "PORT", value_parser = port_name)]
         port: String,
     },
+    /// Write the running configuration to valed's configuration file
+    #[command(
+        long_about = "Writes the running configuration to the file valed was started with \
+(valed --config FILE), atomically (a new file renamed over the old one): every switch with \
+its batch and lookup module (its arguments and, for flow, its rules), and its persistent and \
+device ports (TAP, NIC, vhost-user: their devices and arguments) with their knobs \
+(moderation, learn-limit) and owners. Ports a client opened and holds are the client's and \
+are not saved. valed applies the file when it starts again, and re-adopts TAP devices (a \
+TAP attached with --persist and moved into a network namespace is found there again) and \
+NICs, so traffic resumes with no action. Needs an administrator. Prints the path and what \
+was saved; with --json, {\"path\":...,\"switches\":N,\"ports\":N}."
+    )]
+    Save,
     /// Set a knob of a switch or a port
     #[command(
         long_about = "Sets a knob of switch valeX or of port valeX:Y. The change takes \
@@ -733,6 +746,23 @@ fn run(cli: &Cli) -> Result<(), Failure> {
                 other => Err(unexpected(&other)),
             }
         }
+        Command::Save => match ask(&sock, &Request::Save)? {
+            Reply::Saved {
+                path,
+                switches,
+                ports,
+            } => {
+                if cli.json {
+                    let v = serde_json::json!({"path": path, "switches": switches, "ports": ports});
+                    output(&format!("{v}\n"))
+                } else {
+                    output(&format!(
+                        "saved {switches} switches, {ports} ports to {path}\n"
+                    ))
+                }
+            }
+            other => Err(unexpected(&other)),
+        },
         Command::Set {
             target,
             knob,

@@ -352,6 +352,21 @@ impl Valed {
         self.wait_ready();
     }
 
+    /// Stops valed with SIGTERM (it removes its socket and exits, as systemd stops it) and
+    /// starts a new one with `args` serving the same run directory; its log goes on in the
+    /// same file.
+    pub fn restart_with(&mut self, args: &[&str]) {
+        let cmd = tool("valed", &self.dir.0, args);
+        self.restart_cmd(cmd);
+    }
+
+    fn restart_cmd(&mut self, cmd: Command) {
+        self.signal(libc::SIGTERM);
+        let _ = self.child.wait();
+        self.child = Valed::spawn_logged(&self.dir.0, cmd, true);
+        self.wait_ready();
+    }
+
     pub fn run_dir(&self) -> &Path {
         &self.dir.0
     }

@@ -127,4 +127,13 @@ impl Valed {
         c.arg(valed.get_program()).args(valed.get_args());
         Valed::spawn_in(dir, c)
     }
+
+    /// [`Valed::restart_with`] for a valed of namespace `ns`.
+    pub fn restart_in(&mut self, ns: &Netns, args: &[&str]) {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &ns.name]);
+        let valed = tool("valed", &self.dir.0, args);
+        c.arg(valed.get_program()).args(valed.get_args());
+        self.restart_cmd(c);
+    }
 }

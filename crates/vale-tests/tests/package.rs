@@ -229,6 +229,7 @@ fn debian_package_installs_and_runs_from_its_paths() {
         "./usr/include/vale_lookup.h".into(),
         "./usr/lib/systemd/system/valed.service".into(),
         "./etc/default/valed".into(),
+        "./etc/vale/valed.toml".into(),
         "./usr/share/man/man8/valed.8.gz".into(),
         "./usr/share/man/man1/vale-ctl.1.gz".into(),
         "./usr/share/man/man1/vale-ctl-list.1.gz".into(),
@@ -281,6 +282,17 @@ fn debian_package_installs_and_runs_from_its_paths() {
             assert!(text.contains(s), "valed(8) lacks {s}:\n{text}");
         }
     }
+
+    // The default configuration, as installed, is one valed reads.
+    let conf = dest.join("etc/vale/valed.toml");
+    let check = ok(
+        Command::new(usr_bin.join("valed"))
+            .arg("--config")
+            .arg(&conf)
+            .arg("--check-config"),
+        T,
+    );
+    assert!(check.contains("valid"), "valed --check-config: {check}");
 
     // The unit, as installed, passes systemd-analyze (ExecStart is found under the root).
     let unit = dest.join("usr/lib/systemd/system/valed.service");
@@ -411,7 +423,12 @@ fn debian_package_installs_and_runs_from_its_paths() {
 
     // Purged, it leaves nothing behind, its configuration file included.
     dpkg(&dest, &["--purge", "vale"]);
-    for f in ["usr/bin/valed", "etc/default/valed", "usr/include/vale.h"] {
+    for f in [
+        "usr/bin/valed",
+        "etc/default/valed",
+        "etc/vale/valed.toml",
+        "usr/include/vale.h",
+    ] {
         assert!(
             !dest.join(f).exists(),
             "{f} is still there after dpkg --purge"

@@ -450,7 +450,11 @@ fn handle(engine: &Engine, caller: &Caller, req: Request) -> (Reply, Option<Arc<
         },
         Request::Create { port } => done(engine.create(&port, caller)),
         Request::Attach { port, kind, args } => {
-            done(engine.attach_host(&port, &kind, &args, caller))
+            let r = engine.attach_host(&port, &kind, &args, caller);
+            if r.is_ok() {
+                crate::persist::attached(&port, &kind, &args);
+            }
+            done(r)
         }
         Request::Detach { port } => done(engine.detach(&port, caller)),
         Request::Destroy { name } => done(engine.destroy(&name, caller)),
@@ -474,6 +478,7 @@ fn handle(engine: &Engine, caller: &Caller, req: Request) -> (Reply, Option<Arc<
         Request::FlowAdd { switch, rules } => flows(engine.flow_add(&switch, &rules, caller)),
         Request::FlowDel { switch, selector } => flows(engine.flow_del(&switch, &selector, caller)),
         Request::FlowDump { switch } => flows(engine.flow_dump(&switch)),
+        Request::Save => crate::persist::save_request(engine, caller),
     };
     (reply, None)
 }

@@ -1,9 +1,11 @@
 //! valed: the vale daemon.
 
+mod config;
 mod control;
 mod metrics;
 mod notify;
 mod peer;
+mod persist;
 mod rundir;
 
 use std::path::PathBuf;
@@ -39,9 +41,21 @@ FILES:\n  <run dir>/valed.sock   control socket (mode from --socket-mode)\n  \
 The run directory must be one no other user can change names in: valed refuses one\n  \
 that belongs to another user (root's is fine), or that its group or everyone may\n  \
 write unless it is sticky (as /tmp is). A missing one is created with mode 0755.\n  \
-valed.lock is never followed through a symbolic link.\n\n\
+valed.lock is never followed through a symbolic link.\n  \
+--config FILE   TOML, applied at start, written by 'vale-ctl save': a [[switch]] table per\n  \
+switch (name, batch, [switch.lookup] with module, args = [\"key=value\", ...] and, for flow,\n  \
+rules = [\"RULE\", ...]) and a [[switch.port]] table per port that survives a restart (name,\n  \
+persistent, owner_uid, moderation_us, learn_limit, and attach = { kind = \"tap\", name = ...,\n  \
+persist = \"yes\", netns = NS } or { kind = \"nic\", iface = ..., mode|bound = ... } or\n  \
+{ kind = \"vhost-user\", path = ..., client = \"yes\", queues = N }). A TAP is adopted by\n  \
+name (in namespace NS, under /run/netns, if given), a NIC bound again. An item that cannot\n  \
+be applied (a missing interface, a module that fails to load, a bad value) is logged with\n  \
+its name and why, and the rest applied. The file is refused, and valed exits, if it does not\n  \
+parse (the line is named), is over 16 MiB or a symbolic link, or if anyone but root or\n  \
+valed's user owns it or others may write it: it may name shared objects valed loads.\n\n\
 EXAMPLES:\n  valed --run-dir /tmp/v &\n  valed --workers 2 --busy-poll-us 50\n  \
-valed --metrics 127.0.0.1:9781   Prometheus scrapes http://127.0.0.1:9781/metrics\n\n\
+valed --metrics 127.0.0.1:9781   Prometheus scrapes http://127.0.0.1:9781/metrics\n  \
+valed --config /etc/vale/valed.toml   then 'vale-ctl save' keeps what runs for the next start\n\n\
 SIGNALS:\n  SIGTERM, SIGINT   remove the socket and exit; clients see their ports' connection close"
 )]
 struct Args {
@@ -89,6 +103,17 @@ struct Args {
     /// given; anyone who can reach ADDR may read them, so prefer a loopback address)
     #[arg(long, value_name = "ADDR:PORT")]
     metrics: Option<std::net::SocketAddr>,
+    /// Configuration file: applied at start, before the control socket listens, and written
+    /// by 'vale-ctl save'. TOML: switches with their batch, lookup module (arguments and flow
+    /// rules) and ports (persistent ones, TAP/NIC/vhost-user attachments, knobs); see FILES.
+    /// A missing file is an empty configuration; a file that does not parse, is larger than
+    /// 16 MiB, or that others than root or valed's user may write is refused and valed exits
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Check the configuration file (--config) and exit: 0 if it parses and valed would read
+    /// it, 1 with the reason otherwise. Nothing is applied
+    #[arg(long, requires = "config")]
+    check_config: bool,
 }
 
 fn main() {
@@ -122,6 +147,29 @@ fn run() -> anyhow::Result<()> {
         .as_deref()
         .map(|g| peer::group_id(g).with_context(|| format!("no such group '{g}' (--admin-group)")))
         .transpose()?;
+    let config = match &args.config {
+        Some(path) => {
+            let cfg = config::load(path, admin_gid).map_err(anyhow::Error::msg)?;
+            if cfg.is_none() {
+                tracing::info!(path = %path.display(), "no configuration file yet: starting empty");
+            }
+            cfg
+        }
+        None => None,
+    };
+    if args.check_config {
+        println!(
+            "{}: {}",
+            args.config.as_deref().expect("required").display(),
+            if config.is_some() {
+                "valid"
+            } else {
+                "absent (an empty configuration)"
+            }
+        );
+        return Ok(());
+    }
+    persist::set_file(args.config.clone());
     let nofile = raise_descriptor_limit();
     let run_dir = args.run_dir.clone().unwrap_or_else(default_run_dir);
     // One valed per run directory: the lock is held for the life of the process.
@@ -148,6 +196,18 @@ fn run() -> anyhow::Result<()> {
         metrics::start(addr, engine.clone())?;
     }
 
+    // The configuration before the socket: a client that connects sees it applied.
+    if let Some(cfg) = &config {
+        let started = std::time::Instant::now();
+        let problems = config::apply(&engine, cfg, persist::attachments());
+        tracing::info!(
+            path = %args.config.as_deref().expect("given").display(),
+            switches = cfg.switches.len(),
+            not_applied = problems.len(),
+            ms = started.elapsed().as_millis() as u64,
+            "configuration applied"
+        );
+    }
     let listener = run.bind_socket(mode)?;
 
     tracing::info!(run_dir = %run_dir.display(), workers = args.workers, batch = args.batch,

@@ -1,0 +1,357 @@
+//! The configuration file (`valed --config FILE`, `vale-ctl save`): what is saved comes back
+//! after a restart, TAP ports in network namespaces forward again with no action, what cannot
+//! be applied is reported and the rest applied, and bad files are refused.
+//!
+//! The namespace tests need root and iproute2, as host.rs does.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use vale_tests::netns::{unique, Netns};
+use vale_tests::*;
+
+fn json(v: &Valed, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    serde_json::from_str(&v.ctl_ok(&all)).expect("JSON")
+}
+
+/// `vale-ctl --json list NAME`, less what a restart changes by nature: the pid holding a
+/// device port is valed's own.
+fn list(v: &Valed, name: &str) -> serde_json::Value {
+    let mut l = json(v, &["list", name]);
+    for p in l[0]["ports"].as_array_mut().expect("ports") {
+        if p["kind"] != "native" {
+            p["owner_pid"] = serde_json::Value::Null;
+        }
+    }
+    l
+}
+
+fn write_config(path: &Path, text: &str, mode: u32) {
+    std::fs::write(path, text).expect("write config");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+#[test]
+fn save_then_restart_gives_back_switches_ports_knobs_modules_and_rules() {
+    let cfg_dir = TempDir::new("cfg");
+    let cfg = cfg_dir.0.join("valed.toml");
+    let cfg_s = cfg.to_str().unwrap();
+    let mut v = Valed::start_with(&["--config", cfg_s]);
+    v.ctl_ok(&["create", "vale0:a"]);
+    v.ctl_ok(&["create", "vale0:b"]);
+    v.ctl_ok(&["set", "vale0", "batch", "64"]);
+    v.ctl_ok(&["set", "vale0:a", "moderation", "20"]);
+    v.ctl_ok(&["set", "vale0:b", "learn-limit", "7"]);
+    v.ctl_ok(&["lookup", "vale0", "flow", "--arg", "default=drop"]);
+    v.ctl_ok(&[
+        "flow",
+        "vale0",
+        "add",
+        "prio=10 tcp,tp_dst=22 actions=drop",
+        "actions=normal",
+        "prio=10 udp actions=output:vale0:b",
+    ]);
+    v.ctl_ok(&["create", "vale1:x"]);
+    v.ctl_ok(&["create", "vale1:y"]);
+    v.ctl_ok(&[
+        "lookup",
+        "vale1",
+        "vlan",
+        "--access",
+        "vale1:x=10",
+        "--trunk",
+        "vale1:y=10,20",
+    ]);
+    v.ctl_ok(&["create", "vale2:p"]);
+    v.ctl_ok(&["lookup", "vale2", "learning", "--arg", "entries=64"]);
+    // A vhost-user port with no front end yet: its socket is served again after the restart.
+    let sock = cfg_dir.0.join("vm.sock");
+    v.ctl_ok(&[
+        "attach",
+        "vale3:vm",
+        "--vhost-user",
+        sock.to_str().unwrap(),
+        "--queues",
+        "2",
+    ]);
+    // A port a client holds is the client's: it is not saved.
+    let _held = v.open("vale1:held");
+
+    let out = v.ctl_ok(&["save"]);
+    assert!(out.contains("saved 4 switches, 6 ports"), "{out}");
+    let mode = std::fs::metadata(&cfg).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o644, "saved file mode");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(!text.contains("held"), "a held port was saved:\n{text}");
+
+    let before = (
+        list(&v, "vale0"),
+        list(&v, "vale2"),
+        list(&v, "vale3"),
+        json(&v, &["lookup", "vale0"]),
+        json(&v, &["lookup", "vale1"]),
+        json(&v, &["lookup", "vale2"]),
+        json(&v, &["flow", "vale0", "dump"]),
+    );
+    drop(_held);
+    v.restart_with(&["--config", cfg_s]);
+    let after = (
+        list(&v, "vale0"),
+        list(&v, "vale2"),
+        list(&v, "vale3"),
+        json(&v, &["lookup", "vale0"]),
+        json(&v, &["lookup", "vale1"]),
+        json(&v, &["lookup", "vale2"]),
+        json(&v, &["flow", "vale0", "dump"]),
+    );
+    assert_eq!(before, after, "state after the restart:\n{text}");
+    let vale1 = json(&v, &["list", "vale1"]);
+    let names: Vec<&str> = vale1[0]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["vale1:x", "vale1:y"]);
+    assert!(v.log().contains("not_applied=0") || v.log().contains("not_applied\u{1b}"));
+
+    // Saving again gives the same file: the round trip is stable.
+    v.ctl_ok(&["save"]);
+    assert_eq!(std::fs::read_to_string(&cfg).unwrap(), text);
+}
+
+#[test]
+fn save_needs_a_config_file() {
+    let v = Valed::start();
+    v.ctl_fails(&["save"], 1, "start it with --config FILE");
+}
+
+#[test]
+fn a_missing_interface_or_module_is_reported_and_the_rest_applied() {
+    let cfg_dir = TempDir::new("cfg");
+    let cfg = cfg_dir.0.join("valed.toml");
+    write_config(
+        &cfg,
+        r#"
+[[switch]]
+name = "vale0"
+batch = 32
+
+[[switch.port]]
+name = "eth"
+attach = { kind = "nic", iface = "nosuchnic0" }
+
+[[switch.port]]
+name = "a"
+persistent = true
+moderation_us = 5
+
+[[switch.port]]
+name = "b"
+persistent = true
+learn_limit = 99999999
+
+[[switch]]
+name = "vale1"
+lookup = { module = "/nonexistent/libnothing.so" }
+
+[[switch.port]]
+name = "x"
+persistent = true
+
+[[switch]]
+name = "vale2"
+lookup = { module = "flow", rules = ["actions=normal", "prio=5 bogus=1 actions=drop"] }
+
+[[switch.port]]
+name = "p"
+persistent = true
+"#,
+        0o644,
+    );
+    let v = Valed::start_with(&["--config", cfg.to_str().unwrap()]);
+    let log = v.log();
+    for expected in [
+        "port 'vale0:eth'",
+        "nosuchnic0",
+        "port 'vale0:b' learn-limit",
+        "switch 'vale1' lookup /nonexistent/libnothing.so",
+        "switch 'vale2' flow rule 'prio=5 bogus=1 actions=drop'",
+    ] {
+        assert!(log.contains(expected), "no report of {expected}:\n{log}");
+    }
+    assert!(v.port("vale0:eth").is_none());
+    let a = v.port("vale0:a").expect("vale0:a applied");
+    assert!(a.persistent);
+    assert_eq!(a.moderation_us, 5);
+    assert!(v.port("vale0:b").unwrap().persistent);
+    assert_eq!(list(&v, "vale0")[0]["batch"], 32);
+    assert_eq!(json(&v, &["lookup", "vale1"])["module"], "learning");
+    let flows = json(&v, &["flow", "vale2", "dump"]);
+    assert_eq!(flows["rules"].as_array().unwrap().len(), 1, "{flows}");
+}
+
+#[test]
+fn bad_config_files_are_refused_with_a_clear_error() {
+    let cfg_dir = TempDir::new("cfg");
+    let cfg = cfg_dir.0.join("valed.toml");
+    let cfg_s = cfg.to_str().unwrap();
+    let refuse = |what: &str, message: &str| {
+        let dir = TempDir::new("refuse");
+        let out = valed_refusing(&dir.0, &["--config", cfg_s]);
+        assert_exit(&out, what, 1, message);
+        // --check-config says the same and starts nothing.
+        let out = valed_refusing(&dir.0, &["--config", cfg_s, "--check-config"]);
+        assert_exit(&out, what, 1, message);
+    };
+    write_config(
+        &cfg,
+        "[[switch]]\nname = \"vale0\"\nbatch = \"many\"\n",
+        0o644,
+    );
+    refuse("a wrong type", "line 3:");
+    write_config(&cfg, "\n\n[[switch]\nname = \"vale0\"\n", 0o644);
+    refuse("a syntax error", "line 3:");
+    write_config(&cfg, "[[switch]]\nname = \"vale0\"\nbatchh = 4\n", 0o644);
+    refuse("an unknown field", "unknown field `batchh`");
+    write_config(&cfg, "[[switch]]\nname = \"vale0\"\n", 0o666);
+    refuse("a world-writable file", "is writable by others");
+    write_config(&cfg, &"#".repeat(17 << 20), 0o644);
+    refuse("an oversized file", "more than the 16777216 bytes");
+    std::fs::remove_file(&cfg).unwrap();
+    std::os::unix::fs::symlink("/etc/hostname", &cfg).unwrap();
+    refuse("a symbolic link", "is a symbolic link");
+    std::fs::remove_file(&cfg).unwrap();
+    write_config(&cfg, "\u{0}\u{1}\u{ff}garbage", 0o644);
+    refuse("binary garbage", "configuration");
+
+    // A good file passes the check; a missing one is an empty configuration.
+    write_config(&cfg, "[[switch]]\nname = \"vale0\"\n", 0o644);
+    let out = valed_refusing(&cfg_dir.0, &["--config", cfg_s, "--check-config"]);
+    assert_exit(&out, "a good file", 0, "");
+    std::fs::remove_file(&cfg).unwrap();
+    let out = valed_refusing(&cfg_dir.0, &["--config", cfg_s, "--check-config"]);
+    assert_exit(&out, "a missing file", 0, "");
+}
+
+/// Whether one ping from `ns` to `addr` is answered within 200 ms.
+fn ping_once(ns: &Netns, addr: &str) -> bool {
+    ns.run(&format!("ping -c 1 -W 0.2 {addr}"), Duration::from_secs(5))
+        .status
+        .success()
+}
+
+#[test]
+fn tap_ports_in_namespaces_ping_again_after_a_restart_with_no_action() {
+    let home = Netns::new("h");
+    let cfg_dir = TempDir::new("cfg");
+    let cfg = cfg_dir.0.join("valed.toml");
+    let cfg_s = cfg.to_str().unwrap();
+    let mut v = Valed::start_in(&home, &["--config", cfg_s]);
+    let mut hosts = Vec::new();
+    for (i, p) in ["a", "b"].iter().enumerate() {
+        let tap = unique("vcfg");
+        v.ctl_ok(&["attach", &format!("vale0:{p}"), "--tap", &tap, "--persist"]);
+        let ns = Netns::new(p);
+        ns.adopt(Some(&home), &tap, &[&format!("10.78.0.{}/24", i + 1)]);
+        hosts.push((ns, tap));
+    }
+    v.ctl_ok(&["set", "vale0:a", "moderation", "10"]);
+    assert!(
+        wait_until(Duration::from_secs(10), || ping_once(
+            &hosts[0].0,
+            "10.78.0.2"
+        )),
+        "no ping before the restart: {}",
+        v.log()
+    );
+    v.ctl_ok(&["save"]);
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(
+        text.contains(&format!("netns = \"{}\"", hosts[0].0.name)),
+        "the TAP's namespace is not saved:\n{text}"
+    );
+
+    let started = Instant::now();
+    v.restart_in(&home, &["--config", cfg_s]);
+    let ready = started.elapsed();
+    let back = wait_until_every(Duration::from_secs(10), Duration::from_millis(1), || {
+        ping_once(&hosts[0].0, "10.78.0.2")
+    });
+    let forwarding = started.elapsed();
+    assert!(back, "no ping after the restart: {}", v.log());
+    eprintln!(
+        "restart: valed answering {} ms, pings through the switch again {} ms after SIGTERM",
+        ready.as_millis(),
+        forwarding.as_millis()
+    );
+    // Target: forwarding back within 1 s; a loaded test machine gets some slack.
+    assert!(
+        forwarding < Duration::from_secs(3),
+        "forwarding back only after {forwarding:?}"
+    );
+    let a = v.port("vale0:a").expect("vale0:a back");
+    assert_eq!(a.kind, "tap");
+    assert_eq!(a.state, "up");
+    assert_eq!(a.moderation_us, 10);
+    assert!(ping_once(&hosts[1].0, "10.78.0.1"), "b to a");
+}
+
+#[test]
+fn a_nic_port_is_bound_again_after_a_restart() {
+    let _g = serial();
+    let home = Netns::new("h");
+    let far = Netns::new("far");
+    let cfg_dir = TempDir::new("cfg");
+    let cfg = cfg_dir.0.join("valed.toml");
+    let cfg_s = cfg.to_str().unwrap();
+    let mut v = Valed::start_in(&home, &["--config", cfg_s]);
+    let tap = unique("vcfg");
+    v.ctl_ok(&["attach", "vale0:t", "--tap", &tap, "--persist"]);
+    let near = Netns::new("t");
+    near.adopt(Some(&home), &tap, &["10.78.1.1/24"]);
+    let nic = unique("vnic");
+    let peer = unique("vpeer");
+    home.ok(&format!(
+        "ip link add {nic} type veth peer name {peer} netns {}",
+        far.name
+    ));
+    home.ok(&format!("ip link set {nic} up"));
+    far.adopt(None, &peer, &["10.78.1.10/24"]);
+    far.ok(&format!("ethtool -K {peer} tso off gso off tx off"));
+    v.ctl_ok(&["attach", "vale0:eth", "--iface", &nic]);
+    let mode = v.port("vale0:eth").unwrap().mode.unwrap_or_default();
+    assert!(
+        wait_until(Duration::from_secs(10), || ping_once(&far, "10.78.1.1")),
+        "no ping before the restart: {}",
+        v.log()
+    );
+    v.ctl_ok(&["save"]);
+
+    let started = Instant::now();
+    v.restart_in(&home, &["--config", cfg_s]);
+    let back = wait_until_every(Duration::from_secs(10), Duration::from_millis(1), || {
+        ping_once(&far, "10.78.1.1")
+    });
+    assert!(back, "no ping after the restart: {}", v.log());
+    eprintln!(
+        "restart with a NIC port: pings through the switch again {} ms after SIGTERM",
+        started.elapsed().as_millis()
+    );
+    let p = v.port("vale0:eth").expect("vale0:eth back");
+    assert_eq!((p.kind.as_str(), p.state.as_str()), ("nic", "up"));
+    // With no --mode, the mode it was bound in is tried first (for a moment: the driver may
+    // still be tearing down the old valed's AF_XDP socket).
+    assert_eq!(
+        p.mode.as_deref(),
+        Some(mode.as_str()),
+        "bound again in the same mode"
+    );
+    eprintln!(
+        "NIC mode before the restart {mode}, after {}",
+        p.mode.unwrap_or_default()
+    );
+}

@@ -1,0 +1,656 @@
+//! valed's configuration file (`valed --config FILE`): the switches, persistent ports, device
+//! attachments (TAP, NIC, vhost-user), lookup modules with their arguments and flow rules, and
+//! the switch and port knobs that valed applies at start, and that `vale-ctl save` writes from
+//! the running state.
+//!
+//! The format is TOML (the `toml` crate, serde's own, kept by the toml-rs project): a person
+//! edits it as easily as an INI file, comments stay legal, arrays of tables fit a list of
+//! switches each with a list of ports, and its parse errors carry a line and a column.
+//!
+//! Persisting is explicit (`vale-ctl save`), not done as each change is made: what a restart
+//! brings back is what an administrator chose to keep, as with a router's "copy running-config
+//! startup-config". An experiment (a port attached for a minute, a module tried) cannot
+//! overwrite a file that someone edited by hand, and valed never writes a file behind the
+//! administrator's back.
+//!
+//! The file is untrusted input: at most [`MAX_CONFIG`] bytes, read through no symbolic link,
+//! refused if anyone but root or valed's own user owns it or if it is writable by others
+//! (group-writable only when the group is root's or the administrators'): it may name shared
+//! objects that valed loads. A file that does not parse (or names an unknown field) is refused
+//! as a whole with its line; an item that cannot be applied (a missing interface, a module that
+//! fails to load, a bad knob) is reported with its name and why, and the rest is applied.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde::{Deserialize, Serialize};
+use vale_abi::control::ModuleArg;
+use vale_switch::{Caller, Engine};
+
+/// Largest configuration file valed reads: room for a large flow table.
+pub const MAX_CONFIG: u64 = 16 << 20;
+
+/// The whole file.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// The switches, each with its ports.
+    #[serde(default, rename = "switch", skip_serializing_if = "Vec::is_empty")]
+    pub switches: Vec<SwitchConf>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchConf {
+    /// `valeX`.
+    pub name: String,
+    /// Frames gathered from a ring per pass; absent: valed's `--batch`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<u32>,
+    /// The lookup module; absent: the learning bridge with its defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lookup: Option<LookupConf>,
+    /// The ports that survive a restart: persistent ones and device attachments.
+    #[serde(default, rename = "port", skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<PortConf>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LookupConf {
+    /// A built-in module (`learning`, `hub`, `vlan`, `flow`) or a shared object's absolute path.
+    pub module: String,
+    /// `key=value`, in order, as `vale-ctl lookup valeX MODULE --arg key=value` gives them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// `flow` module: its rules, one a string, in the grammar of `vale-ctl flow valeX add`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortConf {
+    /// `Y` of `valeX:Y`.
+    pub name: String,
+    /// Made by `vale-ctl create`: it stays when no client holds it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub persistent: bool,
+    /// The uid the port belongs to; absent: valed's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner_uid: Option<u32>,
+    /// Interrupt moderation toward the client, microseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moderation_us: Option<u32>,
+    /// Most source addresses the learning bridge keeps for the port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub learn_limit: Option<u32>,
+    /// A device valed moves the frames of: `kind` (`tap`, `nic`, `vhost-user`) and that kind's
+    /// arguments as `vale-ctl attach` sends them (`name`, `persist`; `iface`, `mode`; `path`,
+    /// `client`, `queues`). A TAP may carry `netns`: the network namespace (a name under
+    /// /run/netns, or a path) where its device lives; a NIC with no `mode` may carry `bound`:
+    /// the mode it was in when saved, tried first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attach: Option<BTreeMap<String, String>>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+/// The attachments as they were asked for, by port: what `vale-ctl list` shows of a device
+/// does not say all (a TAP's `persist`, a vhost-user port's `queues`).
+#[derive(Default)]
+pub struct Attachments(Mutex<HashMap<String, Attached>>);
+
+/// A port kind and its arguments.
+type Attached = (String, BTreeMap<String, String>);
+
+impl Attachments {
+    pub fn record(&self, port: &str, kind: &str, args: &BTreeMap<String, String>) {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        m.insert(port.to_string(), (kind.to_string(), args.clone()));
+    }
+
+    /// Forgets the ports not in `live` (detached or destroyed since), so the record stays as
+    /// small as the switches.
+    fn keep_only(&self, live: &std::collections::HashSet<String>) {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        m.retain(|port, _| live.contains(port));
+    }
+
+    fn get(&self, port: &str) -> Option<Attached> {
+        let m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(port).cloned()
+    }
+}
+
+/// Reads and parses `path`; `Ok(None)` if it does not exist (nothing saved yet).
+pub fn load(path: &Path, admin_gid: Option<u32>) -> Result<Option<Config>, String> {
+    let shown = path.display();
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        .open(path)
+    {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
+            return Err(format!(
+                "configuration {shown} is a symbolic link: name the file itself"
+            ))
+        }
+        Err(e) => return Err(format!("cannot open configuration {shown}: {e}")),
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("cannot read configuration {shown}: {e}"))?;
+    if !meta.is_file() {
+        return Err(format!("configuration {shown} is not a regular file"));
+    }
+    check_trusted(path, &meta, admin_gid)?;
+    if meta.len() > MAX_CONFIG {
+        return Err(format!(
+            "configuration {shown} is {} bytes, more than the {MAX_CONFIG} bytes valed reads",
+            meta.len()
+        ));
+    }
+    let mut text = String::new();
+    file.take(MAX_CONFIG + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("cannot read configuration {shown}: {e}"))?;
+    if text.len() as u64 > MAX_CONFIG {
+        return Err(format!(
+            "configuration {shown} is more than the {MAX_CONFIG} bytes valed reads"
+        ));
+    }
+    parse(&text)
+        .map(Some)
+        .map_err(|e| format!("configuration {shown}: {e}"))
+}
+
+/// Parses the text of a configuration; the error names the line and column.
+pub fn parse(text: &str) -> Result<Config, String> {
+    toml::from_str::<Config>(text).map_err(|e| {
+        let at = e
+            .span()
+            .map(|s| {
+                let line = text[..s.start.min(text.len())].matches('\n').count() + 1;
+                format!("line {line}: ")
+            })
+            .unwrap_or_default();
+        format!("{at}{}", e.message())
+    })
+}
+
+/// Refuses a file that someone other than root or an administrator could have written: it
+/// may name shared objects valed loads.
+fn check_trusted(
+    path: &Path,
+    meta: &std::fs::Metadata,
+    admin_gid: Option<u32>,
+) -> Result<(), String> {
+    let shown = path.display();
+    // SAFETY: plain syscall without arguments.
+    let me = unsafe { libc::geteuid() };
+    if meta.uid() != 0 && meta.uid() != me {
+        return Err(format!(
+            "configuration {shown} belongs to uid {}: only root or valed's own user may own it \
+             (it may name shared objects valed loads)",
+            meta.uid()
+        ));
+    }
+    let mode = meta.permissions().mode();
+    let group_ok = meta.gid() == 0 || Some(meta.gid()) == admin_gid;
+    if mode & 0o002 != 0 || (mode & 0o020 != 0 && !group_ok) {
+        return Err(format!(
+            "configuration {shown} is writable by others (mode {:o}): valed refuses it, as it \
+             may name shared objects valed loads; chmod go-w {shown}",
+            mode & 0o7777
+        ));
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if let Ok(d) = std::fs::metadata(dir) {
+            let m = d.permissions().mode();
+            if m & 0o002 != 0 && m & 0o1000 == 0 {
+                return Err(format!(
+                    "configuration {shown} is in {}, a directory everyone may write: anyone \
+                     could replace the file",
+                    dir.display()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Applies `cfg` to a fresh engine. Each item that cannot be applied is reported (logged) by
+/// name with why, and the rest goes on; returns those reports.
+pub fn apply(engine: &Arc<Engine>, cfg: &Config, attachments: &Attachments) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut report = |item: String, why: String| {
+        let line = format!("{item}: {why}");
+        tracing::warn!("configuration not applied: {line}");
+        problems.push(line);
+    };
+    let me = Caller::valed();
+    for sw in &cfg.switches {
+        if let Err(e) = vale_abi::name::parse_switch(&sw.name) {
+            report(format!("switch '{}'", sw.name), e.to_string());
+            continue;
+        }
+        // Ports first: a switch exists while it has ports.
+        for p in &sw.ports {
+            let name = format!("{}:{}", sw.name, p.name);
+            let caller = Caller {
+                uid: p.owner_uid.unwrap_or(me.uid),
+                ..me
+            };
+            if let Some(att) = &p.attach {
+                let mut r = attach(engine, &name, att, &caller, attachments);
+                // Right after the old valed let go of a NIC, its driver may still be tearing
+                // down the old AF_XDP socket: an interface that exists gets a few more tries.
+                let nic = att.get("kind").map(String::as_str) == Some("nic");
+                let iface = att.get("iface").cloned().unwrap_or_default();
+                for _ in 0..10 {
+                    if r.is_ok() || !nic || !interface_exists(&iface) {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                    r = attach(engine, &name, att, &caller, attachments);
+                }
+                if let Err(why) = r {
+                    report(format!("port '{name}'"), why);
+                    if !p.persistent {
+                        continue;
+                    }
+                }
+            }
+            if p.persistent {
+                if let Err(why) = engine.create(&name, &caller) {
+                    report(format!("port '{name}'"), why);
+                    continue;
+                }
+            }
+            if p.attach.is_none() && !p.persistent {
+                report(
+                    format!("port '{name}'"),
+                    "neither persistent nor attached: nothing to make".into(),
+                );
+                continue;
+            }
+            let knobs = [
+                ("moderation", p.moderation_us),
+                ("learn-limit", p.learn_limit),
+            ];
+            for (knob, v) in knobs {
+                if let Some(v) = v {
+                    if let Err(why) = engine.set(&name, knob, &v.to_string(), &me) {
+                        report(format!("port '{name}' {knob}"), why);
+                    }
+                }
+            }
+        }
+        let have = engine.list().iter().any(|s| s.name == sw.name);
+        if !have {
+            if sw.batch.is_some() || sw.lookup.is_some() {
+                report(
+                    format!("switch '{}'", sw.name),
+                    "none of its ports could be made, so its batch and lookup module wait \
+                     for it to exist (set them again then)"
+                        .into(),
+                );
+            }
+            continue;
+        }
+        if let Some(b) = sw.batch {
+            if let Err(why) = engine.set(&sw.name, "batch", &b.to_string(), &me) {
+                report(format!("switch '{}' batch", sw.name), why);
+            }
+        }
+        if let Some(l) = &sw.lookup {
+            let mut args = Vec::new();
+            let mut bad = None;
+            for a in &l.args {
+                match a.split_once('=') {
+                    Some((k, v)) if !k.is_empty() => args.push(ModuleArg {
+                        key: k.to_string(),
+                        value: v.to_string(),
+                    }),
+                    _ => bad = Some(a.clone()),
+                }
+            }
+            if let Some(a) = bad {
+                report(
+                    format!("switch '{}' lookup {}", sw.name, l.module),
+                    format!("argument '{a}' is not key=value"),
+                );
+                continue;
+            }
+            if let Err(why) = engine.set_lookup(&sw.name, &l.module, &args, &me) {
+                report(format!("switch '{}' lookup {}", sw.name, l.module), why);
+                continue;
+            }
+            // All at once (one rebuild of the table); if one is bad, one at a time, so that
+            // the bad ones are reported and the others stay.
+            if !l.rules.is_empty() && engine.flow_add(&sw.name, &l.rules.join("\n"), &me).is_err() {
+                for r in &l.rules {
+                    if let Err(why) = engine.flow_add(&sw.name, r, &me) {
+                        report(format!("switch '{}' flow rule '{r}'", sw.name), why);
+                    }
+                }
+            }
+        }
+    }
+    problems
+}
+
+/// Attaches the device `att` describes as port `name`; a TAP with `netns` is opened in that
+/// network namespace (where a persistent TAP moved into a container still is).
+fn attach(
+    engine: &Arc<Engine>,
+    name: &str,
+    att: &BTreeMap<String, String>,
+    caller: &Caller,
+    attachments: &Attachments,
+) -> Result<(), String> {
+    let mut args = att.clone();
+    let kind = args
+        .remove("kind")
+        .ok_or("attach has no 'kind' (tap, nic or vhost-user)")?;
+    let netns = args.remove("netns");
+    // A NIC attached with no mode: the mode it was bound in when saved is tried first, for a
+    // moment (the driver may still be tearing down the old valed's AF_XDP socket), then the
+    // best that binds, as at attach time.
+    let bound = args.remove("bound");
+    if let (true, Some(m), None) = (kind == "nic", &bound, args.get("mode")) {
+        let mut pinned = args.clone();
+        pinned.insert("mode".into(), m.clone());
+        let iface = args.get("iface").cloned().unwrap_or_default();
+        for _ in 0..10 {
+            if engine.attach_host(name, &kind, &pinned, caller).is_ok() {
+                attachments.record(name, &kind, &args);
+                return Ok(());
+            }
+            if !interface_exists(&iface) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+    match netns {
+        None => engine.attach_host(name, &kind, &args, caller)?,
+        Some(ns) => {
+            if kind != "tap" {
+                return Err(format!("'netns' is for TAP ports, not {kind}"));
+            }
+            let path = if ns.contains('/') {
+                PathBuf::from(&ns)
+            } else {
+                Path::new("/run/netns").join(&ns)
+            };
+            let nsfd = File::open(&path)
+                .map_err(|e| format!("network namespace {}: {e}", path.display()))?;
+            let a = args.clone();
+            let dev = std::thread::spawn(move || -> Result<_, String> {
+                // SAFETY: setns on this thread only (CLONE_NEWNET), with a descriptor we own;
+                // the thread ends right after, so no other work runs in that namespace.
+                if unsafe { libc::setns(nsfd.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    return Err(format!(
+                        "cannot enter network namespace: {}",
+                        std::io::Error::last_os_error()
+                    ));
+                }
+                vale_switch::host::open_device("tap", &a)
+            })
+            .join()
+            .map_err(|_| "the TAP opener failed".to_string())??;
+            engine.attach_device(name, dev, caller)?;
+            args.insert("netns".into(), ns);
+        }
+    }
+    attachments.record(name, &kind, &args);
+    Ok(())
+}
+
+/// The running state as a configuration: every switch with its batch and lookup module (its
+/// arguments, and its rules if it is `flow`), and its persistent and device ports with their
+/// knobs. Ports a client opened and holds are the client's: they are not saved.
+pub fn snapshot(engine: &Engine, attachments: &Attachments) -> Config {
+    let mut cfg = Config::default();
+    let switches = engine.list();
+    let live = switches
+        .iter()
+        .flat_map(|s| s.ports.iter())
+        .filter(|p| p.kind != "native")
+        .map(|p| p.name.clone())
+        .collect();
+    attachments.keep_only(&live);
+    for sw in switches {
+        let mut conf = SwitchConf {
+            name: sw.name.clone(),
+            batch: Some(sw.batch),
+            ..Default::default()
+        };
+        if let Ok(info) = engine.lookup_info(&sw.name) {
+            let module = if info.source == "built-in" {
+                info.module.clone()
+            } else {
+                info.source.clone()
+            };
+            let args: Vec<String> = info
+                .args
+                .iter()
+                .filter(|a| a.key != "rules")
+                .map(|a| format!("{}={}", a.key, a.value))
+                .collect();
+            let rules = if info.module == "flow" {
+                engine
+                    .flow_dump(&sw.name)
+                    .map(|mut t| {
+                        // Added again in the order they were added first, so that they get
+                        // the same order among equal priorities (and, with no deletions, the
+                        // same ids).
+                        t.rules.sort_by_key(|r| r.id);
+                        t.rules
+                            .iter()
+                            .map(|r| {
+                                let m = if r.matches.is_empty() {
+                                    String::new()
+                                } else {
+                                    format!("{} ", r.matches)
+                                };
+                                format!("prio={} {m}actions={}", r.priority, r.actions)
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            let default = module == "learning" && args.is_empty();
+            if !default {
+                conf.lookup = Some(LookupConf {
+                    module,
+                    args,
+                    rules,
+                });
+            }
+        }
+        for p in &sw.ports {
+            let device = matches!(p.kind.as_str(), "tap" | "nic" | "vhost-user");
+            if !p.persistent && !device {
+                continue;
+            }
+            let short = p.name.split_once(':').map(|x| x.1).unwrap_or(&p.name);
+            let attach = device.then(|| {
+                let mut args = match attachments.get(&p.name) {
+                    Some((kind, args)) if kind == p.kind => args,
+                    _ => derived_args(p),
+                };
+                if p.kind == "nic" && !args.contains_key("mode") {
+                    if let Some(m) = &p.mode {
+                        args.insert("bound".into(), m.clone());
+                    }
+                }
+                if p.kind == "tap" {
+                    args.remove("netns");
+                    if let Some(dev) = &p.device {
+                        if let Some(ns) = netns_of(dev) {
+                            args.insert("netns".into(), ns);
+                        }
+                    }
+                }
+                args.insert("kind".into(), p.kind.clone());
+                args
+            });
+            conf.ports.push(PortConf {
+                name: short.to_string(),
+                persistent: p.persistent,
+                owner_uid: Some(p.owner_uid),
+                moderation_us: Some(p.moderation_us),
+                learn_limit: Some(p.learn_limit),
+                attach,
+            });
+        }
+        cfg.switches.push(conf);
+    }
+    cfg
+}
+
+/// What `vale-ctl list` says of a device port, as attach arguments.
+fn derived_args(p: &vale_abi::control::PortInfo) -> BTreeMap<String, String> {
+    let mut a = BTreeMap::new();
+    let dev = p.device.clone().unwrap_or_default();
+    match p.kind.as_str() {
+        "tap" => {
+            a.insert("name".into(), dev);
+        }
+        "nic" => {
+            a.insert("iface".into(), dev);
+        }
+        _ => {
+            a.insert("path".into(), dev);
+            if p.mode.as_deref() == Some("client") {
+                a.insert("client".into(), "yes".into());
+            }
+        }
+    }
+    a
+}
+
+/// Whether interface `name` exists in valed's network namespace.
+fn interface_exists(name: &str) -> bool {
+    let Ok(c) = std::ffi::CString::new(name) else {
+        return false;
+    };
+    // SAFETY: a valid C string.
+    unsafe { libc::if_nametoindex(c.as_ptr()) != 0 }
+}
+
+/// The network namespace (a name under /run/netns) interface `dev` lives in, if it is not in
+/// valed's own.
+fn netns_of(dev: &str) -> Option<String> {
+    if interface_exists(dev) {
+        return None;
+    }
+    let Ok(c) = std::ffi::CString::new(dev) else {
+        return None;
+    };
+    let entries = std::fs::read_dir("/run/netns").ok()?;
+    for e in entries.flatten().take(4096) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Ok(f) = File::open(e.path()) else {
+            continue;
+        };
+        let c = c.clone();
+        let found = std::thread::spawn(move || {
+            // SAFETY: as in `attach`: this thread only, and it ends at once.
+            unsafe {
+                libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) == 0
+                    && libc::if_nametoindex(c.as_ptr()) != 0
+            }
+        })
+        .join()
+        .unwrap_or(false);
+        if found {
+            return Some(name);
+        }
+    }
+    None
+}
+
+/// The text of `cfg` as a file, with a header saying what it is.
+pub fn render(cfg: &Config) -> Result<String, String> {
+    let body = toml::to_string(cfg).map_err(|e| format!("cannot write the configuration: {e}"))?;
+    Ok(format!(
+        "# vale configuration, read by valed --config at start; see valed(8).\n\
+         # Written by 'vale-ctl save'; you may edit it (then: systemctl restart valed).\n\n{body}"
+    ))
+}
+
+/// Writes `cfg` to `path` atomically: a new file beside it (mode 0644, valed's own), synced,
+/// renamed over the old one, and the directory synced.
+pub fn save(path: &Path, cfg: &Config) -> Result<(), String> {
+    let text = render(cfg)?;
+    let shown = path.display();
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let file_name = path
+        .file_name()
+        .ok_or_else(|| format!("configuration path {shown} names no file"))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        file_name.to_string_lossy(),
+        std::process::id()
+    ));
+    let _ = std::fs::remove_file(&tmp);
+    let write = || -> std::io::Result<()> {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o644)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)?;
+        f.set_permissions(std::fs::Permissions::from_mode(0o644))?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        if let Ok(d) = File::open(&dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    };
+    write().map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        format!("cannot write configuration {shown}: {e}")
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_errors_name_lines() {
+        let text = "[[switch]]\nname = \"vale0\"\nbatch = 64\n[switch.lookup]\nmodule = \"flow\"\n\
+                    args = [\"default=drop\"]\nrules = [\"prio=10 actions=normal\"]\n\
+                    [[switch.port]]\nname = \"a\"\npersistent = true\nattach = { kind = \"tap\", name = \"t0\" }\n";
+        let cfg = parse(text).unwrap();
+        assert_eq!(cfg.switches[0].ports[0].name, "a");
+        assert_eq!(parse(&render(&cfg).unwrap()).unwrap(), cfg);
+        let e = parse("[[switch]]\nname = \"vale0\"\nbatch = \"x\"\n").unwrap_err();
+        assert!(e.starts_with("line 3:"), "{e}");
+        let e = parse("[[switch]]\nname = \"vale0\"\nbogus = 1\n").unwrap_err();
+        assert!(e.starts_with("line 3:") && e.contains("bogus"), "{e}");
+        let e = parse("[[switch]\n").unwrap_err();
+        assert!(e.starts_with("line 1:"), "{e}");
+    }
+}
