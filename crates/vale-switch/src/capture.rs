@@ -1,0 +1,296 @@
+//! Capture of a port's frames (`vale-ctl capture`): valed copies them into a bounded ring
+//! that the reader maps ([`vale_abi::capture`]).
+//!
+//! The forwarding core looks at [`Captures::on`], one relaxed load, once per batch of a
+//! source and once per destination of a batch; only when it is set does it take the list of
+//! captures and copy. A full ring costs the frame's copy and a counted capture drop, never the
+//! port's frame and never a wait: the reader's `tail` is read once per batch, never trusted.
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::ptr::{self, NonNull};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use vale_abi::capture::{
+    record_size, CaptureHeader, RecordHeader, CAPTURE_MAGIC, CAPTURE_RECORDS_OFFSET,
+    CAPTURE_VERSION, DIR_RX, DIR_TX, MAX_CAPTURE_BYTES, MAX_SNAPLEN,
+};
+
+/// One capture: its memfd, valed's mapping of it, and the producer's lock (several workers
+/// may deliver to the same port at once).
+pub struct CaptureRing {
+    memfd: OwnedFd,
+    base: NonNull<u8>,
+    size: usize,
+    records: u64,
+    rec_size: usize,
+    snaplen: u32,
+    dirs: u32,
+    producer: Mutex<()>,
+    /// Drops, counted here and published to the header.
+    drops: AtomicU64,
+}
+
+// SAFETY: the mapping is shared memory written only under `producer` (records, head, drops)
+// or through atomics; the reader's writes are only ever read through atomics and checked.
+unsafe impl Send for CaptureRing {}
+unsafe impl Sync for CaptureRing {}
+
+impl CaptureRing {
+    /// A ring of about `bytes` bytes of records of `snaplen` bytes, capturing `dirs`.
+    pub fn new(name: &str, dirs: u32, snaplen: u32, bytes: u64) -> Result<CaptureRing, String> {
+        if dirs & (DIR_TX | DIR_RX) == 0 || dirs & !(DIR_TX | DIR_RX) != 0 {
+            return Err(format!("bad capture direction {dirs}"));
+        }
+        if snaplen == 0 || snaplen > MAX_SNAPLEN {
+            return Err(format!("snap length must be from 1 to {MAX_SNAPLEN}, not {snaplen}"));
+        }
+        if bytes > MAX_CAPTURE_BYTES {
+            return Err(format!(
+                "capture buffer must be at most {} MiB",
+                MAX_CAPTURE_BYTES >> 20
+            ));
+        }
+        let rec_size = record_size(snaplen);
+        let records = (bytes as usize / rec_size).max(16);
+        let size = CAPTURE_RECORDS_OFFSET + records * rec_size;
+        Self::map(name, size)
+            .map(|(memfd, base)| {
+                let r = CaptureRing {
+                    memfd,
+                    base,
+                    size,
+                    records: records as u64,
+                    rec_size,
+                    snaplen,
+                    dirs,
+                    producer: Mutex::new(()),
+                    drops: AtomicU64::new(0),
+                };
+                // SAFETY: the header lies in page 0 of a fresh, zeroed mapping nobody else has.
+                unsafe {
+                    let h = r.header() as *const CaptureHeader as *mut CaptureHeader;
+                    (*h).magic = CAPTURE_MAGIC;
+                    (*h).version = CAPTURE_VERSION;
+                    (*h).rec_size = rec_size as u32;
+                    (*h).records = records as u32;
+                    (*h).snaplen = snaplen;
+                    (*h).dirs = dirs;
+                }
+                r
+            })
+            .map_err(|e| format!("cannot make a capture buffer: {e}"))
+    }
+
+    fn map(name: &str, size: usize) -> io::Result<(OwnedFd, NonNull<u8>)> {
+        let cname = std::ffi::CString::new(format!("vale-capture:{name}")).map_err(io::Error::other)?;
+        // SAFETY: plain syscalls, each result checked. Sealed so that the reader cannot
+        // shrink the file under valed's mapping.
+        unsafe {
+            let fd =
+                libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let memfd = OwnedFd::from_raw_fd(fd);
+            if libc::ftruncate(fd, size as libc::off_t) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+            if libc::fcntl(fd, libc::F_ADD_SEALS, seals) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let p = libc::mmap(
+                ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            );
+            if p == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error());
+            }
+            Ok((memfd, NonNull::new_unchecked(p as *mut u8)))
+        }
+    }
+
+    fn header(&self) -> &CaptureHeader {
+        // SAFETY: page 0 of the live mapping; its shared fields are atomics.
+        unsafe { &*(self.base.as_ptr() as *const CaptureHeader) }
+    }
+
+    pub fn memfd(&self) -> &OwnedFd {
+        &self.memfd
+    }
+
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    pub fn drops(&self) -> u64 {
+        self.drops.load(Relaxed)
+    }
+
+    /// Tells the reader nothing more will come.
+    pub fn end(&self) {
+        self.header().ended.store(1, Release);
+    }
+
+    /// Starts writing the frames of one batch in direction `dir`.
+    pub fn batch(&self, dir: u32, ts_ns: u64) -> Writer<'_> {
+        let guard = self.producer.lock().unwrap_or_else(|e| e.into_inner());
+        let h = self.header();
+        let head = h.head.load(Relaxed);
+        // The reader's tail, read once: anything but 0..=records behind head reads as full.
+        let used = head.wrapping_sub(h.tail.load(Acquire));
+        let room = self.records.saturating_sub(used);
+        Writer {
+            ring: self,
+            _guard: guard,
+            head,
+            room,
+            dropped: 0,
+            dir,
+            ts_ns,
+        }
+    }
+}
+
+impl Drop for CaptureRing {
+    fn drop(&mut self) {
+        self.end();
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe {
+            libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.size);
+        }
+    }
+}
+
+/// Writes the records of one batch; publishes them when dropped.
+pub struct Writer<'a> {
+    ring: &'a CaptureRing,
+    _guard: MutexGuard<'a, ()>,
+    head: u64,
+    room: u64,
+    dropped: u64,
+    dir: u32,
+    ts_ns: u64,
+}
+
+impl Writer<'_> {
+    /// Copies one frame of `len` bytes, given as its pieces, up to the snap length.
+    ///
+    /// # Safety
+    /// Each piece is readable for its length (its writer may change it meanwhile: the copy
+    /// is only bytes for the reader).
+    pub unsafe fn frame(&mut self, len: u32, pieces: impl Iterator<Item = (*const u8, usize)>) {
+        if self.room == 0 {
+            self.dropped += 1;
+            return;
+        }
+        let r = self.ring;
+        let idx = (self.head % r.records) as usize;
+        let rec = r.base.as_ptr().add(CAPTURE_RECORDS_OFFSET + idx * r.rec_size);
+        let mut data = rec.add(vale_abi::capture::RECORD_HEADER);
+        let mut left = (len.min(r.snaplen)) as usize;
+        let cap_len = left as u32;
+        for (p, n) in pieces {
+            if left == 0 {
+                break;
+            }
+            let n = n.min(left);
+            ptr::copy_nonoverlapping(p, data, n);
+            data = data.add(n);
+            left -= n;
+        }
+        let hdr = RecordHeader {
+            ts_ns: self.ts_ns,
+            orig_len: len,
+            cap_len: cap_len - left as u32,
+            dir: self.dir,
+            _pad: 0,
+        };
+        ptr::write_unaligned(rec as *mut RecordHeader, hdr);
+        self.head += 1;
+        self.room -= 1;
+    }
+}
+
+impl Drop for Writer<'_> {
+    fn drop(&mut self) {
+        let h = self.ring.header();
+        // Release: the records written are visible before the head that covers them.
+        h.head.store(self.head, Release);
+        if self.dropped != 0 {
+            let d = self.ring.drops.fetch_add(self.dropped, Relaxed) + self.dropped;
+            h.drops.store(d, Relaxed);
+        }
+    }
+}
+
+/// The captures of a port.
+#[derive(Default)]
+pub struct Captures {
+    active: AtomicBool,
+    list: RwLock<Vec<Arc<CaptureRing>>>,
+}
+
+/// Most captures of one port at once.
+pub const MAX_CAPTURES_PER_PORT: usize = 8;
+
+impl Captures {
+    /// Whether any capture is running: the one load the forwarding core does per batch.
+    #[inline]
+    pub fn on(&self) -> bool {
+        self.active.load(Relaxed)
+    }
+
+    pub fn add(&self, c: Arc<CaptureRing>) -> Result<(), String> {
+        let mut l = self.list.write().unwrap_or_else(|e| e.into_inner());
+        if l.len() >= MAX_CAPTURES_PER_PORT {
+            return Err(format!(
+                "the port has {MAX_CAPTURES_PER_PORT} captures running, the most it may have"
+            ));
+        }
+        l.push(c);
+        self.active.store(true, Relaxed);
+        Ok(())
+    }
+
+    pub fn remove(&self, c: &Arc<CaptureRing>) {
+        let mut l = self.list.write().unwrap_or_else(|e| e.into_inner());
+        l.retain(|x| !Arc::ptr_eq(x, c));
+        self.active.store(!l.is_empty(), Relaxed);
+    }
+
+    /// The port went away: every capture ends.
+    pub fn end_all(&self) {
+        let mut l = self.list.write().unwrap_or_else(|e| e.into_inner());
+        for c in l.drain(..) {
+            c.end();
+        }
+        self.active.store(false, Relaxed);
+    }
+
+    /// Calls `f` with each capture of direction `dir`.
+    pub fn each(&self, dir: u32, mut f: impl FnMut(&CaptureRing)) {
+        let l = self.list.read().unwrap_or_else(|e| e.into_inner());
+        for c in l.iter().filter(|c| c.dirs & dir != 0) {
+            f(c);
+        }
+    }
+}
+
+/// Now, CLOCK_REALTIME in nanoseconds (once per captured batch).
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes the timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
