@@ -261,6 +261,7 @@ pub fn run(sock: &UnixStream, a: &CaptureArgs) -> Result<(), Failure> {
     let mut got = 0u64;
     let mut tail = h.tail.load(Relaxed);
     let mut ended_by_port = false;
+    let mut stop_at: Option<u64> = None;
     let result = (|| -> io::Result<()> {
         out.header(a.port, snaplen)?;
         out.w.flush()?;
@@ -288,6 +289,10 @@ pub fn run(sock: &UnixStream, a: &CaptureArgs) -> Result<(), Failure> {
             if a.count.is_some_and(|c| got >= c) || deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(());
             }
+            // After a signal, what valed had written by then is taken, and no more.
+            if stop_at.is_some_and(|s| tail.wrapping_sub(s) as i64 >= 0) {
+                return Ok(());
+            }
             if tail != head {
                 continue;
             }
@@ -312,7 +317,9 @@ pub fn run(sock: &UnixStream, a: &CaptureArgs) -> Result<(), Failure> {
             // SAFETY: poll on two live descriptors.
             unsafe { libc::poll(fds.as_mut_ptr(), 2, 2) };
             if fds[1].revents != 0 {
-                return Ok(());
+                // A signal: what valed wrote up to now is taken, then the capture ends.
+                stop_at.get_or_insert(h.head.load(Acquire));
+                continue;
             }
             if fds[0].revents != 0 {
                 // valed closed the connection: nothing more comes. Take what is left.

@@ -171,7 +171,9 @@ fn pktgen_traffic_is_read_by_tcpdump_and_tshark() {
 fn a_stopped_reader_costs_capture_drops_never_frames() {
     let _s = serial();
     let v = Valed::start();
+    // Both persistent, so their counters stay listed after the clients exit.
     v.ctl_ok(&["create", "vale0:a"]);
+    v.ctl_ok(&["create", "vale0:b"]);
     let count = 100_000u64;
     let rx = v.spawn_client(
         v.pktgen(&["-i", "vale0:b", "-f", "rx", "-T", "60", "-n", &count.to_string(), "--json"]),
@@ -231,7 +233,7 @@ fn a_capture_of_a_port_that_goes_away_ends_cleanly() {
     assert!(tcpdump(&f, "").is_empty());
     assert!(v.port("vale0:b").is_none());
     // A capture of a port that is not there is refused.
-    v.ctl_fails(&["capture", "vale0:b", "-c", "1"], 1, "no such port 'vale0:b'");
+    v.ctl_fails(&["capture", "vale0:b", "-c", "1"], 1, "no such switch 'vale0'");
 }
 
 #[test]
