@@ -152,24 +152,24 @@ impl Out {
                 // the port: rx) or outbound (the port sent it into the switch: tx).
                 let pad = data.len().next_multiple_of(4) - data.len();
                 let len = (28 + data.len() + pad + 16) as u32;
-                let mut b = Vec::with_capacity(32);
-                b.extend_from_slice(&6u32.to_le_bytes());
-                b.extend_from_slice(&len.to_le_bytes());
-                b.extend_from_slice(&0u32.to_le_bytes()); // interface 0
-                b.extend_from_slice(&((h.ts_ns >> 32) as u32).to_le_bytes());
-                b.extend_from_slice(&(h.ts_ns as u32).to_le_bytes());
-                b.extend_from_slice(&(data.len() as u32).to_le_bytes());
-                b.extend_from_slice(&h.orig_len.to_le_bytes());
+                let mut b = [0u8; 28];
+                b[0..4].copy_from_slice(&6u32.to_le_bytes());
+                b[4..8].copy_from_slice(&len.to_le_bytes());
+                // Interface 0, then the timestamp's high and low words.
+                b[12..16].copy_from_slice(&((h.ts_ns >> 32) as u32).to_le_bytes());
+                b[16..20].copy_from_slice(&(h.ts_ns as u32).to_le_bytes());
+                b[20..24].copy_from_slice(&(data.len() as u32).to_le_bytes());
+                b[24..28].copy_from_slice(&h.orig_len.to_le_bytes());
                 self.w.write_all(&b)?;
                 self.w.write_all(data)?;
                 self.w.write_all(&[0u8; 3][..pad])?;
                 let flags: u32 = if h.dir == DIR_RX { 1 } else { 2 };
-                let mut o = Vec::with_capacity(16 + 4);
-                o.extend_from_slice(&2u16.to_le_bytes()); // epb_flags
-                o.extend_from_slice(&4u16.to_le_bytes());
-                o.extend_from_slice(&flags.to_le_bytes());
-                o.extend_from_slice(&[0u8; 4]); // opt_endofopt
-                o.extend_from_slice(&len.to_le_bytes());
+                let mut o = [0u8; 16];
+                o[0..2].copy_from_slice(&2u16.to_le_bytes()); // epb_flags
+                o[2..4].copy_from_slice(&4u16.to_le_bytes());
+                o[4..8].copy_from_slice(&flags.to_le_bytes());
+                // opt_endofopt, then the block's length again.
+                o[12..16].copy_from_slice(&len.to_le_bytes());
                 self.w.write_all(&o)
             }
         }
