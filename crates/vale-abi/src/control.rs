@@ -124,14 +124,30 @@ pub enum Request {
 #[serde(tag = "reply", rename_all = "snake_case")]
 pub enum Reply {
     Ok,
-    Error { message: String },
-    Opened { port: String, fds: u32 },
-    List { switches: Vec<SwitchInfo> },
-    Lookup { lookup: LookupInfo },
-    Flows { flows: FlowTable },
-    Workers { workers: Vec<WorkerInfo> },
+    Error {
+        message: String,
+    },
+    Opened {
+        port: String,
+        fds: u32,
+    },
+    List {
+        switches: Vec<SwitchInfo>,
+    },
+    Lookup {
+        lookup: LookupInfo,
+    },
+    Flows {
+        flows: FlowTable,
+    },
+    Workers {
+        workers: Vec<WorkerInfo>,
+    },
     /// A capture started: its memfd of `size` bytes rides with the reply.
-    Capture { port: String, size: u64 },
+    Capture {
+        port: String,
+        size: u64,
+    },
 }
 
 /// A forwarding thread of valed and what it did since valed started.

@@ -226,7 +226,9 @@ pub fn run(sock: &UnixStream, a: &CaptureArgs) -> Result<(), Failure> {
         snaplen: a.snaplen,
         bytes: a.buffer_mib as u64 * 1024 * 1024,
     };
-    let (size, fd) = match control::exchange(sock, &req).context("cannot exchange a request with valed")? {
+    let (size, fd) = match control::exchange(sock, &req)
+        .context("cannot exchange a request with valed")?
+    {
         Some((Reply::Capture { size, .. }, mut fds)) if fds.len() == 1 => (size, fds.remove(0)),
         Some((Reply::Error { message }, _)) => return Err(Failure::Refused(message)),
         Some((other, _)) => return Err(anyhow!("unexpected reply from valed: {other:?}").into()),
@@ -248,9 +250,9 @@ pub fn run(sock: &UnixStream, a: &CaptureArgs) -> Result<(), Failure> {
     let sink: Box<dyn Write> = match a.file {
         None => Box::new(io::stdout()),
         Some(p) if p.as_os_str() == "-" => Box::new(io::stdout()),
-        Some(p) => Box::new(
-            File::create(p).with_context(|| format!("cannot create {}", p.display()))?,
-        ),
+        Some(p) => {
+            Box::new(File::create(p).with_context(|| format!("cannot create {}", p.display()))?)
+        }
     };
     let mut out = Out {
         w: BufWriter::with_capacity(1 << 20, sink),
@@ -268,7 +270,9 @@ pub fn run(sock: &UnixStream, a: &CaptureArgs) -> Result<(), Failure> {
         loop {
             let head = h.head.load(Acquire);
             if head.wrapping_sub(tail) > records {
-                return Err(io::Error::other("the capture buffer's indices are inconsistent"));
+                return Err(io::Error::other(
+                    "the capture buffer's indices are inconsistent",
+                ));
             }
             while tail != head && a.count.is_none_or(|c| got < c) {
                 let off = CAPTURE_RECORDS_OFFSET + (tail % records) as usize * rec_size;
@@ -343,7 +347,11 @@ pub fn run(sock: &UnixStream, a: &CaptureArgs) -> Result<(), Failure> {
         eprintln!(
             "vale-ctl: {got} frames captured on {}, {drops} dropped by the capture{}",
             a.port,
-            if ended_by_port { " (the port went away)" } else { "" }
+            if ended_by_port {
+                " (the port went away)"
+            } else {
+                ""
+            }
         );
     }
     Ok(())

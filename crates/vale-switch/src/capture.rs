@@ -45,7 +45,9 @@ impl CaptureRing {
             return Err(format!("bad capture direction {dirs}"));
         }
         if snaplen == 0 || snaplen > MAX_SNAPLEN {
-            return Err(format!("snap length must be from 1 to {MAX_SNAPLEN}, not {snaplen}"));
+            return Err(format!(
+                "snap length must be from 1 to {MAX_SNAPLEN}, not {snaplen}"
+            ));
         }
         if bytes > MAX_CAPTURE_BYTES {
             return Err(format!(
@@ -85,7 +87,8 @@ impl CaptureRing {
     }
 
     fn map(name: &str, size: usize) -> io::Result<(OwnedFd, NonNull<u8>)> {
-        let cname = std::ffi::CString::new(format!("vale-capture:{name}")).map_err(io::Error::other)?;
+        let cname =
+            std::ffi::CString::new(format!("vale-capture:{name}")).map_err(io::Error::other)?;
         // SAFETY: plain syscalls, each result checked. Sealed so that the reader cannot
         // shrink the file under valed's mapping.
         unsafe {
@@ -193,7 +196,10 @@ impl Writer<'_> {
         }
         let r = self.ring;
         let idx = (self.head % r.records) as usize;
-        let rec = r.base.as_ptr().add(CAPTURE_RECORDS_OFFSET + idx * r.rec_size);
+        let rec = r
+            .base
+            .as_ptr()
+            .add(CAPTURE_RECORDS_OFFSET + idx * r.rec_size);
         let mut data = rec.add(vale_abi::capture::RECORD_HEADER);
         let mut left = (len.min(r.snaplen)) as usize;
         let cap_len = left as u32;

@@ -7,7 +7,6 @@
 
 use std::path::Path;
 use std::process::{Command, Output};
-use std::time::Duration;
 
 use vale_tests::netns::{unique, Netns};
 use vale_tests::*;
@@ -116,26 +115,49 @@ fn pktgen_traffic_is_read_by_tcpdump_and_tshark() {
     let (fa, fb) = (dir.0.join("a.pcapng"), dir.0.join("b.pcap"));
     v.ctl_ok(&["create", "vale0:a"]);
     let rx = v.spawn_client(
-        v.pktgen(&["-i", "vale0:b", "-f", "rx", "-T", "60", "-n", "1000", "--json"]),
+        v.pktgen(&[
+            "-i", "vale0:b", "-f", "rx", "-T", "60", "-n", "1000", "--json",
+        ]),
         "vale-pktgen rx",
         "vale0:b",
     );
     let n = "1000";
     let ca = capture(
         &v,
-        &["vale0:a", "-c", n, "-w", fa.to_str().unwrap(), "--duration", "60"],
+        &[
+            "vale0:a",
+            "-c",
+            n,
+            "-w",
+            fa.to_str().unwrap(),
+            "--duration",
+            "60",
+        ],
     );
     let cb = capture(
         &v,
         &[
-            "vale0:b", "--dir", "rx", "-c", n, "--format", "pcap", "-w", "-", "--duration", "60",
+            "vale0:b",
+            "--dir",
+            "rx",
+            "-c",
+            n,
+            "--format",
+            "pcap",
+            "-w",
+            "-",
+            "--duration",
+            "60",
         ],
     );
     captures_started(&v, 2);
     let tx = v.pktgen(&[
         "-i", "vale0:a", "-f", "tx", "-l", "60", "-n", n, "-R", "20000", "--json",
     ]);
-    let t = report(&Kid::spawn(tx, "vale-pktgen tx").finish(T), "vale-pktgen tx");
+    let t = report(
+        &Kid::spawn(tx, "vale-pktgen tx").finish(T),
+        "vale-pktgen tx",
+    );
     assert_eq!(t["packets"], 1000, "{t}");
     report(&rx.finish(T), "vale-pktgen rx");
     let a = ca.finish(T);
@@ -147,16 +169,30 @@ fn pktgen_traffic_is_read_by_tcpdump_and_tshark() {
     // tcpdump sees the UDP frames of pktgen, all of them, on both sides.
     for f in [&fa, &fb] {
         let lines = tcpdump(f, "udp");
-        assert_eq!(lines.len(), 1000, "{}: {:?}", f.display(), &lines[..3.min(lines.len())]);
+        assert_eq!(
+            lines.len(),
+            1000,
+            "{}: {:?}",
+            f.display(),
+            &lines[..3.min(lines.len())]
+        );
         assert!(lines[0].contains("UDP"), "{}", lines[0]);
-        assert!(lines.iter().all(|l| l.contains("length 18")), "{}", lines[0]);
+        assert!(
+            lines.iter().all(|l| l.contains("length 18")),
+            "{}",
+            lines[0]
+        );
     }
     // tshark: the interface is named after the port, every frame is 60 bytes and outbound
     // (a sent them into the switch: tx), in pcapng; pcap has no direction.
     let rows = tshark(
         &fa,
         "",
-        &["frame.interface_name", "frame.len", "frame.packet_flags_direction"],
+        &[
+            "frame.interface_name",
+            "frame.len",
+            "frame.packet_flags_direction",
+        ],
     );
     assert_eq!(rows.len(), 1000);
     for r in &rows {
@@ -176,7 +212,17 @@ fn a_stopped_reader_costs_capture_drops_never_frames() {
     v.ctl_ok(&["create", "vale0:b"]);
     let count = 100_000u64;
     let rx = v.spawn_client(
-        v.pktgen(&["-i", "vale0:b", "-f", "rx", "-T", "60", "-n", &count.to_string(), "--json"]),
+        v.pktgen(&[
+            "-i",
+            "vale0:b",
+            "-f",
+            "rx",
+            "-T",
+            "60",
+            "-n",
+            &count.to_string(),
+            "--json",
+        ]),
         "vale-pktgen rx",
         "vale0:b",
     );
@@ -195,7 +241,10 @@ fn a_stopped_reader_costs_capture_drops_never_frames() {
         "100000",
         "--json",
     ]);
-    report(&Kid::spawn(tx, "vale-pktgen tx").finish(T * 2), "vale-pktgen tx");
+    report(
+        &Kid::spawn(tx, "vale-pktgen tx").finish(T * 2),
+        "vale-pktgen tx",
+    );
     let r = report(&rx.finish(T), "vale-pktgen rx");
     assert_eq!(r["packets"], count, "every frame reaches b: {r}");
     let c = v.counters("vale0:b");
@@ -233,7 +282,11 @@ fn a_capture_of_a_port_that_goes_away_ends_cleanly() {
     assert!(tcpdump(&f, "").is_empty());
     assert!(v.port("vale0:b").is_none());
     // A capture of a port that is not there is refused.
-    v.ctl_fails(&["capture", "vale0:b", "-c", "1"], 1, "no such switch 'vale0'");
+    v.ctl_fails(
+        &["capture", "vale0:b", "-c", "1"],
+        1,
+        "no such switch 'vale0'",
+    );
 }
 
 #[test]
@@ -248,7 +301,12 @@ fn only_the_owner_or_an_administrator_captures_a_port() {
         &mut v.tool_as(65534, 1024, "vale-ctl", &["capture", "vale0:r", "-c", "1"]),
         T,
     );
-    assert_exit(&out, "capture as nobody", 1, "cannot capture port 'vale0:r'");
+    assert_exit(
+        &out,
+        "capture as nobody",
+        1,
+        "cannot capture port 'vale0:r'",
+    );
 }
 
 #[test]
@@ -268,7 +326,10 @@ fn a_ping_through_tap_ports_is_read_by_tcpdump_and_tshark() {
     }
     let dir = TempDir::new("capture");
     let f = dir.0.join("ping.pcapng");
-    let cap = capture(&v, &["vale0:a", "-w", f.to_str().unwrap(), "--duration", "60"]);
+    let cap = capture(
+        &v,
+        &["vale0:a", "-w", f.to_str().unwrap(), "--duration", "60"],
+    );
     captures_started(&v, 1);
     hosts[0].ok("ping -c 3 -i 0.2 -W 2 10.78.0.2");
     cap.signal(libc::SIGTERM);
@@ -276,21 +337,33 @@ fn a_ping_through_tap_ports_is_read_by_tcpdump_and_tshark() {
 
     let lines = tcpdump(&f, "icmp");
     assert_eq!(lines.len(), 6, "{lines:#?}");
-    let requests = lines.iter().filter(|l| l.contains("10.78.0.1 > 10.78.0.2: ICMP echo request"));
+    let requests = lines
+        .iter()
+        .filter(|l| l.contains("10.78.0.1 > 10.78.0.2: ICMP echo request"));
     assert_eq!(requests.count(), 3, "{lines:#?}");
-    let replies = lines.iter().filter(|l| l.contains("10.78.0.2 > 10.78.0.1: ICMP echo reply"));
+    let replies = lines
+        .iter()
+        .filter(|l| l.contains("10.78.0.2 > 10.78.0.1: ICMP echo reply"));
     assert_eq!(replies.count(), 3, "{lines:#?}");
     // The requests left a's host through the port (tx: outbound), the replies came to it
     // (rx: inbound).
     let rows = tshark(
         &f,
         "icmp",
-        &["icmp.type", "frame.packet_flags_direction", "frame.interface_name"],
+        &[
+            "icmp.type",
+            "frame.packet_flags_direction",
+            "frame.interface_name",
+        ],
     );
     assert_eq!(rows.len(), 6, "{rows:?}");
     for r in &rows {
         let want = if r[0] == "8" { OUTBOUND } else { INBOUND };
-        assert_eq!((r[1].as_str(), r[2].as_str()), (want, "vale0:a"), "{rows:?}");
+        assert_eq!(
+            (r[1].as_str(), r[2].as_str()),
+            (want, "vale0:a"),
+            "{rows:?}"
+        );
     }
     // ARP went both ways too.
     assert!(tcpdump(&f, "arp").len() >= 2);

@@ -308,7 +308,8 @@ impl Conn {
                     snaplen,
                     bytes,
                 }) => {
-                    let r = crate::capture::start(engine, &self.caller, &port, dirs, snaplen, bytes);
+                    let r =
+                        crate::capture::start(engine, &self.caller, &port, dirs, snaplen, bytes);
                     match r {
                         Ok((reply, memfd, held)) => {
                             fd = Some(memfd);
