@@ -76,3 +76,13 @@ const _: () = assert!(std::mem::size_of::<RecordHeader>() == RECORD_HEADER);
 const _: () = assert!(std::mem::offset_of!(CaptureHeader, head) == 64);
 const _: () = assert!(std::mem::offset_of!(CaptureHeader, tail) == 128);
 const _: () = assert!(std::mem::offset_of!(CaptureHeader, drops) == 192);
+
+/// One classic BPF instruction (`struct bpf_insn`), of a capture filter.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BpfInsn {
+    pub code: u16,
+    pub jt: u8,
+    pub jf: u8,
+    pub k: u32,
+}

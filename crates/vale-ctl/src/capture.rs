@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
 use vale_abi::capture::{
-    record_size, CaptureHeader, RecordHeader, CAPTURE_MAGIC, CAPTURE_RECORDS_OFFSET,
+    record_size, BpfInsn, CaptureHeader, RecordHeader, CAPTURE_MAGIC, CAPTURE_RECORDS_OFFSET,
     CAPTURE_VERSION, DIR_RX, DIR_TX, RECORD_HEADER,
 };
 use vale_abi::control::{self, Reply, Request};
@@ -41,6 +41,8 @@ pub struct CaptureArgs<'a> {
     pub buffer_mib: u32,
     pub format: Format,
     pub quiet: bool,
+    /// A tcpdump expression.
+    pub filter: Option<&'a str>,
 }
 
 /// valed's capture memfd, mapped.
@@ -225,6 +227,10 @@ pub fn run(sock: &UnixStream, a: &CaptureArgs) -> Result<(), Failure> {
         dirs,
         snaplen: a.snaplen,
         bytes: a.buffer_mib as u64 * 1024 * 1024,
+        filter: match a.filter {
+            Some(expr) => compile(expr, a.snaplen)?,
+            None => Vec::new(),
+        },
     };
     let (size, fd) = match control::exchange(sock, &req)
         .context("cannot exchange a request with valed")?
@@ -355,4 +361,75 @@ pub fn run(sock: &UnixStream, a: &CaptureArgs) -> Result<(), Failure> {
         );
     }
     Ok(())
+}
+
+/// Compiles tcpdump expression `expr` for Ethernet frames of `snaplen` bytes into classic
+/// BPF with libpcap's `pcap_compile`, libpcap being loaded only now (`libpcap.so.0.8`, the
+/// name Debian and Ubuntu ship, or `libpcap.so.1`, `libpcap.so`): vale-ctl needs it only to
+/// filter.
+pub fn compile(expr: &str, snaplen: u32) -> Result<Vec<BpfInsn>, Failure> {
+    #[repr(C)]
+    struct BpfProgram {
+        len: libc::c_uint,
+        insns: *const BpfInsn,
+    }
+    type OpenDead = unsafe extern "C" fn(libc::c_int, libc::c_int) -> *mut libc::c_void;
+    type Compile = unsafe extern "C" fn(
+        *mut libc::c_void,
+        *mut BpfProgram,
+        *const libc::c_char,
+        libc::c_int,
+        u32,
+    ) -> libc::c_int;
+    type GetErr = unsafe extern "C" fn(*mut libc::c_void) -> *const libc::c_char;
+    type FreeCode = unsafe extern "C" fn(*mut BpfProgram);
+    type Close = unsafe extern "C" fn(*mut libc::c_void);
+    const DLT_EN10MB: libc::c_int = 1;
+    const PCAP_NETMASK_UNKNOWN: u32 = 0xffff_ffff;
+
+    let cexpr = std::ffi::CString::new(expr)
+        .map_err(|_| Failure::Usage("the filter expression holds a NUL byte".into()))?;
+    // SAFETY: loading libpcap runs its initialisers, which do nothing of ours; each symbol is
+    // used with the signature libpcap's pcap.h gives it.
+    unsafe {
+        let lib = ["libpcap.so.0.8", "libpcap.so.1", "libpcap.so"]
+            .iter()
+            .find_map(|n| libloading::Library::new(n).ok())
+            .ok_or_else(|| {
+                Failure::Refused(
+                    "a capture filter needs libpcap (libpcap0.8 on Debian and Ubuntu), which \
+                     is not installed"
+                        .into(),
+                )
+            })?;
+        let sym = |e: libloading::Error| Failure::Other(anyhow!("libpcap: {e}"));
+        let open_dead: libloading::Symbol<OpenDead> = lib.get(b"pcap_open_dead\0").map_err(sym)?;
+        let compile: libloading::Symbol<Compile> = lib.get(b"pcap_compile\0").map_err(sym)?;
+        let geterr: libloading::Symbol<GetErr> = lib.get(b"pcap_geterr\0").map_err(sym)?;
+        let freecode: libloading::Symbol<FreeCode> = lib.get(b"pcap_freecode\0").map_err(sym)?;
+        let close: libloading::Symbol<Close> = lib.get(b"pcap_close\0").map_err(sym)?;
+        let p = open_dead(DLT_EN10MB, snaplen as libc::c_int);
+        if p.is_null() {
+            return Err(anyhow!("libpcap: pcap_open_dead failed").into());
+        }
+        let mut prog = BpfProgram {
+            len: 0,
+            insns: std::ptr::null(),
+        };
+        let r = compile(p, &mut prog, cexpr.as_ptr(), 1, PCAP_NETMASK_UNKNOWN);
+        let out = if r != 0 {
+            let e = std::ffi::CStr::from_ptr(geterr(p))
+                .to_string_lossy()
+                .into_owned();
+            Err(Failure::Usage(format!(
+                "bad filter expression '{expr}': {e}"
+            )))
+        } else {
+            let v = std::slice::from_raw_parts(prog.insns, prog.len as usize).to_vec();
+            freecode(&mut prog);
+            Ok(v)
+        };
+        close(p);
+        out
+    }
 }

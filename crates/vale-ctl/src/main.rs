@@ -124,13 +124,19 @@ complete. It prints how many frames it captured and dropped on standard error.\n
 Capturing a port reads its traffic: only the port's owner (the uid in 'vale-ctl list') or \
 an administrator may, as only they may tune it. A user that is not an administrator gets at \
 most 64 MiB of buffer; a port has at most 8 captures at once.\n\n\
-No filter: a tcpdump expression is not taken here yet; filter when reading \
-(tcpdump -r FILE 'icmp').",
+EXPRESSION, in tcpdump's language (pcap-filter(7): 'icmp', 'tcp port 22', 'not arp', \
+'ether host 02:00:00:00:00:01'), picks the frames captured: vale-ctl compiles it with \
+libpcap's pcap_compile (libpcap is loaded only then) into a classic BPF program, which valed \
+checks (known instructions, forward jumps inside the program, a return at the end) and runs \
+on each frame's captured bytes (the first --snaplen). Frames it does not accept are neither \
+captured nor counted; a frame that finds the buffer full is counted as a capture drop before \
+the filter sees it.",
         after_help = "EXAMPLES:\n  \
 vale-ctl capture vale0:a -w a.pcapng -c 1000      both directions, until 1000 frames\n  \
 vale-ctl capture vale0:a --dir rx -w - | tcpdump -nr -    live, what vale0:a receives\n  \
 vale-ctl capture vale0:h1 --duration 10 --format pcap -w h1.pcap\n  \
-vale-ctl capture vale0:vm1 --snaplen 128 -w - | tshark -r - -q -z io,stat,1"
+vale-ctl capture vale0:vm1 --snaplen 128 -w - | tshark -r - -q -z io,stat,1\n  \
+vale-ctl capture vale0:h1 -c 10 -w - icmp or arp | tcpdump -nr -"
     )]
     Capture {
         /// The port, valeX:Y
@@ -163,6 +169,9 @@ vale-ctl capture vale0:vm1 --snaplen 128 -w - | tshark -r - -q -z io,stat,1"
         /// Print nothing on standard error at the end
         #[arg(short = 'q', long)]
         quiet: bool,
+        /// Capture only the frames this tcpdump expression accepts (pcap-filter(7))
+        #[arg(value_name = "EXPRESSION", trailing_var_arg = true)]
+        expression: Vec<String>,
     },
     /// List switches and ports with their counters
     #[command(
@@ -696,6 +705,7 @@ fn run(cli: &Cli) -> Result<(), Failure> {
             buffer,
             format,
             quiet,
+            expression,
         } => capture::run(
             &sock,
             &capture::CaptureArgs {
@@ -708,6 +718,9 @@ fn run(cli: &Cli) -> Result<(), Failure> {
                 buffer_mib: *buffer,
                 format: *format,
                 quiet: *quiet,
+                filter: (!expression.is_empty())
+                    .then(|| expression.join(" "))
+                    .as_deref(),
             },
         ),
         Command::Top {

@@ -29,6 +29,8 @@ pub struct CaptureRing {
     snaplen: u32,
     dirs: u32,
     producer: Mutex<()>,
+    /// Frames the filter does not accept are not captured (nor counted).
+    filter: Option<Filter>,
     /// Drops, counted here and published to the header.
     drops: AtomicU64,
 }
@@ -40,7 +42,13 @@ unsafe impl Sync for CaptureRing {}
 
 impl CaptureRing {
     /// A ring of about `bytes` bytes of records of `snaplen` bytes, capturing `dirs`.
-    pub fn new(name: &str, dirs: u32, snaplen: u32, bytes: u64) -> Result<CaptureRing, String> {
+    pub fn new(
+        name: &str,
+        dirs: u32,
+        snaplen: u32,
+        bytes: u64,
+        filter: Option<Filter>,
+    ) -> Result<CaptureRing, String> {
         if dirs & (DIR_TX | DIR_RX) == 0 || dirs & !(DIR_TX | DIR_RX) != 0 {
             return Err(format!("bad capture direction {dirs}"));
         }
@@ -69,6 +77,7 @@ impl CaptureRing {
                     snaplen,
                     dirs,
                     producer: Mutex::new(()),
+                    filter,
                     drops: AtomicU64::new(0),
                 };
                 // SAFETY: the header lies in page 0 of a fresh, zeroed mapping nobody else has.
@@ -212,10 +221,21 @@ impl Writer<'_> {
             data = data.add(n);
             left -= n;
         }
+        let cap_len = cap_len - left as u32;
+        if let Some(f) = &r.filter {
+            // The filter sees the copy: the frame's first snaplen bytes.
+            let copy = std::slice::from_raw_parts(
+                rec.add(vale_abi::capture::RECORD_HEADER),
+                cap_len as usize,
+            );
+            if !f.matches(copy, len) {
+                return;
+            }
+        }
         let hdr = RecordHeader {
             ts_ns: self.ts_ns,
             orig_len: len,
-            cap_len: cap_len - left as u32,
+            cap_len,
             dir: self.dir,
             _pad: 0,
         };
@@ -299,4 +319,228 @@ pub fn now_ns() -> u64 {
     // SAFETY: writes the timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Most instructions of a capture filter (the kernel's and libpcap's `BPF_MAXINSNS`).
+pub const MAX_FILTER_INSNS: usize = 4096;
+
+/// A capture filter: a classic BPF program (what libpcap's `pcap_compile` makes of a tcpdump
+/// expression), checked once when the capture starts so that running it is safe whatever the
+/// caller sent: only known instructions, jumps forward and inside the program (so it ends),
+/// scratch memory indices below 16, no division by a constant 0, a return at the end. Loads
+/// outside the frame, and division by an X of 0, reject the frame, as in the kernel.
+pub struct Filter {
+    insns: Vec<vale_abi::capture::BpfInsn>,
+}
+
+const LD: u16 = 0x00;
+const LDX: u16 = 0x01;
+const ST: u16 = 0x02;
+const STX: u16 = 0x03;
+const ALU: u16 = 0x04;
+const JMP: u16 = 0x05;
+const RET: u16 = 0x06;
+
+impl Filter {
+    pub fn new(insns: Vec<vale_abi::capture::BpfInsn>) -> Result<Filter, String> {
+        let n = insns.len();
+        if n == 0 || n > MAX_FILTER_INSNS {
+            return Err(format!(
+                "a capture filter has 1 to {MAX_FILTER_INSNS} instructions, not {n}"
+            ));
+        }
+        let bad =
+            |pc: usize, why: &str| Err(format!("bad capture filter: instruction {pc}: {why}"));
+        for (pc, i) in insns.iter().enumerate() {
+            let c = i.code;
+            let mode = c & 0xe0;
+            let size = c & 0x18;
+            let ok = match c & 0x07 {
+                LD => {
+                    matches!(mode, 0x00 | 0x20 | 0x40 | 0x60 | 0x80)
+                        && (mode != 0x60 || i.k < 16)
+                        && (!matches!(mode, 0x20 | 0x40) || size != 0x18)
+                        && (matches!(mode, 0x20 | 0x40) || size == 0x00)
+                }
+                LDX => match mode {
+                    0x00 | 0x80 => size == 0,
+                    0x60 => size == 0 && i.k < 16,
+                    0xa0 => size == 0x10,
+                    _ => false,
+                },
+                ST | STX => c & !0x07 == 0 && i.k < 16,
+                ALU => {
+                    let op = c & 0xf0;
+                    op <= 0xa0
+                        && c & !0xf8 == ALU
+                        && !(matches!(op, 0x30 | 0x90) && c & 0x08 == 0 && i.k == 0)
+                }
+                JMP => {
+                    let op = c & 0xf0;
+                    if c & !0xf8 != JMP || op > 0x40 {
+                        false
+                    } else if op == 0x00 {
+                        (i.k as usize) < n - pc - 1
+                    } else {
+                        (i.jt as usize) < n - pc - 1 && (i.jf as usize) < n - pc - 1
+                    }
+                }
+                RET => matches!(c & !0x07, 0x00 | 0x08 | 0x10),
+                _ => matches!(c, 0x07 | 0x87),
+            };
+            if !ok {
+                return bad(pc, &format!("code {c:#06x} k {} not accepted", i.k));
+            }
+        }
+        if insns[n - 1].code & 0x07 != RET {
+            return bad(n - 1, "the program must end with a return");
+        }
+        Ok(Filter { insns })
+    }
+
+    /// Whether the program accepts the frame whose first bytes are `p` (`wirelen` bytes in
+    /// all).
+    pub fn matches(&self, p: &[u8], wirelen: u32) -> bool {
+        let load = |k: u32, size: u16| -> Option<u32> {
+            let k = k as usize;
+            match size {
+                0x00 => p
+                    .get(k..k.checked_add(4)?)
+                    .map(|b| u32::from_be_bytes(b.try_into().unwrap())),
+                0x08 => p
+                    .get(k..k.checked_add(2)?)
+                    .map(|b| u16::from_be_bytes(b.try_into().unwrap()) as u32),
+                _ => p.get(k).map(|b| *b as u32),
+            }
+        };
+        let (mut a, mut x) = (0u32, 0u32);
+        let mut mem = [0u32; 16];
+        let mut pc = 0usize;
+        loop {
+            // Checked in `new`: every jump lands inside the program, which ends with a return.
+            let i = self.insns[pc];
+            pc += 1;
+            let c = i.code;
+            match c & 0x07 {
+                LD => {
+                    a = match c & 0xe0 {
+                        0x00 => i.k,
+                        0x20 => match load(i.k, c & 0x18) {
+                            Some(v) => v,
+                            None => return false,
+                        },
+                        0x40 => match x.checked_add(i.k).and_then(|k| load(k, c & 0x18)) {
+                            Some(v) => v,
+                            None => return false,
+                        },
+                        0x60 => mem[i.k as usize & 15],
+                        _ => wirelen,
+                    }
+                }
+                LDX => {
+                    x = match c & 0xe0 {
+                        0x00 => i.k,
+                        0x60 => mem[i.k as usize & 15],
+                        0x80 => wirelen,
+                        _ => match load(i.k, 0x10) {
+                            Some(v) => 4 * (v & 0xf),
+                            None => return false,
+                        },
+                    }
+                }
+                ST => mem[i.k as usize & 15] = a,
+                STX => mem[i.k as usize & 15] = x,
+                ALU => {
+                    let v = if c & 0x08 != 0 { x } else { i.k };
+                    a = match c & 0xf0 {
+                        0x00 => a.wrapping_add(v),
+                        0x10 => a.wrapping_sub(v),
+                        0x20 => a.wrapping_mul(v),
+                        0x30 => match a.checked_div(v) {
+                            Some(r) => r,
+                            None => return false,
+                        },
+                        0x40 => a | v,
+                        0x50 => a & v,
+                        0x60 => a.checked_shl(v).unwrap_or(0),
+                        0x70 => a.checked_shr(v).unwrap_or(0),
+                        0x80 => a.wrapping_neg(),
+                        0x90 => match a.checked_rem(v) {
+                            Some(r) => r,
+                            None => return false,
+                        },
+                        _ => a ^ v,
+                    }
+                }
+                JMP => {
+                    let v = if c & 0x08 != 0 { x } else { i.k };
+                    let t = match c & 0xf0 {
+                        0x00 => {
+                            pc += i.k as usize;
+                            continue;
+                        }
+                        0x10 => a == v,
+                        0x20 => a > v,
+                        0x30 => a >= v,
+                        _ => a & v != 0,
+                    };
+                    pc += if t { i.jt } else { i.jf } as usize;
+                }
+                RET => {
+                    return match c & 0x18 {
+                        0x00 => i.k,
+                        0x08 => x,
+                        _ => a,
+                    } != 0
+                }
+                _ => {
+                    if c & 0x80 != 0 {
+                        a = x;
+                    } else {
+                        x = a;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vale_abi::capture::BpfInsn;
+
+    fn i(code: u16, jt: u8, jf: u8, k: u32) -> BpfInsn {
+        BpfInsn { code, jt, jf, k }
+    }
+
+    #[test]
+    fn ether_type_filter_and_hostile_programs() {
+        // tcpdump -d arp: ldh [12]; jeq #0x806 jt 2 jf 3; ret #262144; ret #0
+        let arp = Filter::new(vec![
+            i(0x28, 0, 0, 12),
+            i(0x15, 0, 1, 0x806),
+            i(0x06, 0, 0, 262144),
+            i(0x06, 0, 0, 0),
+        ])
+        .unwrap();
+        let mut f = [0u8; 60];
+        f[12] = 0x08;
+        f[13] = 0x06;
+        assert!(arp.matches(&f, 60));
+        f[13] = 0x00;
+        assert!(!arp.matches(&f, 60));
+        assert!(!arp.matches(&f[..13], 60), "a load past the end rejects");
+        // Jumps out of the program, a missing return, division by 0, bad memory.
+        assert!(Filter::new(vec![i(0x05, 0, 0, 5), i(0x06, 0, 0, 0)]).is_err());
+        assert!(Filter::new(vec![i(0x15, 3, 0, 0), i(0x06, 0, 0, 0)]).is_err());
+        assert!(Filter::new(vec![i(0x28, 0, 0, 12)]).is_err());
+        assert!(Filter::new(vec![i(0x34, 0, 0, 0), i(0x06, 0, 0, 0)]).is_err());
+        assert!(Filter::new(vec![i(0x02, 0, 0, 16), i(0x06, 0, 0, 0)]).is_err());
+        assert!(Filter::new(vec![i(0xff, 0, 0, 0), i(0x06, 0, 0, 0)]).is_err());
+        assert!(Filter::new(vec![]).is_err());
+        // Division by an X of 0 at run time rejects the frame.
+        let div = Filter::new(vec![i(0x3c, 0, 0, 0), i(0x16, 0, 0, 0)]).unwrap();
+        assert!(!div.matches(&f, 60));
+    }
 }

@@ -431,6 +431,7 @@ impl Engine {
         dirs: u32,
         snaplen: u32,
         bytes: u64,
+        filter: Vec<vale_abi::capture::BpfInsn>,
         caller: &Caller,
     ) -> Result<(Arc<PortShared>, Arc<CaptureRing>), String> {
         let sws = self.lock();
@@ -448,7 +449,12 @@ impl Engine {
                 USER_CAPTURE_BYTES >> 20
             ));
         }
-        let ring = Arc::new(CaptureRing::new(name, dirs, snaplen, bytes)?);
+        let filter = if filter.is_empty() {
+            None
+        } else {
+            Some(crate::capture::Filter::new(filter)?)
+        };
+        let ring = Arc::new(CaptureRing::new(name, dirs, snaplen, bytes, filter)?);
         p.shared.captures.add(ring.clone())?;
         tracing::info!(port = name, uid = caller.uid, "capture started");
         Ok((p.shared.clone(), ring))

@@ -27,16 +27,22 @@ impl Held {
     }
 }
 
+/// What a capture request asks for.
+pub struct Want {
+    pub dirs: u32,
+    pub snaplen: u32,
+    pub bytes: u64,
+    pub filter: Vec<vale_abi::capture::BpfInsn>,
+}
+
 /// Starts a capture; the reply, the memfd to send with it, and what the connection keeps.
 pub fn start(
     engine: &Engine,
     caller: &Caller,
     port: &str,
-    dirs: u32,
-    snaplen: u32,
-    bytes: u64,
+    w: Want,
 ) -> Result<(Reply, OwnedFd, Held), String> {
-    let (shared, ring) = engine.capture(port, dirs, snaplen, bytes, caller)?;
+    let (shared, ring) = engine.capture(port, w.dirs, w.snaplen, w.bytes, w.filter, caller)?;
     let fd = match ring.memfd().try_clone() {
         Ok(fd) => fd,
         Err(e) => {

@@ -307,9 +307,15 @@ impl Conn {
                     dirs,
                     snaplen,
                     bytes,
+                    filter,
                 }) => {
-                    let r =
-                        crate::capture::start(engine, &self.caller, &port, dirs, snaplen, bytes);
+                    let want = crate::capture::Want {
+                        dirs,
+                        snaplen,
+                        bytes,
+                        filter,
+                    };
+                    let r = crate::capture::start(engine, &self.caller, &port, want);
                     match r {
                         Ok((reply, memfd, held)) => {
                             fd = Some(memfd);
