@@ -106,8 +106,8 @@ standard output with -w - or no -w, for tcpdump -r, tshark -r, Wireshark, or liv
 Directions are the port's, as on a network interface: tx is what the port sends into the \
 switch (its client's, device's or guest's frames), rx what the switch delivers to it. \
 pcapng names the port in its interface block (if_name valeX:Y) and marks each frame \
-outbound (tx) or inbound (rx) in its epb_flags, so 'tshark -T fields -e frame.p2p_dir' or \
-Wireshark's direction column tell them apart; classic pcap has no place for either. An rx \
+outbound (tx) or inbound (rx) in its epb_flags, so 'tshark -T fields -e frame.packet_flags_direction' \
+or Wireshark's frame details tell them apart; classic pcap has no place for either. An rx \
 frame is captured as the switch hands it to the port, with its VLAN tag as the port gets \
 it; one the port then drops (its ring full) is in the capture and in the port's RX-DROP. \
 Frames carrying offload work (TSO, partial checksum, between ports that offload) are \
