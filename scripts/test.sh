@@ -21,8 +21,15 @@ command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
 command -v objdump >/dev/null 2>&1 || need+=(binutils)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkgconf)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+# The capture tests read vale-ctl capture's files with the real readers.
+command -v tcpdump >/dev/null 2>&1 || need+=(tcpdump)
+command -v tshark >/dev/null 2>&1 || need+=(tshark)
 if ((${#need[@]})); then
     if [ "$(id -u)" = 0 ]; then
+        # tshark's package asks whether non-root users may capture: no (vale's captures
+        # need no capture rights of the kernel's).
+        echo "wireshark-common wireshark-common/install-setuid boolean false" |
+            debconf-set-selections 2>/dev/null || true
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}"
     else

@@ -100,6 +100,21 @@ pub enum Request {
     /// Every rule of switch `switch`'s flow table, in the order they are tried, with hit
     /// counters. The reply is [`Reply::Flows`].
     FlowDump { switch: String },
+    /// Capture the frames of `port` in directions `dirs` (`capture::DIR_TX` | `DIR_RX`), at
+    /// most `snaplen` bytes of each, into a buffer of about `bytes` bytes. The reply is
+    /// [`Reply::Capture`] with the capture's memfd ([`crate::capture`]). The capture runs
+    /// until this connection closes or the port goes away. The port's owner's or an
+    /// administrator's. `filter`, if not empty, is a classic BPF program (libpcap's
+    /// compilation of a tcpdump expression) that valed checks and runs on each frame's
+    /// captured bytes: only frames it accepts are captured.
+    Capture {
+        port: String,
+        dirs: u32,
+        snaplen: u32,
+        bytes: u64,
+        #[serde(default)]
+        filter: Vec<crate::capture::BpfInsn>,
+    },
     /// Set a knob of a switch (`batch`, `lookup`) or of a port (`moderation`, `learn-limit`).
     /// `lookup NAME` is [`Request::SetLookup`] with no arguments.
     Set {
@@ -141,6 +156,11 @@ pub enum Reply {
         path: String,
         switches: u32,
         ports: u32,
+    },
+    /// A capture started: its memfd of `size` bytes rides with the reply.
+    Capture {
+        port: String,
+        size: u64,
     },
 }
 

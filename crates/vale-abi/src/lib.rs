@@ -11,6 +11,7 @@
 //!
 //! `docs/abi.md` is the prose version of this crate; keep them in step.
 
+pub mod capture;
 pub mod control;
 pub mod csb;
 pub mod eventfd;

@@ -17,6 +17,7 @@ use vale_abi::control::{
 };
 use vale_abi::name::{parse_port, parse_switch};
 
+mod capture;
 mod top;
 
 /// Exit status when valed refused a request or the conversation failed.
@@ -69,6 +70,8 @@ vale-ctl detach vale0:eth            veth0 goes back to the kernel\n  \
 vale-ctl destroy vale0:a             remove one port (taken from its client, if held)\n  \
 vale-ctl rm vale0                    remove switch vale0 and all its ports\n  \
 vale-ctl top                         live per-port rates and drops, like top (q to quit)\n  \
+vale-ctl capture vale0:a -w a.pcapng -c 1000   the port's frames, both ways, for Wireshark\n  \
+vale-ctl capture vale0:a --dir rx -w - | tcpdump -nr -   live into tcpdump\n  \
 vale-ctl --run-dir /tmp/v list       ask the valed of another run directory\n\n\
 EXIT STATUS:\n  \
 0  success\n  \
@@ -94,6 +97,82 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Capture a port's frames, as pcapng or pcap, to a file or a pipe
+    #[command(
+        long_about = "Captures the frames of port valeX:Y, of any kind (native, tap, nic, \
+vhost-user), and writes them as pcapng (the default) or classic pcap to FILE, or to \
+standard output with -w - or no -w, for tcpdump -r, tshark -r, Wireshark, or live into \
+'tcpdump -nr -' and 'wireshark -k -i -'.\n\n\
+Directions are the port's, as on a network interface: tx is what the port sends into the \
+switch (its client's, device's or guest's frames), rx what the switch delivers to it. \
+pcapng names the port in its interface block (if_name valeX:Y) and marks each frame \
+outbound (tx) or inbound (rx) in its epb_flags, so 'tshark -T fields -e frame.packet_flags_direction' \
+or Wireshark's frame details tell them apart; classic pcap has no place for either. An rx \
+frame is captured as the switch hands it to the port, with its VLAN tag as the port gets \
+it; one the port then drops (its ring full) is in the capture and in the port's RX-DROP. \
+Frames carrying offload work (TSO, partial checksum, between ports that offload) are \
+captured as they cross the switch: one large frame, checksum not filled in.\n\n\
+valed copies each captured frame (up to --snaplen bytes) into a buffer of --buffer MiB \
+that it shares with vale-ctl. When vale-ctl cannot keep up, or stops reading (a stopped \
+pipe), valed counts the frames that did not fit as capture drops and goes on: the port \
+loses no frame and forwarding pays only the copy. The drops are printed at the end and, in \
+pcapng, written to an interface statistics block (isb_ifdrop).\n\n\
+The capture ends after --count frames, after --duration seconds, at Ctrl-C (SIGINT, \
+SIGTERM, SIGHUP), when the reader of a pipe goes away, when the port goes away (destroyed, \
+detached and not persistent, its client gone), or when valed stops; the output is always \
+complete. It prints how many frames it captured and dropped on standard error.\n\n\
+Capturing a port reads its traffic: only the port's owner (the uid in 'vale-ctl list') or \
+an administrator may, as only they may tune it. A user that is not an administrator gets at \
+most 64 MiB of buffer; a port has at most 8 captures at once.\n\n\
+EXPRESSION, in tcpdump's language (pcap-filter(7): 'icmp', 'tcp port 22', 'not arp', \
+'ether host 02:00:00:00:00:01'), picks the frames captured: vale-ctl compiles it with \
+libpcap's pcap_compile (libpcap is loaded only then) into a classic BPF program, which valed \
+checks (known instructions, forward jumps inside the program, a return at the end) and runs \
+on each frame's captured bytes (the first --snaplen). Frames it does not accept are neither \
+captured nor counted; a frame that finds the buffer full is counted as a capture drop before \
+the filter sees it.",
+        after_help = "EXAMPLES:\n  \
+vale-ctl capture vale0:a -w a.pcapng -c 1000      both directions, until 1000 frames\n  \
+vale-ctl capture vale0:a --dir rx -w - | tcpdump -nr -    live, what vale0:a receives\n  \
+vale-ctl capture vale0:h1 --duration 10 --format pcap -w h1.pcap\n  \
+vale-ctl capture vale0:vm1 --snaplen 128 -w - | tshark -r - -q -z io,stat,1\n  \
+vale-ctl capture vale0:h1 -c 10 -w - icmp or arp | tcpdump -nr -"
+    )]
+    Capture {
+        /// The port, valeX:Y
+        #[arg(value_name = "PORT", value_parser = port_name)]
+        port: String,
+        /// Write to FILE (- or no -w: standard output)
+        #[arg(short = 'w', long = "write", value_name = "FILE")]
+        file: Option<PathBuf>,
+        /// Which frames: rx (the switch delivers to the port), tx (the port sends), both
+        #[arg(long, value_enum, default_value = "both")]
+        dir: capture::Dir,
+        /// Stop after COUNT frames
+        #[arg(short = 'c', long, value_name = "COUNT",
+              value_parser = clap::value_parser!(u64).range(1..))]
+        count: Option<u64>,
+        /// Stop after SECS seconds (0.1 to 3600)
+        #[arg(long, value_name = "SECS", value_parser = interval)]
+        duration: Option<std::time::Duration>,
+        /// Bytes of each frame kept (1 to 65535); longer frames are cut, their length kept
+        #[arg(short = 's', long, default_value = "2048", value_name = "N",
+              value_parser = clap::value_parser!(u32).range(1..=65535))]
+        snaplen: u32,
+        /// Size of valed's capture buffer, MiB (1 to 256)
+        #[arg(short = 'B', long = "buffer", default_value = "16", value_name = "MIB",
+              value_parser = clap::value_parser!(u32).range(1..=256))]
+        buffer: u32,
+        /// Output format
+        #[arg(long, value_enum, default_value = "pcapng")]
+        format: capture::Format,
+        /// Print nothing on standard error at the end
+        #[arg(short = 'q', long)]
+        quiet: bool,
+        /// Capture only the frames this tcpdump expression accepts (pcap-filter(7))
+        #[arg(value_name = "EXPRESSION", trailing_var_arg = true)]
+        expression: Vec<String>,
+    },
     /// List switches and ports with their counters
     #[command(
         visible_alias = "ls",
@@ -629,6 +708,34 @@ fn run(cli: &Cli) -> Result<(), Failure> {
     };
     let sock = connect(&run_dir)?;
     match &cli.command {
+        Command::Capture {
+            port,
+            file,
+            dir,
+            count,
+            duration,
+            snaplen,
+            buffer,
+            format,
+            quiet,
+            expression,
+        } => capture::run(
+            &sock,
+            &capture::CaptureArgs {
+                port,
+                file: file.as_ref(),
+                dir: *dir,
+                count: *count,
+                duration: *duration,
+                snaplen: *snaplen,
+                buffer_mib: *buffer,
+                format: *format,
+                quiet: *quiet,
+                filter: (!expression.is_empty())
+                    .then(|| expression.join(" "))
+                    .as_deref(),
+            },
+        ),
         Command::Top {
             name,
             interval,

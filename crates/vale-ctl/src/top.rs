@@ -293,7 +293,7 @@ impl Drop for Screen {
 
 /// SIGINT, SIGTERM and SIGHUP as a descriptor, so that they end the loop as `q` does and the
 /// terminal is given back.
-fn signals() -> io::Result<OwnedFd> {
+pub(crate) fn signals() -> io::Result<OwnedFd> {
     // SAFETY: signal-set manipulation with a local set; signalfd returns a new descriptor.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();

@@ -15,6 +15,7 @@ use vale_abi::name::{parse_port, parse_switch};
 use vale_abi::region::{Layout, PortParams};
 
 use crate::access::{Caller, Usage, UserLimits};
+use crate::capture::CaptureRing;
 use crate::host::{self, KindArgs};
 use crate::lookup;
 use crate::port::{descriptors_for, Attachment, Port, PortIndex, PortShared};
@@ -58,6 +59,9 @@ pub struct Engine {
 type Switches = BTreeMap<String, Arc<Switch>>;
 
 /// A switch goes with its last port.
+/// Largest capture buffer of a user that is not an administrator.
+pub const USER_CAPTURE_BYTES: u64 = 64 << 20;
+
 fn forget_if_empty(sws: &mut Switches, sw: &Switch) {
     if sw.port_count() == 0 {
         sws.remove(&sw.name);
@@ -414,6 +418,46 @@ impl Engine {
             tracing::info!(port = p.name(), "port destroyed");
         }
         Ok(())
+    }
+
+    /// Starts a capture of port `name`'s frames in directions `dirs` ([`vale_abi::capture`]).
+    /// Reading a port's traffic is the port owner's right, as tuning it is: the owner or an
+    /// administrator. A user that is not an administrator gets at most
+    /// [`USER_CAPTURE_BYTES`] of buffer. The caller removes the capture from the port when
+    /// it is done with it; it ends by itself when the port goes away.
+    pub fn capture(
+        &self,
+        name: &str,
+        dirs: u32,
+        snaplen: u32,
+        bytes: u64,
+        filter: Vec<vale_abi::capture::BpfInsn>,
+        caller: &Caller,
+    ) -> Result<(Arc<PortShared>, Arc<CaptureRing>), String> {
+        let sws = self.lock();
+        let (sw_name, _) = parse_port(name)?;
+        let sw = sws
+            .get(sw_name)
+            .ok_or_else(|| format!("no such switch '{sw_name}'"))?;
+        let p = sw
+            .find(name)
+            .ok_or_else(|| format!("no such port '{name}'"))?;
+        caller.must_own(&p.shared, "capture")?;
+        if !caller.admin && bytes > USER_CAPTURE_BYTES {
+            return Err(format!(
+                "a capture buffer of a user that is not an administrator is at most {} MiB",
+                USER_CAPTURE_BYTES >> 20
+            ));
+        }
+        let filter = if filter.is_empty() {
+            None
+        } else {
+            Some(crate::capture::Filter::new(filter)?)
+        };
+        let ring = Arc::new(CaptureRing::new(name, dirs, snaplen, bytes, filter)?);
+        p.shared.captures.add(ring.clone())?;
+        tracing::info!(port = name, uid = caller.uid, "capture started");
+        Ok((p.shared.clone(), ring))
     }
 
     /// Sets a knob: `batch` or `lookup` on a switch, `moderation` (µs) or `learn-limit` on a

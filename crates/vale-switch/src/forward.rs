@@ -19,6 +19,7 @@ use std::time::Instant;
 use vale_abi::netmap::{NetmapSlot, NS_INDIRECT, NS_MOREFRAG, NS_OFFLOAD};
 use vale_abi::region::{FIRST_SLOT_BUF, MAX_FRAGS, MAX_FRAME_LEN};
 
+use crate::capture;
 use crate::kind::{DirectSink, OutFrame, OutFrames};
 use crate::lookup::{
     Egress, FrameMeta, Lookup, SourcePort, DEST_DROP, DEST_FLOOD, RING_ANY, VLAN_TAGGED, VLAN_VID,
@@ -26,6 +27,7 @@ use crate::lookup::{
 use crate::offload::{Caps, Offload, Resolver};
 use crate::port::{add, Irq, Port};
 use crate::switch::{PortTable, Switch, MAX_BATCH, MAX_PORTS};
+use vale_abi::capture::{DIR_RX, DIR_TX};
 use vale_abi::pipe;
 
 const ETH_HLEN: u32 = 14;
@@ -368,6 +370,9 @@ impl Pipeline {
         // One module for the whole batch, held until it is delivered (a swap waits).
         let module = sw.lookup();
         let sent = (self.frames.len() as u64, sent_bytes);
+        if src.shared.captures.on() {
+            self.capture_tx(src);
+        }
         let refused = module.lookup(from, &mut self.frames, now_s);
         add(&src.stats().learn_refused, refused);
         if module.vlans() {
@@ -731,6 +736,9 @@ impl Pipeline {
             add(&stats.rx_drops, count_lists(&self.next, a, b));
             return;
         };
+        if dst.shared.captures.on() {
+            self.capture_rx(dst, a, b);
+        }
         let caps = Caps(att.caps.load(Relaxed));
         let r = match rx_ring {
             RING_ANY => src_ring,
@@ -864,6 +872,37 @@ impl Pipeline {
 }
 
 impl Pipeline {
+    /// Copies the batch's frames, as the source sent them, to the source's tx captures.
+    #[cold]
+    fn capture_tx(&self, src: &Port) {
+        let ts = capture::now_ns();
+        src.shared.captures.each(DIR_TX, |c| {
+            let mut w = c.batch(DIR_TX, ts);
+            for h in &self.held {
+                let frags = &self.frags[h.first as usize..(h.first + h.count) as usize];
+                // SAFETY: the batch's fragments stay readable until the batch is done.
+                unsafe { w.frame(h.len, frags.iter().map(|f| (f.ptr, f.len as usize))) };
+            }
+        });
+    }
+
+    /// Copies the frames of lists `a` and `b` (in batch order), as the switch hands them to
+    /// `dst`, to the destination's rx captures.
+    #[cold]
+    fn capture_rx(&self, dst: &Port, a: u16, b: u16) {
+        let ts = capture::now_ns();
+        dst.shared.captures.each(DIR_RX, |c| {
+            let mut w = c.batch(DIR_RX, ts);
+            let (mut a, mut b) = (a, b);
+            while a != NIL || b != NIL {
+                let h = &self.held[take_next(&self.next, &mut a, &mut b) as usize];
+                let frags = &self.frags[h.first as usize..(h.first + h.count) as usize];
+                // SAFETY: as in capture_tx.
+                unsafe { w.frame(h.len, frags.iter().map(|f| (f.ptr, f.len as usize))) };
+            }
+        });
+    }
+
     /// Hands the frames of lists `a` and `b` to a kind that takes them from any thread, in one
     /// call for the batch; frames with work beyond `caps` are finished first. What the sink
     /// declined is left in `a`, `b` and the segments from `seg_next` on, for the ring.

@@ -13,6 +13,7 @@
 //! - [`engine`]: every switch and worker; what the control plane calls.
 
 pub mod access;
+pub mod capture;
 pub mod engine;
 pub mod epoll;
 pub mod forward;

@@ -61,6 +61,8 @@ pub struct PortShared {
     pub owner_uid: u32,
     /// Most source addresses a learning lookup keeps for this port (`learn-limit`).
     pub learn_limit: AtomicU32,
+    /// Captures of the port's frames (`vale-ctl capture`), kept across owners.
+    pub captures: crate::capture::Captures,
 }
 
 impl PortShared {
@@ -72,6 +74,7 @@ impl PortShared {
             stats: PortStats::default(),
             moderation_ns: AtomicU64::new(0),
             learn_limit: AtomicU32::new(crate::lookup::LearningBridge::DEFAULT_LEARN_LIMIT),
+            captures: Default::default(),
         }
     }
 }

@@ -163,6 +163,8 @@ impl Switch {
                 self.ports.store(Arc::new(t));
                 if vacated {
                     self.lookup().port_removed(old.index);
+                    // The port is gone: its captures end (a reader sees it and finishes).
+                    old.shared.captures.end_all();
                 }
                 true
             }

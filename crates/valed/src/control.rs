@@ -87,6 +87,8 @@ struct Conn {
     /// Close once `output` has gone.
     closing: bool,
     owned: Vec<Arc<Port>>,
+    /// Captures this connection started: removed from their port when it closes.
+    captures: Vec<crate::capture::Held>,
     /// Events asked of epoll now.
     interest: i32,
 }
@@ -97,6 +99,8 @@ struct Outgoing {
     sent: usize,
     /// Whose descriptors ride on the first byte (they live as long as the port).
     fds_of: Option<Arc<Port>>,
+    /// Or this one descriptor (a capture's memfd).
+    fd: Option<OwnedFd>,
 }
 
 const READ: i32 = libc::EPOLLIN | libc::EPOLLRDHUP;
@@ -212,6 +216,7 @@ impl Server {
             output: None,
             closing: false,
             owned: Vec::new(),
+            captures: Vec::new(),
             interest: READ,
         });
     }
@@ -262,6 +267,9 @@ impl Server {
         for p in conn.owned {
             self.engine.close(&p);
         }
+        for c in conn.captures {
+            c.stop();
+        }
         if self.spare.is_none() {
             self.spare = File::open("/dev/null").ok();
         }
@@ -292,7 +300,31 @@ impl Conn {
             let Some(body) = self.read_request()? else {
                 break;
             };
+            let mut fd = None;
             let (reply, fds_of) = match control::decode::<Request>(&body) {
+                Ok(Request::Capture {
+                    port,
+                    dirs,
+                    snaplen,
+                    bytes,
+                    filter,
+                }) => {
+                    let want = crate::capture::Want {
+                        dirs,
+                        snaplen,
+                        bytes,
+                        filter,
+                    };
+                    let r = crate::capture::start(engine, &self.caller, &port, want);
+                    match r {
+                        Ok((reply, memfd, held)) => {
+                            fd = Some(memfd);
+                            self.captures.push(held);
+                            (reply, None)
+                        }
+                        Err(message) => (Reply::Error { message }, None),
+                    }
+                }
                 Ok(req) => handle(engine, &self.caller, req),
                 Err(e) => {
                     self.closing = true;
@@ -303,7 +335,9 @@ impl Conn {
             if let Some(p) = &fds_of {
                 self.owned.push(p.clone());
             }
-            self.output = Some(Outgoing::new(&reply, fds_of));
+            let mut out = Outgoing::new(&reply, fds_of);
+            out.fd = fd;
+            self.output = Some(out);
             self.flush()?;
         }
         Ok(())
@@ -364,8 +398,9 @@ impl Conn {
             return Ok(());
         };
         while out.sent < out.bytes.len() {
-            let fds = match (&out.fds_of, out.sent) {
-                (Some(p), 0) => p.attachment.as_ref().map(|a| a.client_fds()),
+            let fds = match (&out.fds_of, &out.fd, out.sent) {
+                (Some(p), _, 0) => p.attachment.as_ref().map(|a| a.client_fds()),
+                (None, Some(fd), 0) => Some(vec![fd.as_raw_fd()]),
                 _ => None,
             };
             let r = control::send_with_fds(
@@ -397,6 +432,7 @@ impl Outgoing {
             bytes,
             sent: 0,
             fds_of,
+            fd: None,
         }
     }
 }
@@ -479,6 +515,9 @@ fn handle(engine: &Engine, caller: &Caller, req: Request) -> (Reply, Option<Arc<
         Request::FlowDel { switch, selector } => flows(engine.flow_del(&switch, &selector, caller)),
         Request::FlowDump { switch } => flows(engine.flow_dump(&switch)),
         Request::Save => crate::persist::save_request(engine, caller),
+        Request::Capture { .. } => Reply::Error {
+            message: "capture is served by the connection".into(),
+        },
     };
     (reply, None)
 }

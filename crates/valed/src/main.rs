@@ -1,5 +1,6 @@
 //! valed: the vale daemon.
 
+mod capture;
 mod config;
 mod control;
 mod metrics;

@@ -1,0 +1,546 @@
+//! Capture of a port's frames (`vale-ctl capture`): valed copies them into a bounded ring
+//! that the reader maps ([`vale_abi::capture`]).
+//!
+//! The forwarding core looks at [`Captures::on`], one relaxed load, once per batch of a
+//! source and once per destination of a batch; only when it is set does it take the list of
+//! captures and copy. A full ring costs the frame's copy and a counted capture drop, never the
+//! port's frame and never a wait: the reader's `tail` is read once per batch, never trusted.
+
+use std::io;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::ptr::{self, NonNull};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use vale_abi::capture::{
+    record_size, CaptureHeader, RecordHeader, CAPTURE_MAGIC, CAPTURE_RECORDS_OFFSET,
+    CAPTURE_VERSION, DIR_RX, DIR_TX, MAX_CAPTURE_BYTES, MAX_SNAPLEN,
+};
+
+/// One capture: its memfd, valed's mapping of it, and the producer's lock (several workers
+/// may deliver to the same port at once).
+pub struct CaptureRing {
+    memfd: OwnedFd,
+    base: NonNull<u8>,
+    size: usize,
+    records: u64,
+    rec_size: usize,
+    snaplen: u32,
+    dirs: u32,
+    producer: Mutex<()>,
+    /// Frames the filter does not accept are not captured (nor counted).
+    filter: Option<Filter>,
+    /// Drops, counted here and published to the header.
+    drops: AtomicU64,
+}
+
+// SAFETY: the mapping is shared memory written only under `producer` (records, head, drops)
+// or through atomics; the reader's writes are only ever read through atomics and checked.
+unsafe impl Send for CaptureRing {}
+unsafe impl Sync for CaptureRing {}
+
+impl CaptureRing {
+    /// A ring of about `bytes` bytes of records of `snaplen` bytes, capturing `dirs`.
+    pub fn new(
+        name: &str,
+        dirs: u32,
+        snaplen: u32,
+        bytes: u64,
+        filter: Option<Filter>,
+    ) -> Result<CaptureRing, String> {
+        if dirs & (DIR_TX | DIR_RX) == 0 || dirs & !(DIR_TX | DIR_RX) != 0 {
+            return Err(format!("bad capture direction {dirs}"));
+        }
+        if snaplen == 0 || snaplen > MAX_SNAPLEN {
+            return Err(format!(
+                "snap length must be from 1 to {MAX_SNAPLEN}, not {snaplen}"
+            ));
+        }
+        if bytes > MAX_CAPTURE_BYTES {
+            return Err(format!(
+                "capture buffer must be at most {} MiB",
+                MAX_CAPTURE_BYTES >> 20
+            ));
+        }
+        let rec_size = record_size(snaplen);
+        let records = (bytes as usize / rec_size).max(16);
+        let size = CAPTURE_RECORDS_OFFSET + records * rec_size;
+        Self::map(name, size)
+            .map(|(memfd, base)| {
+                let r = CaptureRing {
+                    memfd,
+                    base,
+                    size,
+                    records: records as u64,
+                    rec_size,
+                    snaplen,
+                    dirs,
+                    producer: Mutex::new(()),
+                    filter,
+                    drops: AtomicU64::new(0),
+                };
+                // SAFETY: the header lies in page 0 of a fresh, zeroed mapping nobody else has.
+                unsafe {
+                    let h = r.header() as *const CaptureHeader as *mut CaptureHeader;
+                    (*h).magic = CAPTURE_MAGIC;
+                    (*h).version = CAPTURE_VERSION;
+                    (*h).rec_size = rec_size as u32;
+                    (*h).records = records as u32;
+                    (*h).snaplen = snaplen;
+                    (*h).dirs = dirs;
+                }
+                r
+            })
+            .map_err(|e| format!("cannot make a capture buffer: {e}"))
+    }
+
+    fn map(name: &str, size: usize) -> io::Result<(OwnedFd, NonNull<u8>)> {
+        let cname =
+            std::ffi::CString::new(format!("vale-capture:{name}")).map_err(io::Error::other)?;
+        // SAFETY: plain syscalls, each result checked. Sealed so that the reader cannot
+        // shrink the file under valed's mapping.
+        unsafe {
+            let fd =
+                libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let memfd = OwnedFd::from_raw_fd(fd);
+            if libc::ftruncate(fd, size as libc::off_t) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+            if libc::fcntl(fd, libc::F_ADD_SEALS, seals) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let p = libc::mmap(
+                ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                0,
+            );
+            if p == libc::MAP_FAILED {
+                return Err(io::Error::last_os_error());
+            }
+            Ok((memfd, NonNull::new_unchecked(p as *mut u8)))
+        }
+    }
+
+    fn header(&self) -> &CaptureHeader {
+        // SAFETY: page 0 of the live mapping; its shared fields are atomics.
+        unsafe { &*(self.base.as_ptr() as *const CaptureHeader) }
+    }
+
+    pub fn memfd(&self) -> &OwnedFd {
+        &self.memfd
+    }
+
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    pub fn drops(&self) -> u64 {
+        self.drops.load(Relaxed)
+    }
+
+    /// Tells the reader nothing more will come.
+    pub fn end(&self) {
+        self.header().ended.store(1, Release);
+    }
+
+    /// Starts writing the frames of one batch in direction `dir`.
+    pub fn batch(&self, dir: u32, ts_ns: u64) -> Writer<'_> {
+        let guard = self.producer.lock().unwrap_or_else(|e| e.into_inner());
+        let h = self.header();
+        let head = h.head.load(Relaxed);
+        // The reader's tail, read once: anything but 0..=records behind head reads as full.
+        let used = head.wrapping_sub(h.tail.load(Acquire));
+        let room = self.records.saturating_sub(used);
+        Writer {
+            ring: self,
+            _guard: guard,
+            head,
+            room,
+            dropped: 0,
+            dir,
+            ts_ns,
+        }
+    }
+}
+
+impl Drop for CaptureRing {
+    fn drop(&mut self) {
+        self.end();
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe {
+            libc::munmap(self.base.as_ptr() as *mut libc::c_void, self.size);
+        }
+    }
+}
+
+/// Writes the records of one batch; publishes them when dropped.
+pub struct Writer<'a> {
+    ring: &'a CaptureRing,
+    _guard: MutexGuard<'a, ()>,
+    head: u64,
+    room: u64,
+    dropped: u64,
+    dir: u32,
+    ts_ns: u64,
+}
+
+impl Writer<'_> {
+    /// Copies one frame of `len` bytes, given as its pieces, up to the snap length.
+    ///
+    /// # Safety
+    /// Each piece is readable for its length (its writer may change it meanwhile: the copy
+    /// is only bytes for the reader).
+    pub unsafe fn frame(&mut self, len: u32, pieces: impl Iterator<Item = (*const u8, usize)>) {
+        if self.room == 0 {
+            self.dropped += 1;
+            return;
+        }
+        let r = self.ring;
+        let idx = (self.head % r.records) as usize;
+        let rec = r
+            .base
+            .as_ptr()
+            .add(CAPTURE_RECORDS_OFFSET + idx * r.rec_size);
+        let mut data = rec.add(vale_abi::capture::RECORD_HEADER);
+        let mut left = (len.min(r.snaplen)) as usize;
+        let cap_len = left as u32;
+        for (p, n) in pieces {
+            if left == 0 {
+                break;
+            }
+            let n = n.min(left);
+            ptr::copy_nonoverlapping(p, data, n);
+            data = data.add(n);
+            left -= n;
+        }
+        let cap_len = cap_len - left as u32;
+        if let Some(f) = &r.filter {
+            // The filter sees the copy: the frame's first snaplen bytes.
+            let copy = std::slice::from_raw_parts(
+                rec.add(vale_abi::capture::RECORD_HEADER),
+                cap_len as usize,
+            );
+            if !f.matches(copy, len) {
+                return;
+            }
+        }
+        let hdr = RecordHeader {
+            ts_ns: self.ts_ns,
+            orig_len: len,
+            cap_len,
+            dir: self.dir,
+            _pad: 0,
+        };
+        ptr::write_unaligned(rec as *mut RecordHeader, hdr);
+        self.head += 1;
+        self.room -= 1;
+    }
+}
+
+impl Drop for Writer<'_> {
+    fn drop(&mut self) {
+        let h = self.ring.header();
+        // Release: the records written are visible before the head that covers them.
+        h.head.store(self.head, Release);
+        if self.dropped != 0 {
+            let d = self.ring.drops.fetch_add(self.dropped, Relaxed) + self.dropped;
+            h.drops.store(d, Relaxed);
+        }
+    }
+}
+
+/// The captures of a port.
+#[derive(Default)]
+pub struct Captures {
+    active: AtomicBool,
+    list: RwLock<Vec<Arc<CaptureRing>>>,
+}
+
+/// Most captures of one port at once.
+pub const MAX_CAPTURES_PER_PORT: usize = 8;
+
+impl Captures {
+    /// Whether any capture is running: the one load the forwarding core does per batch.
+    #[inline]
+    pub fn on(&self) -> bool {
+        self.active.load(Relaxed)
+    }
+
+    pub fn add(&self, c: Arc<CaptureRing>) -> Result<(), String> {
+        let mut l = self.list.write().unwrap_or_else(|e| e.into_inner());
+        if l.len() >= MAX_CAPTURES_PER_PORT {
+            return Err(format!(
+                "the port has {MAX_CAPTURES_PER_PORT} captures running, the most it may have"
+            ));
+        }
+        l.push(c);
+        self.active.store(true, Relaxed);
+        Ok(())
+    }
+
+    pub fn remove(&self, c: &Arc<CaptureRing>) {
+        let mut l = self.list.write().unwrap_or_else(|e| e.into_inner());
+        l.retain(|x| !Arc::ptr_eq(x, c));
+        self.active.store(!l.is_empty(), Relaxed);
+    }
+
+    /// The port went away: every capture ends.
+    pub fn end_all(&self) {
+        let mut l = self.list.write().unwrap_or_else(|e| e.into_inner());
+        for c in l.drain(..) {
+            c.end();
+        }
+        self.active.store(false, Relaxed);
+    }
+
+    /// Calls `f` with each capture of direction `dir`.
+    pub fn each(&self, dir: u32, mut f: impl FnMut(&CaptureRing)) {
+        let l = self.list.read().unwrap_or_else(|e| e.into_inner());
+        for c in l.iter().filter(|c| c.dirs & dir != 0) {
+            f(c);
+        }
+    }
+}
+
+/// Now, CLOCK_REALTIME in nanoseconds (once per captured batch).
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes the timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Most instructions of a capture filter (the kernel's and libpcap's `BPF_MAXINSNS`).
+pub const MAX_FILTER_INSNS: usize = 4096;
+
+/// A capture filter: a classic BPF program (what libpcap's `pcap_compile` makes of a tcpdump
+/// expression), checked once when the capture starts so that running it is safe whatever the
+/// caller sent: only known instructions, jumps forward and inside the program (so it ends),
+/// scratch memory indices below 16, no division by a constant 0, a return at the end. Loads
+/// outside the frame, and division by an X of 0, reject the frame, as in the kernel.
+pub struct Filter {
+    insns: Vec<vale_abi::capture::BpfInsn>,
+}
+
+const LD: u16 = 0x00;
+const LDX: u16 = 0x01;
+const ST: u16 = 0x02;
+const STX: u16 = 0x03;
+const ALU: u16 = 0x04;
+const JMP: u16 = 0x05;
+const RET: u16 = 0x06;
+
+impl Filter {
+    pub fn new(insns: Vec<vale_abi::capture::BpfInsn>) -> Result<Filter, String> {
+        let n = insns.len();
+        if n == 0 || n > MAX_FILTER_INSNS {
+            return Err(format!(
+                "a capture filter has 1 to {MAX_FILTER_INSNS} instructions, not {n}"
+            ));
+        }
+        let bad =
+            |pc: usize, why: &str| Err(format!("bad capture filter: instruction {pc}: {why}"));
+        for (pc, i) in insns.iter().enumerate() {
+            let c = i.code;
+            let mode = c & 0xe0;
+            let size = c & 0x18;
+            let ok = match c & 0x07 {
+                LD => {
+                    matches!(mode, 0x00 | 0x20 | 0x40 | 0x60 | 0x80)
+                        && (mode != 0x60 || i.k < 16)
+                        && (!matches!(mode, 0x20 | 0x40) || size != 0x18)
+                        && (matches!(mode, 0x20 | 0x40) || size == 0x00)
+                }
+                LDX => match mode {
+                    0x00 | 0x80 => size == 0,
+                    0x60 => size == 0 && i.k < 16,
+                    0xa0 => size == 0x10,
+                    _ => false,
+                },
+                ST | STX => c & !0x07 == 0 && i.k < 16,
+                ALU => {
+                    let op = c & 0xf0;
+                    op <= 0xa0
+                        && c & !0xf8 == ALU
+                        && !(matches!(op, 0x30 | 0x90) && c & 0x08 == 0 && i.k == 0)
+                }
+                JMP => {
+                    let op = c & 0xf0;
+                    if c & !0xf8 != JMP || op > 0x40 {
+                        false
+                    } else if op == 0x00 {
+                        (i.k as usize) < n - pc - 1
+                    } else {
+                        (i.jt as usize) < n - pc - 1 && (i.jf as usize) < n - pc - 1
+                    }
+                }
+                RET => matches!(c & !0x07, 0x00 | 0x08 | 0x10),
+                _ => matches!(c, 0x07 | 0x87),
+            };
+            if !ok {
+                return bad(pc, &format!("code {c:#06x} k {} not accepted", i.k));
+            }
+        }
+        if insns[n - 1].code & 0x07 != RET {
+            return bad(n - 1, "the program must end with a return");
+        }
+        Ok(Filter { insns })
+    }
+
+    /// Whether the program accepts the frame whose first bytes are `p` (`wirelen` bytes in
+    /// all).
+    pub fn matches(&self, p: &[u8], wirelen: u32) -> bool {
+        let load = |k: u32, size: u16| -> Option<u32> {
+            let k = k as usize;
+            match size {
+                0x00 => p
+                    .get(k..k.checked_add(4)?)
+                    .map(|b| u32::from_be_bytes(b.try_into().unwrap())),
+                0x08 => p
+                    .get(k..k.checked_add(2)?)
+                    .map(|b| u16::from_be_bytes(b.try_into().unwrap()) as u32),
+                _ => p.get(k).map(|b| *b as u32),
+            }
+        };
+        let (mut a, mut x) = (0u32, 0u32);
+        let mut mem = [0u32; 16];
+        let mut pc = 0usize;
+        loop {
+            // Checked in `new`: every jump lands inside the program, which ends with a return.
+            let i = self.insns[pc];
+            pc += 1;
+            let c = i.code;
+            match c & 0x07 {
+                LD => {
+                    a = match c & 0xe0 {
+                        0x00 => i.k,
+                        0x20 => match load(i.k, c & 0x18) {
+                            Some(v) => v,
+                            None => return false,
+                        },
+                        0x40 => match x.checked_add(i.k).and_then(|k| load(k, c & 0x18)) {
+                            Some(v) => v,
+                            None => return false,
+                        },
+                        0x60 => mem[i.k as usize & 15],
+                        _ => wirelen,
+                    }
+                }
+                LDX => {
+                    x = match c & 0xe0 {
+                        0x00 => i.k,
+                        0x60 => mem[i.k as usize & 15],
+                        0x80 => wirelen,
+                        _ => match load(i.k, 0x10) {
+                            Some(v) => 4 * (v & 0xf),
+                            None => return false,
+                        },
+                    }
+                }
+                ST => mem[i.k as usize & 15] = a,
+                STX => mem[i.k as usize & 15] = x,
+                ALU => {
+                    let v = if c & 0x08 != 0 { x } else { i.k };
+                    a = match c & 0xf0 {
+                        0x00 => a.wrapping_add(v),
+                        0x10 => a.wrapping_sub(v),
+                        0x20 => a.wrapping_mul(v),
+                        0x30 => match a.checked_div(v) {
+                            Some(r) => r,
+                            None => return false,
+                        },
+                        0x40 => a | v,
+                        0x50 => a & v,
+                        0x60 => a.checked_shl(v).unwrap_or(0),
+                        0x70 => a.checked_shr(v).unwrap_or(0),
+                        0x80 => a.wrapping_neg(),
+                        0x90 => match a.checked_rem(v) {
+                            Some(r) => r,
+                            None => return false,
+                        },
+                        _ => a ^ v,
+                    }
+                }
+                JMP => {
+                    let v = if c & 0x08 != 0 { x } else { i.k };
+                    let t = match c & 0xf0 {
+                        0x00 => {
+                            pc += i.k as usize;
+                            continue;
+                        }
+                        0x10 => a == v,
+                        0x20 => a > v,
+                        0x30 => a >= v,
+                        _ => a & v != 0,
+                    };
+                    pc += if t { i.jt } else { i.jf } as usize;
+                }
+                RET => {
+                    return match c & 0x18 {
+                        0x00 => i.k,
+                        0x08 => x,
+                        _ => a,
+                    } != 0
+                }
+                _ => {
+                    if c & 0x80 != 0 {
+                        a = x;
+                    } else {
+                        x = a;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vale_abi::capture::BpfInsn;
+
+    fn i(code: u16, jt: u8, jf: u8, k: u32) -> BpfInsn {
+        BpfInsn { code, jt, jf, k }
+    }
+
+    #[test]
+    fn ether_type_filter_and_hostile_programs() {
+        // tcpdump -d arp: ldh [12]; jeq #0x806 jt 2 jf 3; ret #262144; ret #0
+        let arp = Filter::new(vec![
+            i(0x28, 0, 0, 12),
+            i(0x15, 0, 1, 0x806),
+            i(0x06, 0, 0, 262144),
+            i(0x06, 0, 0, 0),
+        ])
+        .unwrap();
+        let mut f = [0u8; 60];
+        f[12] = 0x08;
+        f[13] = 0x06;
+        assert!(arp.matches(&f, 60));
+        f[13] = 0x00;
+        assert!(!arp.matches(&f, 60));
+        assert!(!arp.matches(&f[..13], 60), "a load past the end rejects");
+        // Jumps out of the program, a missing return, division by 0, bad memory.
+        assert!(Filter::new(vec![i(0x05, 0, 0, 5), i(0x06, 0, 0, 0)]).is_err());
+        assert!(Filter::new(vec![i(0x15, 3, 0, 0), i(0x06, 0, 0, 0)]).is_err());
+        assert!(Filter::new(vec![i(0x28, 0, 0, 12)]).is_err());
+        assert!(Filter::new(vec![i(0x34, 0, 0, 0), i(0x06, 0, 0, 0)]).is_err());
+        assert!(Filter::new(vec![i(0x02, 0, 0, 16), i(0x06, 0, 0, 0)]).is_err());
+        assert!(Filter::new(vec![i(0xff, 0, 0, 0), i(0x06, 0, 0, 0)]).is_err());
+        assert!(Filter::new(vec![]).is_err());
+        // Division by an X of 0 at run time rejects the frame.
+        let div = Filter::new(vec![i(0x3c, 0, 0, 0), i(0x16, 0, 0, 0)]).unwrap();
+        assert!(!div.matches(&f, 60));
+    }
+}

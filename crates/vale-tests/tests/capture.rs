@@ -1,0 +1,462 @@
+//! `vale-ctl capture` read by the real tools: tcpdump and tshark read captures of vale-pktgen
+//! traffic and of a ping through TAP ports; a reader that stops costs capture drops, never a
+//! frame of the port; a capture of a port that goes away ends cleanly; only the port's owner
+//! or an administrator may capture. Needs tcpdump and tshark (the README's test command
+//! installs them); the TAP test and the rights test need root. Without them, tests say so and
+//! pass.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use vale_tests::netns::{unique, Netns};
+use vale_tests::*;
+
+/// tshark's `frame.packet_flags_direction` of pcapng's epb_flags.
+const INBOUND: &str = "0x00000001";
+const OUTBOUND: &str = "0x00000002";
+
+fn tools() -> bool {
+    let ok = which("tcpdump").is_some() && which("tshark").is_some();
+    if !ok {
+        eprintln!("skipped: needs tcpdump and tshark");
+    }
+    ok
+}
+
+fn root() -> bool {
+    // SAFETY: plain syscall.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        eprintln!("skipped: needs root");
+    }
+    root
+}
+
+/// `vale-ctl capture ARGS...` of valed `v`, started.
+fn capture(v: &Valed, args: &[&str]) -> Kid {
+    let mut all = vec!["capture"];
+    all.extend_from_slice(args);
+    Kid::spawn(
+        tool("vale-ctl", v.run_dir(), &all),
+        &format!("vale-ctl {all:?}"),
+    )
+}
+
+/// Waits until valed has started `n` captures (its log says so).
+fn captures_started(v: &Valed, n: usize) {
+    assert!(
+        wait_until(T, || v.log().matches("capture started").count() >= n),
+        "valed never started {n} captures:\n{}",
+        v.log()
+    );
+}
+
+fn stdout(out: &Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn tcpdump(file: &Path, filter: &str) -> Vec<String> {
+    let mut c = Command::new("tcpdump");
+    c.args(["-n", "-r"]).arg(file);
+    if !filter.is_empty() {
+        c.arg(filter);
+    }
+    let out = stdout(&run_bounded(&mut c, T), "tcpdump");
+    out.lines().map(str::to_string).collect()
+}
+
+/// `tshark -r FILE [-Y FILTER] -T fields -e F...`: one row of fields per frame.
+fn tshark(file: &Path, filter: &str, fields: &[&str]) -> Vec<Vec<String>> {
+    let mut c = Command::new("tshark");
+    c.arg("-r").arg(file);
+    if !filter.is_empty() {
+        c.args(["-Y", filter]);
+    }
+    c.args(["-T", "fields", "-E", "separator=|"]);
+    for f in fields {
+        c.args(["-e", f]);
+    }
+    let out = stdout(&run_bounded(&mut c, T), "tshark");
+    out.lines()
+        .map(|l| l.split('|').map(str::to_string).collect())
+        .collect()
+}
+
+/// The frames captured and dropped, from vale-ctl capture's last line on stderr.
+fn captured(out: &Output) -> (u64, u64) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "vale-ctl capture failed: {err}");
+    let line = err
+        .lines()
+        .find(|l| l.contains("frames captured"))
+        .unwrap_or_else(|| panic!("no summary: {err}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let num = |w: &str| -> u64 {
+        let i = words.iter().position(|x| *x == w).expect(w);
+        words[i - 1].parse().expect("a number")
+    };
+    (num("frames"), num("dropped"))
+}
+
+#[test]
+fn pktgen_traffic_is_read_by_tcpdump_and_tshark() {
+    if !tools() {
+        return;
+    }
+    let _s = serial();
+    let v = Valed::start();
+    let dir = TempDir::new("capture");
+    let (fa, fb) = (dir.0.join("a.pcapng"), dir.0.join("b.pcap"));
+    v.ctl_ok(&["create", "vale0:a"]);
+    let rx = v.spawn_client(
+        v.pktgen(&[
+            "-i", "vale0:b", "-f", "rx", "-T", "60", "-n", "1000", "--json",
+        ]),
+        "vale-pktgen rx",
+        "vale0:b",
+    );
+    let n = "1000";
+    let ca = capture(
+        &v,
+        &[
+            "vale0:a",
+            "-c",
+            n,
+            "-w",
+            fa.to_str().unwrap(),
+            "--duration",
+            "60",
+        ],
+    );
+    let cb = capture(
+        &v,
+        &[
+            "vale0:b",
+            "--dir",
+            "rx",
+            "-c",
+            n,
+            "--format",
+            "pcap",
+            "-w",
+            "-",
+            "--duration",
+            "60",
+        ],
+    );
+    captures_started(&v, 2);
+    let tx = v.pktgen(&[
+        "-i", "vale0:a", "-f", "tx", "-l", "60", "-n", n, "-R", "20000", "--json",
+    ]);
+    let t = report(
+        &Kid::spawn(tx, "vale-pktgen tx").finish(T),
+        "vale-pktgen tx",
+    );
+    assert_eq!(t["packets"], 1000, "{t}");
+    report(&rx.finish(T), "vale-pktgen rx");
+    let a = ca.finish(T);
+    assert_eq!(captured(&a), (1000, 0));
+    let b = cb.finish(T);
+    assert_eq!(captured(&b), (1000, 0));
+    std::fs::write(&fb, &b.stdout).unwrap();
+
+    // tcpdump sees the UDP frames of pktgen, all of them, on both sides.
+    for f in [&fa, &fb] {
+        let lines = tcpdump(f, "udp");
+        assert_eq!(
+            lines.len(),
+            1000,
+            "{}: {:?}",
+            f.display(),
+            &lines[..3.min(lines.len())]
+        );
+        assert!(lines[0].contains("UDP"), "{}", lines[0]);
+        assert!(
+            lines.iter().all(|l| l.contains("length 18")),
+            "{}",
+            lines[0]
+        );
+    }
+    // tshark: the interface is named after the port, every frame is 60 bytes and outbound
+    // (a sent them into the switch: tx), in pcapng; pcap has no direction.
+    let rows = tshark(
+        &fa,
+        "",
+        &[
+            "frame.interface_name",
+            "frame.len",
+            "frame.packet_flags_direction",
+        ],
+    );
+    assert_eq!(rows.len(), 1000);
+    for r in &rows {
+        assert_eq!(r, &["vale0:a", "60", OUTBOUND], "{:?}", &rows[..3]);
+    }
+    let rows = tshark(&fb, "udp", &["frame.len", "ip.src", "ip.dst"]);
+    assert_eq!(rows.len(), 1000);
+    assert_eq!(rows[0], ["60", "10.0.0.1", "10.0.0.2"], "{:?}", rows[0]);
+}
+
+#[test]
+fn a_stopped_reader_costs_capture_drops_never_frames() {
+    let _s = serial();
+    let v = Valed::start();
+    // Both persistent, so their counters stay listed after the clients exit.
+    v.ctl_ok(&["create", "vale0:a"]);
+    v.ctl_ok(&["create", "vale0:b"]);
+    // A rate any receiver keeps up with, on a busy machine too: a frame lost at b would be
+    // the receiver's, not the capture's.
+    let count = 20_000u64;
+    let rx = v.spawn_client(
+        v.pktgen(&[
+            "-i",
+            "vale0:b",
+            "-f",
+            "rx",
+            "-T",
+            "60",
+            "-n",
+            &count.to_string(),
+            "--json",
+        ]),
+        "vale-pktgen rx",
+        "vale0:b",
+    );
+    // Its stdout is a pipe nobody reads until the end: the capture stops reading once the
+    // pipe is full, with 1 MiB of buffer in valed.
+    let cap = capture(&v, &["vale0:b", "-B", "1", "-w", "-"]);
+    captures_started(&v, 1);
+    let tx = v.pktgen(&[
+        "-i",
+        "vale0:a",
+        "-f",
+        "tx",
+        "-n",
+        &count.to_string(),
+        "-R",
+        "20000",
+        "--json",
+    ]);
+    report(
+        &Kid::spawn(tx, "vale-pktgen tx").finish(T * 2),
+        "vale-pktgen tx",
+    );
+    let r = report(&rx.finish(T), "vale-pktgen rx");
+    assert_eq!(r["packets"], count, "every frame reaches b: {r}");
+    let c = v.counters("vale0:b");
+    assert_eq!((c.rx_packets, c.rx_drops), (count, 0), "{c:?}");
+    cap.signal(libc::SIGINT);
+    let out = cap.finish(T);
+    let (got, dropped) = captured(&out);
+    eprintln!("stopped reader: {got} captured, {dropped} capture drops");
+    assert!(dropped > 0, "a stopped reader shows capture drops");
+    assert_eq!(got + dropped, count, "every frame is captured or counted");
+}
+
+#[test]
+fn a_capture_of_a_port_that_goes_away_ends_cleanly() {
+    if !tools() {
+        return;
+    }
+    let _s = serial();
+    let v = Valed::start();
+    let dir = TempDir::new("capture");
+    let f = dir.0.join("gone.pcapng");
+    let rx = v.spawn_client(
+        v.pktgen(&["-i", "vale0:b", "-f", "rx", "-T", "60"]),
+        "vale-pktgen rx",
+        "vale0:b",
+    );
+    let cap = capture(&v, &["vale0:b", "-w", f.to_str().unwrap()]);
+    captures_started(&v, 1);
+    // The client goes: its port with it, and the capture ends by itself.
+    rx.signal(libc::SIGKILL);
+    let out = cap.finish(T);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("the port went away"), "{err}");
+    assert_eq!(captured(&out), (0, 0));
+    assert!(tcpdump(&f, "").is_empty());
+    assert!(v.port("vale0:b").is_none());
+    // A capture of a port that is not there is refused.
+    v.ctl_fails(
+        &["capture", "vale0:b", "-c", "1"],
+        1,
+        "no such switch 'vale0'",
+    );
+}
+
+#[test]
+fn only_the_owner_or_an_administrator_captures_a_port() {
+    if !root() {
+        return;
+    }
+    let _s = serial();
+    let v = Valed::start_with(&["--socket-mode", "666"]);
+    v.ctl_ok(&["create", "vale0:r"]);
+    let out = run_bounded(
+        &mut v.tool_as(65534, 1024, "vale-ctl", &["capture", "vale0:r", "-c", "1"]),
+        T,
+    );
+    assert_exit(
+        &out,
+        "capture as nobody",
+        1,
+        "cannot capture port 'vale0:r'",
+    );
+}
+
+#[test]
+fn a_ping_through_tap_ports_is_read_by_tcpdump_and_tshark() {
+    if !tools() || !root() {
+        return;
+    }
+    let home = Netns::new("h");
+    let v = Valed::start_in(&home, &[]);
+    let mut hosts = Vec::new();
+    for (i, p) in ["a", "b"].iter().enumerate() {
+        let tap = unique("vtap");
+        v.ctl_ok(&["attach", &format!("vale0:{p}"), "--tap", &tap]);
+        let ns = Netns::new(p);
+        ns.adopt(Some(&home), &tap, &[&format!("10.78.0.{}/24", i + 1)]);
+        hosts.push(ns);
+    }
+    let dir = TempDir::new("capture");
+    let f = dir.0.join("ping.pcapng");
+    let cap = capture(
+        &v,
+        &["vale0:a", "-w", f.to_str().unwrap(), "--duration", "60"],
+    );
+    captures_started(&v, 1);
+    hosts[0].ok("ping -c 3 -i 0.2 -W 2 10.78.0.2");
+    cap.signal(libc::SIGTERM);
+    captured(&cap.finish(T));
+
+    let lines = tcpdump(&f, "icmp");
+    assert_eq!(lines.len(), 6, "{lines:#?}");
+    let requests = lines
+        .iter()
+        .filter(|l| l.contains("10.78.0.1 > 10.78.0.2: ICMP echo request"));
+    assert_eq!(requests.count(), 3, "{lines:#?}");
+    let replies = lines
+        .iter()
+        .filter(|l| l.contains("10.78.0.2 > 10.78.0.1: ICMP echo reply"));
+    assert_eq!(replies.count(), 3, "{lines:#?}");
+    // The requests left a's host through the port (tx: outbound), the replies came to it
+    // (rx: inbound).
+    let rows = tshark(
+        &f,
+        "icmp",
+        &[
+            "icmp.type",
+            "frame.packet_flags_direction",
+            "frame.interface_name",
+        ],
+    );
+    assert_eq!(rows.len(), 6, "{rows:?}");
+    for r in &rows {
+        let want = if r[0] == "8" { OUTBOUND } else { INBOUND };
+        assert_eq!(
+            (r[1].as_str(), r[2].as_str()),
+            (want, "vale0:a"),
+            "{rows:?}"
+        );
+    }
+    // ARP went both ways too.
+    assert!(tcpdump(&f, "arp").len() >= 2);
+}
+
+/// A capture reader that writes nonsense into the capture buffer (its `tail`, the records)
+/// and sends a hostile filter costs valed nothing: frames still flow, valed lives, the bad
+/// filter is refused.
+#[test]
+fn a_hostile_capture_reader_cannot_hurt_valed() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+    use vale_abi::capture::{BpfInsn, DIR_RX, DIR_TX};
+    use vale_abi::control::{self, Reply, Request};
+
+    let _s = serial();
+    let v = Valed::start();
+    let (a, b) = v.open_ab();
+    let sock = UnixStream::connect(v.run_dir().join("valed.sock")).unwrap();
+    let req = |filter: Vec<BpfInsn>| Request::Capture {
+        port: "vale0:b".into(),
+        dirs: DIR_RX | DIR_TX,
+        snaplen: 128,
+        bytes: 1 << 20,
+        filter,
+    };
+    // A jump out of the program: refused.
+    let jump_out = vec![
+        BpfInsn {
+            code: 0x05,
+            jt: 0,
+            jf: 0,
+            k: 100,
+        },
+        BpfInsn {
+            code: 0x06,
+            jt: 0,
+            jf: 0,
+            k: 1,
+        },
+    ];
+    match control::exchange(&sock, &req(jump_out)).unwrap() {
+        Some((Reply::Error { message }, _)) => {
+            assert!(message.contains("bad capture filter"), "{message}")
+        }
+        other => panic!("a bad filter was taken: {other:?}"),
+    }
+    let (size, fd) = match control::exchange(&sock, &req(Vec::new())).unwrap() {
+        Some((Reply::Capture { size, .. }, mut fds)) => (size as usize, fds.remove(0)),
+        other => panic!("no capture: {other:?}"),
+    };
+    // SAFETY: maps the memfd valed sent, of the size it said; written as a hostile reader would.
+    let base = unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED);
+        // It cannot shrink the buffer under valed: the memfd is sealed.
+        assert!(libc::ftruncate(fd.as_raw_fd(), 4096) < 0);
+        p as *mut u8
+    };
+    for (i, tail) in [u64::MAX, 1 << 40, 0x8000_0000_0000_0000, 12345]
+        .into_iter()
+        .enumerate()
+    {
+        // SAFETY: inside the mapping: the header's tail (offset 128), its ring geometry
+        // (valed keeps its own), and the records.
+        unsafe {
+            std::ptr::write_volatile(base.add(128) as *mut u64, tail);
+            std::ptr::write_volatile(base.add(8) as *mut u32, u32::MAX);
+            std::ptr::write_bytes(base.add(4096), 0xff, size - 4096);
+        }
+        let frame = test_frame(60, [2, 0, 0, 0, 0, 1], [0xff; 6], i as u64);
+        assert!(send_frame(&a, &frame));
+        a.txsync(0).expect("txsync");
+        let n = i as u64 + 1;
+        assert!(
+            wait_until(T, || v.counters("vale0:b").rx_packets >= n),
+            "the frame reaches b whatever the reader wrote: a {:?} b {:?}\n{}",
+            v.counters("vale0:a"),
+            v.counters("vale0:b"),
+            v.log()
+        );
+        assert_eq!(recv_n(&b, 1).len(), 1);
+    }
+    assert!(v.port("vale0:b").is_some(), "valed answers");
+    // SAFETY: the mapping made above.
+    unsafe { libc::munmap(base as *mut libc::c_void, size) };
+}
