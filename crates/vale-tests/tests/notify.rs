@@ -612,7 +612,7 @@ fn txsync_kicks_only_when_head_moved() {
     assert!(idle <= 2, "{idle} writes for 10000 syncs of an idle ring");
     let f = test_frame(60, MAC_X, MAC_D, 1);
     let before = thread_writes();
-    send_all(&a, &[f.clone()]);
+    send_all(&a, std::slice::from_ref(&f));
     assert!(thread_writes() - before >= 1, "no kick for a queued frame");
     assert_eq!(wait_frames(&b, Duration::from_secs(5)), vec![f]);
 }
