@@ -7,7 +7,7 @@
 //! port's frame and never a wait: the reader's `tail` is read once per batch, never trusted.
 
 use std::io;
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -96,37 +96,7 @@ impl CaptureRing {
     }
 
     fn map(name: &str, size: usize) -> io::Result<(OwnedFd, NonNull<u8>)> {
-        let cname =
-            std::ffi::CString::new(format!("vale-capture:{name}")).map_err(io::Error::other)?;
-        // SAFETY: plain syscalls, each result checked. Sealed so that the reader cannot
-        // shrink the file under valed's mapping.
-        unsafe {
-            let fd =
-                libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let memfd = OwnedFd::from_raw_fd(fd);
-            if libc::ftruncate(fd, size as libc::off_t) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-            if libc::fcntl(fd, libc::F_ADD_SEALS, seals) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let p = libc::mmap(
-                ptr::null_mut(),
-                size,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            );
-            if p == libc::MAP_FAILED {
-                return Err(io::Error::last_os_error());
-            }
-            Ok((memfd, NonNull::new_unchecked(p as *mut u8)))
-        }
+        crate::region::sealed_shared_memory(&format!("vale-capture:{name}"), size)
     }
 
     fn header(&self) -> &CaptureHeader {

@@ -26,44 +26,51 @@ pub struct Region {
 unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
+/// A memfd named `name` of `size` zeroed bytes, sealed against shrinking and growing (so that
+/// the client it is shared with cannot cut it under valed's mapping), mapped shared.
+pub fn sealed_shared_memory(name: &str, size: usize) -> io::Result<(OwnedFd, NonNull<u8>)> {
+    let cname = std::ffi::CString::new(name).map_err(io::Error::other)?;
+    // SAFETY: plain syscalls; each result is checked.
+    unsafe {
+        let fd = libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let memfd = OwnedFd::from_raw_fd(fd);
+        if libc::ftruncate(fd, size as libc::off_t) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        if libc::fcntl(fd, libc::F_ADD_SEALS, seals) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok((memfd, NonNull::new_unchecked(p as *mut u8)))
+    }
+}
+
 impl Region {
     /// Creates, seals, maps and initialises the region of port `name`.
     pub fn create(name: &str, layout: Layout) -> io::Result<Region> {
-        let cname = std::ffi::CString::new(format!("vale:{name}")).map_err(io::Error::other)?;
-        // SAFETY: plain syscalls; each result is checked.
-        unsafe {
-            let fd =
-                libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING);
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let memfd = OwnedFd::from_raw_fd(fd);
-            if libc::ftruncate(fd, layout.region_size as libc::off_t) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
-            if libc::fcntl(fd, libc::F_ADD_SEALS, seals) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let p = libc::mmap(
-                std::ptr::null_mut(),
-                layout.region_size as usize,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                fd,
-                0,
-            );
-            if p == libc::MAP_FAILED {
-                return Err(io::Error::last_os_error());
-            }
-            let region = Region {
-                base: NonNull::new_unchecked(p as *mut u8),
-                layout,
-                memfd,
-            };
-            region.init(name);
-            Ok(region)
-        }
+        let (memfd, base) =
+            sealed_shared_memory(&format!("vale:{name}"), layout.region_size as usize)?;
+        let region = Region {
+            base,
+            layout,
+            memfd,
+        };
+        region.init(name);
+        Ok(region)
     }
 
     /// Writes the header, the `netmap_if`, every ring header and slot, and the CSB.
