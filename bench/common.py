@@ -274,6 +274,20 @@ def spawn(args, **kw):
     return p
 
 
+def pktgen_reports(procs, what):
+    """The JSON report each finished vale-pktgen of `procs` ((process, log file) pairs) printed;
+    an error quoting the log of one that printed none."""
+    out = []
+    for p, log in procs:
+        text = p.stdout.read()
+        try:
+            out.append(json.loads(text))
+        except ValueError:
+            log.seek(0)
+            raise RuntimeError(f"vale-pktgen {what} gave no report (exit {p.returncode}): {log.read()[-2000:]}")
+    return out
+
+
 def stop(p, sig=signal.SIGINT, wait=5):
     """Signals p's process group, then SIGKILLs it if it lingers; returns its exit code."""
     for s in (sig, signal.SIGKILL):
@@ -440,15 +454,7 @@ class Valed:
         finally:
             for p, _ in rxs:
                 stop(p)
-        reports = []
-        for p, log in rxs:
-            out = p.stdout.read()
-            try:
-                reports.append(json.loads(out))
-            except ValueError:
-                log.seek(0)
-                raise RuntimeError(f"vale-pktgen rx gave no report (exit {p.returncode}): {log.read()[-2000:]}")
-        return {"tx": json.loads(tx.stdout), "rx": reports, "valed_cpu_s": c1 - c0, "wall_s": t1 - t0,
+        return {"tx": json.loads(tx.stdout), "rx": pktgen_reports(rxs, "rx"), "valed_cpu_s": c1 - c0, "wall_s": t1 - t0,
                 "ports_listed": listed}
 
     def set_batch(self, n):

@@ -104,17 +104,7 @@ def one_run(v, experiment, n, size, seconds, cpus):
         for p, _ in rxs + txs:
             stop(p)
 
-    def reports(procs, what):
-        out = []
-        for p, log in procs:
-            text = p.stdout.read()
-            try:
-                out.append(json.loads(text))
-            except ValueError:
-                log.seek(0)
-                raise RuntimeError(f"vale-pktgen {what} gave no report (exit {p.returncode}): {log.read()[-2000:]}")
-        return out
-    tx, rx = reports(txs, "tx"), reports(rxs, "rx")
+    tx, rx = common.pktgen_reports(txs, "tx"), common.pktgen_reports(rxs, "rx")
     return {"rx_pps": sum(r["pps"] for r in rx), "tx_pps": sum(r["pps"] for r in tx),
             "rx_drops": sum(r["drops"] for r in rx),
             "workers": {k: (w1.get(k, 0) - w0.get(k, 0)) / (t1 - t0) for k in sorted(set(w0) | set(w1))}}

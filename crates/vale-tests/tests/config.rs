@@ -87,26 +87,21 @@ fn save_then_restart_gives_back_switches_ports_knobs_modules_and_rules() {
     let text = std::fs::read_to_string(&cfg).unwrap();
     assert!(!text.contains("held"), "a held port was saved:\n{text}");
 
-    let before = (
-        list(&v, "vale0"),
-        list(&v, "vale2"),
-        list(&v, "vale3"),
-        json(&v, &["lookup", "vale0"]),
-        json(&v, &["lookup", "vale1"]),
-        json(&v, &["lookup", "vale2"]),
-        json(&v, &["flow", "vale0", "dump"]),
-    );
+    let state = |v: &Valed| {
+        (
+            list(v, "vale0"),
+            list(v, "vale2"),
+            list(v, "vale3"),
+            json(v, &["lookup", "vale0"]),
+            json(v, &["lookup", "vale1"]),
+            json(v, &["lookup", "vale2"]),
+            json(v, &["flow", "vale0", "dump"]),
+        )
+    };
+    let before = state(&v);
     drop(_held);
     v.restart_with(&["--config", cfg_s]);
-    let after = (
-        list(&v, "vale0"),
-        list(&v, "vale2"),
-        list(&v, "vale3"),
-        json(&v, &["lookup", "vale0"]),
-        json(&v, &["lookup", "vale1"]),
-        json(&v, &["lookup", "vale2"]),
-        json(&v, &["flow", "vale0", "dump"]),
-    );
+    let after = state(&v);
     assert_eq!(before, after, "state after the restart:\n{text}");
     let vale1 = json(&v, &["list", "vale1"]);
     let names: Vec<&str> = vale1[0]["ports"]
