@@ -370,6 +370,41 @@ impl GuestConfig {
             device: String::new(),
         }
     }
+
+    /// A guest whose device is a vhost-user device at socket `sock`, offloads on: QEMU
+    /// connects to valed listening there, or, `server`, listens there itself for valed to
+    /// connect.
+    pub fn vhost_user(name: &str, sock: &Path, server: bool, ip: &str, mac: &str) -> GuestConfig {
+        let role = if server {
+            "server=on,wait=off"
+        } else {
+            "reconnect=1"
+        };
+        GuestConfig {
+            name: name.to_string(),
+            netdev: "vhost-user,chardev=c0".to_string(),
+            extra: [
+                "-chardev",
+                &format!("socket,id=c0,path={},{role}", sock.display()),
+                // vhost-user needs the guest's RAM in memory valed can map.
+                "-object",
+                "memory-backend-memfd,id=mem,size=256M,share=on",
+                "-numa",
+                "node,memdev=mem",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .collect(),
+            ip: ip.to_string(),
+            mac: mac.to_string(),
+            mtu: None,
+            offloads: true,
+            netns: None,
+            cpus: Vec::new(),
+            smp: 1,
+            device: String::new(),
+        }
+    }
 }
 
 /// The answer to one command.

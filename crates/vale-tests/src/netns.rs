@@ -1,6 +1,7 @@
 //! Network namespaces for tests with the real Linux stack: each test makes its own, with names
 //! that carry the test process's pid, and deletes them when it ends, failed or not. Nothing
-//! touches the host's own interfaces.
+//! touches the host's own interfaces. [`TapNet`] and [`NicNet`] build a switch with TAP and NIC
+//! ports on them.
 
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -113,6 +114,78 @@ impl Drop for Netns {
         let _ = Command::new("ip")
             .args(["netns", "del", &self.name])
             .output();
+    }
+}
+
+/// A valed in namespace `home`, with TAP ports `vale0:<p>` for each of `names`, each TAP moved
+/// into a namespace of its own with address 10.77.0.<i+1>/24 and fd77::<i+1>/64.
+pub struct TapNet {
+    pub hosts: Vec<(Netns, String)>,
+    pub v: Valed,
+    pub home: Netns,
+}
+
+impl TapNet {
+    pub fn new(ports: &[&str]) -> TapNet {
+        let home = Netns::new("h");
+        let v = Valed::start_in(&home, &[]);
+        let mut hosts = Vec::new();
+        for (i, p) in ports.iter().enumerate() {
+            let tap = unique("vtap");
+            v.ctl_ok(&["attach", &format!("vale0:{p}"), "--tap", &tap]);
+            let ns = Netns::new(p);
+            ns.adopt(
+                Some(&home),
+                &tap,
+                &[
+                    &format!("10.77.0.{}/24", i + 1),
+                    &format!("fd77::{}/64", i + 1),
+                ],
+            );
+            hosts.push((ns, tap));
+        }
+        TapNet { hosts, v, home }
+    }
+
+    pub fn ns(&self, i: usize) -> &Netns {
+        &self.hosts[i].0
+    }
+}
+
+/// A switch with a veth attached as NIC port `vale0:eth` (its peer in namespace `far`, address
+/// 10.77.0.10/24) and TAP ports for `taps`, as in [`TapNet`].
+pub struct NicNet {
+    pub far: Netns,
+    pub nic: String,
+    pub net: TapNet,
+}
+
+impl NicNet {
+    pub fn new(mode: Option<&str>, taps: &[&str]) -> NicNet {
+        let net = TapNet::new(taps);
+        let far = Netns::new("far");
+        let nic = unique("vnic");
+        let peer = unique("vpeer");
+        net.home.ok(&format!(
+            "ip link add {nic} type veth peer name {peer} netns {}",
+            far.name
+        ));
+        net.home.ok(&format!("ip link set {nic} up"));
+        far.adopt(None, &peer, &["10.77.0.10/24"]);
+        // A veth hands over whole TSO segments with checksums left to do; AF_XDP and TPACKET
+        // rings take finished frames of one MTU, as from a real NIC.
+        far.ok(&format!("ethtool -K {peer} tso off gso off tx off"));
+        let mut args = vec!["attach", "vale0:eth", "--iface", nic.as_str()];
+        if let Some(m) = mode {
+            args.extend(["--mode", m]);
+        }
+        net.v.ctl_ok(&args);
+        NicNet { far, nic, net }
+    }
+
+    pub fn far_mac(&self) -> String {
+        let dev = self.far.ok("ls /sys/class/net | grep vpeer");
+        self.far.mac(dev.trim())
     }
 }
 

@@ -1,14 +1,17 @@
 //! `vale-ctl capture` read by the real tools: tcpdump and tshark read captures of vale-pktgen
-//! traffic and of a ping through TAP ports; a reader that stops costs capture drops, never a
-//! frame of the port; a capture of a port that goes away ends cleanly; only the port's owner
-//! or an administrator may capture. Needs tcpdump and tshark (the README's test command
-//! installs them); the TAP test and the rights test need root. Without them, tests say so and
-//! pass.
+//! traffic on native ports and of pings through a port of each host kind (a TAP port, a NIC
+//! port, a guest's vhost-user port); a reader that stops costs capture drops, never a frame of
+//! the port; a capture of a port that goes away ends cleanly; only the port's owner or an
+//! administrator may capture. Needs tcpdump and tshark (the README's test command installs
+//! them); the TAP, NIC and rights tests need root, the vhost-user test QEMU and a guest kernel
+//! too. Without them, tests say so and pass.
 
 use std::path::Path;
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
-use vale_tests::netns::{unique, Netns};
+use vale_tests::guest::{skip_reason, Guest, GuestConfig};
+use vale_tests::netns::{NicNet, TapNet};
 use vale_tests::*;
 
 /// tshark's `frame.packet_flags_direction` of pcapng's epb_flags.
@@ -311,49 +314,28 @@ fn only_the_owner_or_an_administrator_captures_a_port() {
     );
 }
 
-#[test]
-fn a_ping_through_tap_ports_is_read_by_tcpdump_and_tshark() {
-    if !tools() || !root() {
-        return;
-    }
-    let home = Netns::new("h");
-    let v = Valed::start_in(&home, &[]);
-    let mut hosts = Vec::new();
-    for (i, p) in ["a", "b"].iter().enumerate() {
-        let tap = unique("vtap");
-        v.ctl_ok(&["attach", &format!("vale0:{p}"), "--tap", &tap]);
-        let ns = Netns::new(p);
-        ns.adopt(Some(&home), &tap, &[&format!("10.78.0.{}/24", i + 1)]);
-        hosts.push(ns);
-    }
-    let dir = TempDir::new("capture");
-    let f = dir.0.join("ping.pcapng");
-    let cap = capture(
-        &v,
-        &["vale0:a", "-w", f.to_str().unwrap(), "--duration", "60"],
-    );
-    captures_started(&v, 1);
-    hosts[0].ok("ping -c 3 -i 0.2 -W 2 10.78.0.2");
-    cap.signal(libc::SIGTERM);
-    captured(&cap.finish(T));
-
-    let lines = tcpdump(&f, "icmp");
+/// Checks capture `f` of `port`, taken while the host behind the port pinged `to` from `from`
+/// three times: tcpdump reads the three echo requests and the three replies, and tshark each
+/// of them whole (98 bytes), the requests outbound (the host sent them into the switch
+/// through the port: tx), the replies inbound (rx), on an interface named after the port. ARP
+/// went both ways too.
+fn three_pings_captured(f: &Path, port: &str, from: &str, to: &str) {
+    let lines = tcpdump(f, "icmp");
     assert_eq!(lines.len(), 6, "{lines:#?}");
     let requests = lines
         .iter()
-        .filter(|l| l.contains("10.78.0.1 > 10.78.0.2: ICMP echo request"));
+        .filter(|l| l.contains(&format!("{from} > {to}: ICMP echo request")));
     assert_eq!(requests.count(), 3, "{lines:#?}");
     let replies = lines
         .iter()
-        .filter(|l| l.contains("10.78.0.2 > 10.78.0.1: ICMP echo reply"));
+        .filter(|l| l.contains(&format!("{to} > {from}: ICMP echo reply")));
     assert_eq!(replies.count(), 3, "{lines:#?}");
-    // The requests left a's host through the port (tx: outbound), the replies came to it
-    // (rx: inbound).
     let rows = tshark(
-        &f,
+        f,
         "icmp",
         &[
             "icmp.type",
+            "frame.len",
             "frame.packet_flags_direction",
             "frame.interface_name",
         ],
@@ -361,14 +343,107 @@ fn a_ping_through_tap_ports_is_read_by_tcpdump_and_tshark() {
     assert_eq!(rows.len(), 6, "{rows:?}");
     for r in &rows {
         let want = if r[0] == "8" { OUTBOUND } else { INBOUND };
-        assert_eq!(
-            (r[1].as_str(), r[2].as_str()),
-            (want, "vale0:a"),
-            "{rows:?}"
-        );
+        assert_eq!(&r[1..], ["98", want, port], "{rows:?}");
     }
-    // ARP went both ways too.
-    assert!(tcpdump(&f, "arp").len() >= 2);
+    assert!(tcpdump(f, "arp").len() >= 2, "{:#?}", tcpdump(f, ""));
+}
+
+#[test]
+fn a_ping_through_tap_ports_is_read_by_tcpdump_and_tshark() {
+    if !tools() || !root() {
+        return;
+    }
+    let net = TapNet::new(&["a", "b"]);
+    let dir = TempDir::new("capture");
+    let f = dir.0.join("ping.pcapng");
+    let cap = capture(
+        &net.v,
+        &["vale0:a", "-w", f.to_str().unwrap(), "--duration", "60"],
+    );
+    captures_started(&net.v, 1);
+    net.ns(0).ok("ping -c 3 -i 0.2 -W 2 10.77.0.2");
+    cap.signal(libc::SIGTERM);
+    captured(&cap.finish(T));
+    three_pings_captured(&f, "vale0:a", "10.77.0.1", "10.77.0.2");
+}
+
+/// A NIC port (a veth whose peer is in a namespace of its own), in each mode (AF_XDP native
+/// and generic, AF_PACKET), captured both ways while that namespace pings one behind a TAP
+/// port.
+#[test]
+fn a_nic_port_is_captured() {
+    if !tools() || !root() {
+        return;
+    }
+    for mode in ["xdp", "xdp-generic", "packet"] {
+        let n = NicNet::new(Some(mode), &["t"]);
+        let v = &n.net.v;
+        let p = v.port("vale0:eth").expect("listed");
+        assert_eq!(
+            (p.kind.as_str(), p.mode.as_deref(), p.state.as_str()),
+            ("nic", Some(mode), "up")
+        );
+        let dir = TempDir::new("capture");
+        let f = dir.0.join("nic.pcapng");
+        let cap = capture(
+            v,
+            &["vale0:eth", "-w", f.to_str().unwrap(), "--duration", "60"],
+        );
+        captures_started(v, 1);
+        n.far.ok("ping -c 3 -i 0.2 -W 2 10.77.0.1");
+        cap.signal(libc::SIGTERM);
+        captured(&cap.finish(T));
+        three_pings_captured(&f, "vale0:eth", "10.77.0.10", "10.77.0.1");
+    }
+}
+
+/// A vhost-user port of a Linux guest under QEMU (valed reads and writes the guest's memory),
+/// captured both ways while the guest pings a namespace behind a TAP port.
+#[test]
+fn a_vhost_user_port_is_captured() {
+    if !tools() {
+        return;
+    }
+    if let Some(why) = skip_reason() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let t0 = Instant::now();
+    let net = TapNet::new(&["c"]);
+    let v = &net.v;
+    let sock = v.run_dir().join("vm.sock");
+    v.ctl_ok(&["attach", "vale0:g", "--vhost-user", sock.to_str().unwrap()]);
+    let mut g = Guest::boot(&GuestConfig::vhost_user(
+        "g",
+        &sock,
+        false,
+        "10.77.0.20/24",
+        "02:00:00:00:77:20",
+    ));
+    let boot = t0.elapsed();
+    assert_eq!(v.port("vale0:g").unwrap().state, "up", "{}", v.log());
+    let dir = TempDir::new("capture");
+    let f = dir.0.join("vhost-user.pcapng");
+    let cap = capture(
+        v,
+        &["vale0:g", "-w", f.to_str().unwrap(), "--duration", "60"],
+    );
+    captures_started(v, 1);
+    let out = g.run("ping -c 3 -i 0.2 -W 5 10.77.0.1", Duration::from_secs(20));
+    assert!(
+        out.output.contains("3 packets received"),
+        "guest -> container: {}\nvaled's log:\n{}",
+        out.output,
+        v.log()
+    );
+    cap.signal(libc::SIGTERM);
+    captured(&cap.finish(T));
+    three_pings_captured(&f, "vale0:g", "10.77.0.20", "10.77.0.1");
+    drop(g);
+    eprintln!(
+        "guest ready after {boot:.1?}; test took {:.1?}",
+        t0.elapsed()
+    );
 }
 
 /// A capture reader that writes nonsense into the capture buffer (its `tail`, the records)

@@ -248,46 +248,6 @@ fn tcp_between(v: &Valed, guests: &mut [Guest], a: usize, b: usize) -> Option<Tc
     Some(t)
 }
 
-/// The vhost-user device of a guest at socket `sock`: QEMU connects to valed listening there,
-/// or, `server`, listens there itself for valed to connect.
-fn vhost_user_guest(
-    name: &str,
-    sock: &std::path::Path,
-    server: bool,
-    ip: &str,
-    mac: &str,
-) -> GuestConfig {
-    let role = if server {
-        "server=on,wait=off"
-    } else {
-        "reconnect=1"
-    };
-    GuestConfig {
-        name: name.to_string(),
-        netdev: "vhost-user,chardev=c0".to_string(),
-        extra: [
-            "-chardev",
-            &format!("socket,id=c0,path={},{role}", sock.display()),
-            // vhost-user needs the guest's RAM in memory valed can map.
-            "-object",
-            "memory-backend-memfd,id=mem,size=256M,share=on",
-            "-numa",
-            "node,memdev=mem",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect(),
-        ip: ip.to_string(),
-        mac: mac.to_string(),
-        mtu: None,
-        offloads: true,
-        netns: None,
-        cpus: Vec::new(),
-        smp: 1,
-        device: String::new(),
-    }
-}
-
 /// Two guests whose virtio-net devices are valed's own vhost-user ports, one where valed
 /// listens and one where valed connects: every frame between them is read from one guest's
 /// memory and written into the other's by valed, with no TAP and no QEMU in the data path.
@@ -305,7 +265,7 @@ fn two_guests_ping_through_vhost_user_ports() {
         .map(|i| v.run_dir().join(format!("vm{i}.sock")))
         .collect();
     let cfg = |i: usize| {
-        let mut c = vhost_user_guest(
+        let mut c = GuestConfig::vhost_user(
             &format!("g{}", i + 1),
             &socks[i],
             i == 1,
@@ -484,7 +444,7 @@ fn guests_pass_traffic_again_after_valed_restarts() {
     };
     let mut guests: Vec<Guest> = (0..2)
         .map(|i| {
-            Guest::start(&vhost_user_guest(
+            Guest::start(&GuestConfig::vhost_user(
                 &format!("g{}", i + 1),
                 &socks[i],
                 i == 1,
@@ -536,7 +496,7 @@ fn a_guest_and_a_container_talk_tcp_both_ways() {
     ns.adopt(Some(&home), &tap, &[&format!("{}/24", IPS[1])]);
     let sock = v.run_dir().join("vm.sock");
     v.ctl_ok(&["attach", "vale0:g1", "--vhost-user", sock.to_str().unwrap()]);
-    let mut g = Guest::boot(&vhost_user_guest(
+    let mut g = Guest::boot(&GuestConfig::vhost_user(
         "g1",
         &sock,
         false,

@@ -6,47 +6,8 @@
 
 use std::time::Duration;
 
-use vale_tests::netns::{unique, Netns};
+use vale_tests::netns::{unique, Netns, NicNet, TapNet};
 use vale_tests::*;
-
-/// A valed in namespace `home`, with TAP ports `vale0:<p>` for each of `names`, each TAP moved
-/// into a namespace of its own with address 10.77.0.<i+1>/24 and fd77::<i+1>/64.
-struct TapNet {
-    hosts: Vec<(Netns, String)>,
-    v: Valed,
-    _home: Netns,
-}
-
-impl TapNet {
-    fn new(ports: &[&str]) -> TapNet {
-        let home = Netns::new("h");
-        let v = Valed::start_in(&home, &[]);
-        let mut hosts = Vec::new();
-        for (i, p) in ports.iter().enumerate() {
-            let tap = unique("vtap");
-            v.ctl_ok(&["attach", &format!("vale0:{p}"), "--tap", &tap]);
-            let ns = Netns::new(p);
-            ns.adopt(
-                Some(&home),
-                &tap,
-                &[
-                    &format!("10.77.0.{}/24", i + 1),
-                    &format!("fd77::{}/64", i + 1),
-                ],
-            );
-            hosts.push((ns, tap));
-        }
-        TapNet {
-            hosts,
-            v,
-            _home: home,
-        }
-    }
-
-    fn ns(&self, i: usize) -> &Netns {
-        &self.hosts[i].0
-    }
-}
 
 /// `iperf3` from host `a` to host `b` (`extra`: more client options); returns the receiver's
 /// bits per second.
@@ -308,43 +269,6 @@ fn attach_refusals_and_detach() {
     assert!(wait_until(T, || !home.ok("ip -o link show").contains(&tap)));
 }
 
-/// A switch with a veth attached as NIC port `vale0:eth` (its peer in namespace `far`, address
-/// 10.77.0.10/24) and TAP ports for `taps`, as in [`TapNet`].
-struct NicNet {
-    far: Netns,
-    nic: String,
-    net: TapNet,
-}
-
-impl NicNet {
-    fn new(mode: Option<&str>, taps: &[&str]) -> NicNet {
-        let net = TapNet::new(taps);
-        let far = Netns::new("far");
-        let nic = unique("vnic");
-        let peer = unique("vpeer");
-        net._home.ok(&format!(
-            "ip link add {nic} type veth peer name {peer} netns {}",
-            far.name
-        ));
-        net._home.ok(&format!("ip link set {nic} up"));
-        far.adopt(None, &peer, &["10.77.0.10/24"]);
-        // A veth hands over whole TSO segments with checksums left to do; AF_XDP and TPACKET
-        // rings take finished frames of one MTU, as from a real NIC.
-        far.ok(&format!("ethtool -K {peer} tso off gso off tx off"));
-        let mut args = vec!["attach", "vale0:eth", "--iface", nic.as_str()];
-        if let Some(m) = mode {
-            args.extend(["--mode", m]);
-        }
-        net.v.ctl_ok(&args);
-        NicNet { far, nic, net }
-    }
-
-    fn far_mac(&self) -> String {
-        let dev = self.far.ok("ls /sys/class/net | grep vpeer");
-        self.far.mac(dev.trim())
-    }
-}
-
 fn nic_port_joins_tap_and_native_ports(mode: &str) {
     let _g = serial();
     let n = NicNet::new(Some(mode), &["t"]);
@@ -417,7 +341,7 @@ fn nic_port_af_packet() {
 fn a_nic_going_down_and_away_shows_down_and_the_switch_keeps_forwarding() {
     let n = NicNet::new(None, &["a", "b"]);
     let v = &n.net.v;
-    let home = &n.net._home;
+    let home = &n.net.home;
     n.far.ok("ping -c 1 -W 2 10.77.0.1");
     let flood = Kid::spawn(n.far.cmd("ping -q -i 0.002 -w 4 10.77.0.1"), "ping");
     std::thread::sleep(Duration::from_millis(300));

@@ -129,40 +129,18 @@ fn parse_args() -> Args {
 }
 
 fn config(a: &Args, i: usize) -> GuestConfig {
-    let (netdev, extra, netns) = if a.path == "vale" {
-        (
-            "vhost-user,chardev=c0".to_string(),
-            vec![
-                "-chardev".to_string(),
-                format!("socket,id=c0,path={},reconnect=1", a.vhost_user[i]),
-                // vhost-user needs the guest's RAM in memory valed can map.
-                "-object".to_string(),
-                "memory-backend-memfd,id=mem,size=256M,share=on".to_string(),
-                "-numa".to_string(),
-                "node,memdev=mem".to_string(),
-            ],
-            None,
-        )
+    let (name, ip) = (format!("g{}", i + 1), format!("{}/24", IPS[i]));
+    let mut c = if a.path == "vale" {
+        let sock = std::path::Path::new(&a.vhost_user[i]);
+        GuestConfig::vhost_user(&name, sock, false, &ip, MACS[i])
     } else {
-        (
-            format!("tap,ifname={},script=no,downscript=no,vhost=off", a.taps[i]),
-            Vec::new(),
-            a.netns.clone(),
-        )
+        let mut c = GuestConfig::tap(&name, &a.taps[i], &ip, MACS[i]);
+        c.netns = a.netns.clone();
+        c
     };
-    GuestConfig {
-        name: format!("g{}", i + 1),
-        netdev,
-        extra,
-        ip: format!("{}/24", IPS[i]),
-        mac: MACS[i].to_string(),
-        mtu: None,
-        offloads: true,
-        netns,
-        cpus: a.cpus.get(i).map(|&c| vec![c]).unwrap_or_default(),
-        smp: 1,
-        device: String::new(),
-    }
+    c.offloads = true;
+    c.cpus = a.cpus.get(i).map(|&c| vec![c]).unwrap_or_default();
+    c
 }
 
 /// Runs a command, which must succeed; returns its stdout.
