@@ -52,166 +52,19 @@ extern "C" {
 /* netmap's structures (API 14)                                                               */
 /* ------------------------------------------------------------------------------------------ */
 
-#ifndef NETMAP_API
-#define NETMAP_API 14
-
-/* Flags of netmap_slot.flags. */
-#define NS_BUF_CHANGED 0x0001 /* the client put a different buffer index into this slot */
-#define NS_REPORT 0x0002      /* netmap: ask for a completion report; vale ignores it */
-#define NS_FORWARD 0x0004     /* netmap: host-stack forwarding; vale ignores it */
-#define NS_NO_LEARN 0x0008    /* the learning bridge must not learn this frame's source */
-#define NS_INDIRECT 0x0010    /* ptr holds the payload address: refused by vale (bad input) */
-#define NS_MOREFRAG 0x0020    /* the frame goes on in the next slot */
-
 /*
- * One descriptor of a ring: which buffer, how many bytes of it, flags.  16 bytes.
- * `ptr` is unused by vale (NS_INDIRECT is not supported).
+ * The structures (netmap_if, netmap_ring, netmap_slot, the CSB) and the ring helpers
+ * (NETMAP_TXRING, NETMAP_BUF, nm_ring_next, nm_ring_space...) come from vale's own netmap
+ * headers, installed next to this one.  Both use netmap's include guards: when a program
+ * has included netmap's headers already, theirs are used, and the layout checks below
+ * confirm that they are the same bytes.
  */
-struct netmap_slot {
-	uint32_t buf_idx;
-	uint16_t len;
-	uint16_t flags;
-	uint64_t ptr;
-};
+#include "vale-netmap/net/netmap.h"
+#include "vale-netmap/net/netmap_user.h"
 
-/*
- * A ring: a 256-byte header followed by num_slots slots.  The client owns the slots from
- * `head` up to (not including) `tail`; valed owns the rest.  The client moves head/cur
- * forward and publishes them with vale_txsync/vale_rxsync; `tail` changes only inside those
- * calls (and vale_poll).  The fields marked const are written by valed when the port is
- * created, or by libvale, and are never written by the program.
- */
-struct netmap_ring {
-	const int64_t buf_ofs;      /* buffer 0 is at (char *)ring + buf_ofs */
-	const uint32_t num_slots;   /* slots in this ring, a power of two */
-	const uint32_t nr_buf_size; /* bytes per buffer, a multiple of 64 */
-	const uint16_t ringid;      /* index of this ring among the port's tx (or rx) rings */
-	const uint16_t dir;         /* NR_TX or NR_RX */
-
-	uint32_t head;       /* first slot the client still owns (written by the client) */
-	uint32_t cur;        /* wake-up point: wait until tail passes cur (written by the client) */
-	const uint32_t tail; /* first slot valed owns (refreshed by the sync calls) */
-
-	uint32_t flags;    /* unused by vale */
-	struct timeval ts; /* unused by vale */
-
-	const uint64_t offset_mask; /* API 14 buffer offsets: 0 in vale */
-	const uint64_t buf_align;   /* API 14 buffer offsets: 0 in vale */
-
-	uint8_t sem[128] VALE_ALIGNED(128); /* opaque in netmap, unused by vale */
-
-	VALE_FLEX struct netmap_slot slot[] VALE_ALIGNED(128); /* at offset 256 */
-};
-
-/*
- * The interface descriptor: how many rings there are and where each one is.  56 bytes,
- * then ring_ofs[], one entry per ring, each an offset from this structure.  The order is
- * netmap's: tx rings, host tx rings, rx rings, host rx rings.  vale ports have no host
- * rings, so ring_ofs[] holds ni_tx_rings tx rings then ni_rx_rings rx rings.
- */
-struct netmap_if {
-	char ni_name[16];                /* the port name, cut to 15 bytes, NUL-terminated */
-	const uint32_t ni_version;       /* NETMAP_API */
-	const uint32_t ni_flags;         /* 0 */
-	const uint32_t ni_tx_rings;
-	const uint32_t ni_rx_rings;
-	uint32_t ni_bufs_head;           /* netmap's extra-buffer list: always 0 (none) in vale */
-	const uint32_t ni_host_tx_rings; /* 0 in vale */
-	const uint32_t ni_host_rx_rings; /* 0 in vale */
-	uint32_t ni_spare1[3];
-	VALE_FLEX const int64_t ring_ofs[]; /* netmap declares these ssize_t: same size here */
-};
-
-/*
- * The Communication Status Block of one ring: two 64-byte halves, each written by one side
- * only, each on its own cache line.  libvale's sync calls do all the CSB work; a program
- * only needs these if it implements the protocol itself (see docs/abi.md, with atomic
- * accesses and the fences described there).
- */
-struct nm_csb_atok {             /* application (client) to kernel (valed) */
-	uint32_t head;           /* the client's ring->head */
-	uint32_t cur;            /* the client's ring->cur */
-	uint32_t appl_need_kick; /* 1: the client sleeps, valed must raise the interrupt fd */
-	uint32_t sync_flags;     /* flags of the last sync, informational */
-	uint32_t pad[12];
-} VALE_ALIGNED(64);
-
-struct nm_csb_ktoa {             /* kernel (valed) to application (client) */
-	uint32_t hwcur;          /* first slot valed has not processed yet */
-	uint32_t hwtail;         /* becomes the client's ring->tail */
-	uint32_t kern_need_kick; /* 1: valed sleeps on this ring, the client must kick */
-	uint32_t pad[13];
-} VALE_ALIGNED(64);
-
-#else /* NETMAP_API was defined by netmap's own header */
 #if NETMAP_API < 14
 #error "vale.h: the netmap header included before vale.h is older than API 14; its ring layout differs"
 #endif
-#endif /* NETMAP_API */
-
-/* Values of netmap_ring.dir in vale. */
-#ifndef NR_TX
-#define NR_TX 0
-#endif
-#ifndef NR_RX
-#define NR_RX 1
-#endif
-
-/* ------------------------------------------------------------------------------------------ */
-/* netmap-style helpers                                                                       */
-/* ------------------------------------------------------------------------------------------ */
-
-/* Tx ring i of an interface (0 <= i < ni_tx_rings). */
-#ifndef NETMAP_TXRING
-#define NETMAP_TXRING(nifp, i) \
-	((struct netmap_ring *)((char *)(nifp) + (nifp)->ring_ofs[(i)]))
-#endif
-
-/* Rx ring i of an interface (0 <= i < ni_rx_rings): its entry follows all tx entries. */
-#ifndef NETMAP_RXRING
-#define NETMAP_RXRING(nifp, i)                                                      \
-	((struct netmap_ring *)((char *)(nifp) +                                    \
-				(nifp)->ring_ofs[(i) + (nifp)->ni_tx_rings + \
-						 (nifp)->ni_host_tx_rings]))
-#endif
-
-/* Address of buffer idx, as seen from a ring. */
-#ifndef NETMAP_BUF
-#define NETMAP_BUF(ring, idx) \
-	((char *)(ring) + (ring)->buf_ofs + (size_t)(idx) * (ring)->nr_buf_size)
-#endif
-
-/* Index of the buffer that starts at address buf (the inverse of NETMAP_BUF). */
-#ifndef NETMAP_BUF_IDX
-#define NETMAP_BUF_IDX(ring, buf)                                          \
-	((uint32_t)(((char *)(buf) - ((char *)(ring) + (ring)->buf_ofs)) / \
-		    (ring)->nr_buf_size))
-#endif
-
-#ifndef _NET_NETMAP_USER_H_ /* netmap's user header has its own copies of these */
-
-/* The slot after slot i. */
-static inline uint32_t nm_ring_next(const struct netmap_ring *r, uint32_t i)
-{
-	return i + 1 == r->num_slots ? 0 : i + 1;
-}
-
-/*
- * Slots from cur up to tail: on a tx ring the free slots the client may fill, on an rx ring
- * the received slots it may read.  Valid as of the last sync of the ring.
- */
-static inline uint32_t nm_ring_space(const struct netmap_ring *r)
-{
-	return r->tail >= r->cur ? r->tail - r->cur : r->tail + r->num_slots - r->cur;
-}
-
-/* Nothing between cur and tail: a full tx ring, or an rx ring with nothing new. */
-static inline int nm_ring_empty(const struct netmap_ring *r)
-{
-	return r->cur == r->tail;
-}
-
-#endif /* _NET_NETMAP_USER_H_ */
 
 /* ------------------------------------------------------------------------------------------ */
 /* The vale region                                                                            */

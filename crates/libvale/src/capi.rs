@@ -7,7 +7,7 @@ use std::time::Duration;
 use vale_abi::netmap::NetmapIf;
 use vale_abi::region::{PortParams, RegionHeader};
 
-use crate::port::{Events, OpenOptions, Port, Wait};
+use crate::port::{Events, OpenOptions, Port, RingSet, Wait};
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
@@ -157,22 +157,61 @@ pub unsafe extern "C" fn vale_rxsync(p: *mut Port, ring: u32) -> c_int {
     with_port(p, |p| p.rxsync(ring).map(|_| 0))
 }
 
+fn events_of(mask: c_int) -> Events {
+    Events {
+        readable: mask & VALE_POLLIN != 0,
+        writable: mask & VALE_POLLOUT != 0,
+    }
+}
+
+fn mask_of(got: Events) -> c_int {
+    (if got.readable { VALE_POLLIN } else { 0 }) | (if got.writable { VALE_POLLOUT } else { 0 })
+}
+
+fn timeout_of(ms: c_int) -> Option<Duration> {
+    (ms >= 0).then(|| Duration::from_millis(ms as u64))
+}
+
 /// # Safety
 /// `p` must come from `vale_open`.
 #[no_mangle]
 pub unsafe extern "C" fn vale_poll(p: *mut Port, events: c_int, timeout_ms: c_int) -> c_int {
     with_port(p, |p| {
-        let want = Events {
-            readable: events & VALE_POLLIN != 0,
-            writable: events & VALE_POLLOUT != 0,
-        };
-        let timeout = (timeout_ms >= 0).then(|| Duration::from_millis(timeout_ms as u64));
-        let got = p.poll(want, timeout)?;
-        Ok(
-            if got.readable { VALE_POLLIN } else { 0 }
-                | if got.writable { VALE_POLLOUT } else { 0 },
-        )
+        Ok(mask_of(p.poll(events_of(events), timeout_of(timeout_ms))?))
     })
+}
+
+/// # Safety
+/// `p` must come from `vale_open`.
+#[no_mangle]
+pub unsafe extern "C" fn vale_poll_ring(
+    p: *mut Port,
+    ring: u32,
+    events: c_int,
+    timeout_ms: c_int,
+) -> c_int {
+    with_port(p, |p| {
+        let want = events_of(events);
+        let set = RingSet {
+            tx: if want.writable { ring..ring + 1 } else { 0..0 },
+            rx: if want.readable { ring..ring + 1 } else { 0..0 },
+        };
+        Ok(mask_of(p.poll_rings(&set, want, timeout_of(timeout_ms))?))
+    })
+}
+
+/// # Safety
+/// `p` must come from `vale_open`.
+#[no_mangle]
+pub unsafe extern "C" fn vale_fd(p: *mut Port) -> c_int {
+    with_port(p, |p| p.fd())
+}
+
+/// # Safety
+/// `p` must come from `vale_open`.
+#[no_mangle]
+pub unsafe extern "C" fn vale_arm(p: *mut Port, events: c_int) -> c_int {
+    with_port(p, |p| Ok(mask_of(p.arm(events_of(events))?)))
 }
 
 /// # Safety

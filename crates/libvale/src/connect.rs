@@ -81,6 +81,8 @@ fn start_valed(run_dir: &Path) -> io::Result<()> {
     let mut cmd = Command::new(&prog);
     cmd.arg("--run-dir")
         .arg(run_dir)
+        // A netmap program run under the preload library must not pass it on to valed.
+        .env_remove("LD_PRELOAD")
         .stdin(Stdio::null())
         .stdout(log.try_clone()?)
         .stderr(log);

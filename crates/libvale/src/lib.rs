@@ -32,7 +32,7 @@ mod capi;
 mod connect;
 mod port;
 
-pub use port::{Events, OpenOptions, Port, Ring, Wait};
+pub use port::{Events, OpenOptions, Port, Ring, RingSet, Wait, Waiter};
 pub use vale_abi::control::PortCounters;
 pub use vale_abi::netmap::{NetmapSlot, NS_BUF_CHANGED, NS_MOREFRAG, NS_NO_LEARN};
 pub use vale_abi::region::{PortParams, DEFAULT_BUF_SIZE};

@@ -1,11 +1,13 @@
 //! A port as its client sees it: the mapped region, its rings, and the sync calls.
 
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::ops::Range;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::*};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use vale_abi::control::{self, default_run_dir, PortCounters, Reply, Request};
@@ -123,13 +125,14 @@ impl OpenOptions {
             base,
             layout,
             ctl,
-            _memfd: memfd,
+            memfd,
             kick,
             irq,
             interrupts: AtomicU64::new(0),
             gone: AtomicBool::new(false),
             looked_ns: AtomicU64::new(coarse_ns()),
             spin_ns: AtomicU64::new(0),
+            waiter: Mutex::new(None),
         };
         layout
             .check_header(port.region())
@@ -157,7 +160,7 @@ pub struct Port {
     layout: Layout,
     /// The connection that owns the port: valed frees the port when it closes.
     ctl: UnixStream,
-    _memfd: OwnedFd,
+    memfd: OwnedFd,
     /// Per region ring (tx, then rx): client-to-valed kick (eventfd), valed-to-client
     /// interrupt (read end of a pipe).
     kick: Vec<OwnedFd>,
@@ -171,6 +174,8 @@ pub struct Port {
     /// How [`Port::poll`] waits: 0 sleeps at once ([`Wait::Sleep`]), `u64::MAX` never
     /// sleeps ([`Wait::Busy`]), anything else spins that many ns first ([`Wait::BusyFor`]).
     spin_ns: AtomicU64,
+    /// The descriptor of [`Port::fd`], made on first use.
+    waiter: Mutex<Option<Arc<Waiter>>>,
 }
 
 /// How [`Port::poll`] waits when nothing is ready yet (see [`Port::set_wait`]).
@@ -248,6 +253,145 @@ impl Events {
     };
 }
 
+/// Some rings of a port: tx rings `tx` and rx rings `rx`, numbered among the port's tx
+/// (and rx) rings. A wait on a set syncs and watches those rings only, so threads that each
+/// own a ring (netmap's `valeX:Y-N`) can each wait on their own.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RingSet {
+    pub tx: Range<u32>,
+    pub rx: Range<u32>,
+}
+
+impl RingSet {
+    /// Tx ring `i` and rx ring `i`, as netmap binds `-N`.
+    pub fn pair(i: u32) -> RingSet {
+        RingSet {
+            tx: i..i + 1,
+            rx: i..i + 1,
+        }
+    }
+}
+
+/// The `epoll` data of the control connection in a [`Waiter`] (rings use their index).
+const CTL_TOKEN: u64 = u64::MAX;
+
+/// A pollable descriptor for some rings of a port, for a program's own event loop: an epoll
+/// instance watching the interrupt lines of the rings and the control connection. It is
+/// readable when valed raised the interrupt of an armed ring or went away.
+///
+/// valed raises a ring's interrupt only when the client asked for it (`appl_need_kick`), so
+/// the loop is: [`Waiter::arm`]; if it says nothing is ready, sleep on [`Waiter::fd`] (with
+/// the program's other descriptors); then sync the rings. A sync ends the request for
+/// interrupts on its ring, so a busy client costs valed no system call.
+pub struct Waiter {
+    epoll: OwnedFd,
+    set: RingSet,
+}
+
+impl Waiter {
+    /// A descriptor for the rings of `set` (checked against the port).
+    pub fn new(port: &Port, set: RingSet) -> io::Result<Waiter> {
+        port.check_rings(&set)?;
+        // SAFETY: plain syscall; the descriptor is ours from here on.
+        let epoll = unsafe {
+            let fd = libc::epoll_create1(libc::EPOLL_CLOEXEC);
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            OwnedFd::from_raw_fd(fd)
+        };
+        let add = |fd: RawFd, events: u32, token: u64| {
+            let mut ev = libc::epoll_event { events, u64: token };
+            // SAFETY: both descriptors are live; ev outlives the call.
+            if unsafe { libc::epoll_ctl(epoll.as_raw_fd(), libc::EPOLL_CTL_ADD, fd, &mut ev) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        };
+        add(port.ctl.as_raw_fd(), libc::EPOLLRDHUP as u32, CTL_TOKEN)?;
+        let all = Events {
+            readable: true,
+            writable: true,
+        };
+        for i in port.wanted(&set, all) {
+            add(
+                port.irq[i as usize].as_raw_fd(),
+                libc::EPOLLIN as u32,
+                i as u64,
+            )?;
+        }
+        Ok(Waiter { epoll, set })
+    }
+
+    /// The descriptor to sleep on (readable: look at the rings again).
+    pub fn fd(&self) -> RawFd {
+        self.epoll.as_raw_fd()
+    }
+
+    /// The rings this descriptor watches.
+    pub fn rings(&self) -> &RingSet {
+        &self.set
+    }
+
+    /// Consumes the interrupts that woke the descriptor, then syncs the rings (all tx rings
+    /// of the set, and its rx rings if `want.readable`) and returns what is ready. If
+    /// nothing is, it asks valed for interrupts on the rings `want` concerns and returns
+    /// nothing: sleeping on [`Waiter::fd`] is then safe (no frame can slip by unnoticed).
+    /// Fails with [`io::ErrorKind::ConnectionReset`] once valed is gone.
+    pub fn arm(&self, port: &Port, want: Events) -> io::Result<Events> {
+        loop {
+            let got = self.ready(port, want)?;
+            if got != Events::default() {
+                return Ok(got);
+            }
+            // Ask, full fence, look once more: valed stores hwtail, fences, then reads the
+            // flag, so it either interrupts us or we see its tail now (as in `poll_rings`).
+            port.ask_interrupts(&self.set, want, 1);
+            fence(SeqCst);
+            if !port.moved(&self.set, want) {
+                return Ok(Events::default());
+            }
+        }
+    }
+
+    /// Consumes the interrupts that woke the descriptor, syncs the rings (all tx rings of the
+    /// set, and its rx rings if `want.readable`) and returns what is ready, asking for no
+    /// interrupt: for a look after a wake-up, or without sleeping.
+    pub fn ready(&self, port: &Port, want: Events) -> io::Result<Events> {
+        self.consume(port)?;
+        port.ready(&self.set, want)
+    }
+
+    /// Empties the interrupt lines that are readable, and notes a closed control connection.
+    fn consume(&self, port: &Port) -> io::Result<()> {
+        let mut evs = [libc::epoll_event { events: 0, u64: 0 }; MAX_POLL_FDS];
+        // SAFETY: the array outlives the call and holds evs.len() entries; no wait.
+        let n = unsafe {
+            libc::epoll_wait(
+                self.epoll.as_raw_fd(),
+                evs.as_mut_ptr(),
+                evs.len() as i32,
+                0,
+            )
+        };
+        for ev in &evs[..n.max(0) as usize] {
+            let token = ev.u64;
+            if token == CTL_TOKEN {
+                if ev.events & (libc::EPOLLRDHUP | libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0 {
+                    port.gone.store(true, Relaxed);
+                    return Err(gone_error());
+                }
+            } else if let Some(irq) = port.irq.get(token as usize) {
+                port.interrupts.fetch_add(pipe::drain(irq), Relaxed);
+            }
+        }
+        if port.gone.load(Relaxed) {
+            return Err(gone_error());
+        }
+        Ok(())
+    }
+}
+
 impl Port {
     /// Opens `name` with default options.
     pub fn open(name: &str) -> io::Result<Port> {
@@ -317,6 +461,12 @@ impl Port {
 
     pub fn params(&self) -> &PortParams {
         &self.layout.params
+    }
+
+    /// The region's memfd, for a second mapping of the same memory (netmap's `mmap` of the
+    /// netmap descriptor), and its size.
+    pub fn memfd(&self) -> (RawFd, usize) {
+        (self.memfd.as_raw_fd(), self.layout.region_size as usize)
     }
 
     /// The region header valed wrote (magic, ABI version, offsets).
@@ -409,6 +559,11 @@ impl Port {
         }
         let atok = self.atok(i);
         let ktoa = self.ktoa(i);
+        // A sync means the client is awake: stop asking for interrupts on this ring (a wait
+        // armed with `Waiter::arm` is over once the client looks at the ring again).
+        if atok.appl_need_kick.load(Relaxed) != 0 {
+            atok.appl_need_kick.store(0, Relaxed);
+        }
         atok.cur.store(cur, Relaxed);
         // Only this client writes head: what it holds is what valed was last told.
         let moved = atok.head.load(Relaxed) != head;
@@ -485,17 +640,41 @@ impl Port {
         self.sync(self.rx_index(ring)?, false)
     }
 
-    /// Syncs the rings `want` names and says which are ready, without sleeping. The tx
-    /// rings are synced whatever `want` says, as netmap's poll does: slots queued before a
-    /// wait for frames go out (a sync that moved nothing costs no system call).
-    fn ready(&self, want: Events) -> io::Result<Events> {
+    /// Every ring of the port.
+    pub fn all_rings(&self) -> RingSet {
+        RingSet {
+            tx: 0..self.layout.params.tx_rings,
+            rx: 0..self.layout.params.rx_rings,
+        }
+    }
+
+    /// The rings `set` names, checked against the port: an error names a ring it lacks.
+    pub fn check_rings(&self, set: &RingSet) -> io::Result<()> {
+        let p = &self.layout.params;
+        if set.tx.end > p.tx_rings || set.rx.end > p.rx_rings {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "rings tx {:?} rx {:?}: the port has {} tx and {} rx rings",
+                    set.tx, set.rx, p.tx_rings, p.rx_rings
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Syncs the rings of `set` that `want` names and says which are ready, without
+    /// sleeping. The tx rings of the set are synced whatever `want` says, as netmap's poll
+    /// does: slots queued before a wait for frames go out (a sync that moved nothing costs
+    /// no system call).
+    fn ready(&self, set: &RingSet, want: Events) -> io::Result<Events> {
         let mut got = Events::default();
-        for r in 0..self.layout.params.tx_rings {
+        for r in set.tx.clone() {
             self.txsync(r)?;
             got.writable |= want.writable && self.tx_ring(r).space() > 0;
         }
         if want.readable {
-            for r in 0..self.layout.params.rx_rings {
+            for r in set.rx.clone() {
                 self.rxsync(r)?;
                 got.readable |= !self.rx_ring(r).is_empty();
             }
@@ -503,11 +682,19 @@ impl Port {
         Ok(got)
     }
 
-    /// Region ring indices `want` concerns.
-    fn wanted(&self, want: Events) -> impl Iterator<Item = u32> {
+    /// Region ring indices of `set` that `want` concerns.
+    fn wanted(&self, set: &RingSet, want: Events) -> impl Iterator<Item = u32> {
         let t = self.layout.params.tx_rings;
-        let all = self.layout.num_rings();
-        (0..all).filter(move |&i| if i < t { want.writable } else { want.readable })
+        let tx = if want.writable { set.tx.clone() } else { 0..0 };
+        let rx = if want.readable { set.rx.clone() } else { 0..0 };
+        tx.chain(rx.start + t..rx.end + t)
+    }
+
+    /// Has valed moved `hwtail` past what the client last saw, on a ring of `set` that
+    /// `want` concerns? A hint only (relaxed); a sync reads it again with acquire ordering.
+    fn moved(&self, set: &RingSet, want: Events) -> bool {
+        self.wanted(set, want)
+            .any(|i| self.ktoa(i).hwtail.load(Relaxed) != self.ring(i).tail())
     }
 
     /// The busy wait of [`Port::poll`]: spins until a ring `want` names is ready (`Some`) or
@@ -524,8 +711,13 @@ impl Port {
     /// Every [`SPINS_PER_LOOK`] spins it reads the clock (vDSO, no system call) and, at
     /// most once a millisecond, polls the control connection without waiting: a valed that
     /// died ends the spin with the error of a gone port.
-    fn spin(&self, want: Events, end: Option<Instant>) -> io::Result<Option<Events>> {
-        let got = self.ready(want)?;
+    fn spin(
+        &self,
+        set: &RingSet,
+        want: Events,
+        end: Option<Instant>,
+    ) -> io::Result<Option<Events>> {
+        let got = self.ready(set, want)?;
         if got != Events::default() {
             return Ok(Some(got));
         }
@@ -533,11 +725,8 @@ impl Port {
             for _ in 0..SPINS_PER_LOOK {
                 // Relaxed: only a hint that something moved; the sync reads it again with
                 // acquire ordering before the client touches a slot.
-                let moved = self
-                    .wanted(want)
-                    .any(|i| self.ktoa(i).hwtail.load(Relaxed) != self.ring(i).tail());
-                if moved {
-                    let got = self.ready(want)?;
+                if self.moved(set, want) {
+                    let got = self.ready(set, want)?;
                     if got != Events::default() {
                         return Ok(Some(got));
                     }
@@ -554,6 +743,36 @@ impl Port {
         }
     }
 
+    /// The port's pollable descriptor: readable when a ring [`Port::arm`] armed may be ready,
+    /// or when valed went away. For a program's own event loop (poll, select, epoll); it
+    /// stays valid until the port is closed.
+    pub fn fd(&self) -> io::Result<RawFd> {
+        Ok(self.waiter()?.fd())
+    }
+
+    /// Gets the port ready for a sleep on [`Port::fd`]: syncs every ring (see
+    /// [`Waiter::arm`]) and returns what is ready already, or nothing when the sleep is safe.
+    pub fn arm(&self, want: Events) -> io::Result<Events> {
+        self.waiter()?.arm(self, want)
+    }
+
+    fn waiter(&self) -> io::Result<Arc<Waiter>> {
+        let mut w = self.waiter.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(w) = &*w {
+            return Ok(w.clone());
+        }
+        let made = Arc::new(Waiter::new(self, self.all_rings())?);
+        *w = Some(made.clone());
+        Ok(made)
+    }
+
+    /// Sets (1) or clears (0) `appl_need_kick` on the rings of `set` that `want` concerns.
+    fn ask_interrupts(&self, set: &RingSet, want: Events, on: u32) {
+        for i in self.wanted(set, want) {
+            self.atok(i).appl_need_kick.store(on, Relaxed);
+        }
+    }
+
     /// Waits until some rx ring has frames (`readable`) or some tx ring has room
     /// (`writable`), or `timeout` passes (`None`: forever). Syncs the rings it looks at.
     /// Also watches the control connection: fails with [`io::ErrorKind::ConnectionReset`]
@@ -564,6 +783,18 @@ impl Port {
     /// millisecond, or a clock tick); with [`Wait::BusyFor`] it spins up to that long, then
     /// sleeps.
     pub fn poll(&self, want: Events, timeout: Option<Duration>) -> io::Result<Events> {
+        self.poll_rings(&self.all_rings(), want, timeout)
+    }
+
+    /// [`Port::poll`] on the rings of `set` only: it syncs and watches those and no others,
+    /// so threads that each own a ring can each wait on theirs at the same time.
+    pub fn poll_rings(
+        &self,
+        set: &RingSet,
+        want: Events,
+        timeout: Option<Duration>,
+    ) -> io::Result<Events> {
+        self.check_rings(set)?;
         let start = Instant::now();
         let deadline = timeout.map(|t| start + t);
         let spin = self.spin_ns.load(Relaxed);
@@ -573,7 +804,7 @@ impl Port {
                 (Some(d), Some(s)) => Some(d.min(s)),
                 (d, s) => d.or(s),
             };
-            if let Some(got) = self.spin(want, end)? {
+            if let Some(got) = self.spin(set, want, end)? {
                 return Ok(got);
             }
             if spin == u64::MAX || deadline.is_some_and(|d| Instant::now() >= d) {
@@ -581,7 +812,7 @@ impl Port {
             }
         }
         loop {
-            let got = self.ready(want)?;
+            let got = self.ready(set, want)?;
             if got != Events::default() {
                 return Ok(got);
             }
@@ -598,19 +829,14 @@ impl Port {
             // Ask for interrupts, full fence, then look once more: valed stores hwtail,
             // fences, then reads appl_need_kick, so it either interrupts us or we see its
             // tail here. Only then is sleeping safe.
-            for i in self.wanted(want) {
-                self.atok(i).appl_need_kick.store(1, Relaxed);
-            }
+            self.ask_interrupts(set, want, 1);
             fence(SeqCst);
-            let moved = self
-                .wanted(want)
-                .any(|i| self.ktoa(i).hwtail.load(Relaxed) != self.ring(i).tail());
             let mut closed = Ok(());
-            if !moved {
+            if !self.moved(set, want) {
                 // The control connection first: it closes when valed dies.
                 let mut pfds = [self.ctl_pollfd(); MAX_POLL_FDS];
                 let mut n = 1;
-                for i in self.wanted(want) {
+                for i in self.wanted(set, want) {
                     pfds[n] = libc::pollfd {
                         fd: self.irq[i as usize].as_raw_fd(),
                         events: libc::POLLIN,
@@ -631,9 +857,7 @@ impl Port {
                     self.interrupts.fetch_add(pipe::drain(&p.fd), Relaxed);
                 }
             }
-            for i in self.wanted(want) {
-                self.atok(i).appl_need_kick.store(0, Relaxed);
-            }
+            self.ask_interrupts(set, want, 0);
             closed?;
         }
     }

@@ -1,0 +1,575 @@
+//! netmap programs on vale, unmodified.
+//!
+//! This library stands in for netmap's kernel module: preloaded (`LD_PRELOAD`) into a netmap
+//! program, or linked into one rebuilt against vale's netmap headers, it serves
+//! `open("/dev/netmap")`, the control requests (`NIOCCTRL` register, port info and header
+//! length; the legacy `NIOCREGIF` and `NIOCGINFO`), `NIOCTXSYNC`/`NIOCRXSYNC`, `mmap` of the
+//! port's memory, and `poll`/`ppoll`/`select`/`pselect`/`epoll` on the netmap descriptor,
+//! all on top of libvale. Every other descriptor goes straight to the C library.
+//!
+//! What vale does not have is refused with one message naming it (see `device.rs`): host
+//! rings, netmap pipes, monitor ports, extra buffers, request options (external memory,
+//! buffer offsets, CSB, kernel sync loops), the switch management requests, and names other
+//! than `valeX:Y` (NICs join a switch with `vale-ctl attach`).
+
+mod abi;
+mod device;
+mod real;
+mod wait;
+
+use std::ffi::CStr;
+use std::time::Instant;
+
+use libc::{c_char, c_int, c_uint, c_ulong, c_void, epoll_event, nfds_t, off_t, pollfd};
+
+use abi::*;
+use device::{Errno, NmFile, Want};
+
+const DEVICE: &CStr = c"/dev/netmap";
+
+fn set_errno(e: c_int) {
+    // SAFETY: errno is thread-local.
+    unsafe { *libc::__errno_location() = e };
+}
+
+fn is_device(path: *const c_char) -> bool {
+    // SAFETY: path is a C string from the program (or null).
+    !path.is_null() && unsafe { CStr::from_ptr(path) } == DEVICE
+}
+
+/// `open(2)`, `open64`, `openat`: `/dev/netmap` gives a netmap descriptor.
+///
+/// # Safety
+/// As open(2). `mode` is read only when `flags` ask to create, as the C library does.
+#[no_mangle]
+pub unsafe extern "C" fn open(path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+    if is_device(path) {
+        return device::open(flags & libc::O_CLOEXEC != 0);
+    }
+    (real::open())(path, flags, mode)
+}
+
+/// # Safety
+/// As open(2).
+#[no_mangle]
+pub unsafe extern "C" fn open64(path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
+    if is_device(path) {
+        return device::open(flags & libc::O_CLOEXEC != 0);
+    }
+    (real::open64())(path, flags, mode)
+}
+
+/// The fortified open of `-D_FORTIFY_SOURCE` builds.
+///
+/// # Safety
+/// As open(2).
+#[no_mangle]
+pub unsafe extern "C" fn __open_2(path: *const c_char, flags: c_int) -> c_int {
+    open(path, flags, 0)
+}
+
+/// # Safety
+/// As open(2).
+#[no_mangle]
+pub unsafe extern "C" fn __open64_2(path: *const c_char, flags: c_int) -> c_int {
+    open64(path, flags, 0)
+}
+
+/// # Safety
+/// As openat(2).
+#[no_mangle]
+pub unsafe extern "C" fn openat(
+    dir: c_int,
+    path: *const c_char,
+    flags: c_int,
+    mode: c_uint,
+) -> c_int {
+    if is_device(path) {
+        return device::open(flags & libc::O_CLOEXEC != 0);
+    }
+    (real::openat())(dir, path, flags, mode)
+}
+
+/// # Safety
+/// As openat(2).
+#[no_mangle]
+pub unsafe extern "C" fn openat64(
+    dir: c_int,
+    path: *const c_char,
+    flags: c_int,
+    mode: c_uint,
+) -> c_int {
+    if is_device(path) {
+        return device::open(flags & libc::O_CLOEXEC != 0);
+    }
+    (real::openat64())(dir, path, flags, mode)
+}
+
+/// `close(2)`: a netmap descriptor gives its port back (with the last one bound to it).
+///
+/// # Safety
+/// As close(2).
+#[no_mangle]
+pub unsafe extern "C" fn close(fd: c_int) -> c_int {
+    if device::OPEN.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+        device::forget(fd);
+        wait::forget_watches(fd);
+    }
+    (real::close())(fd)
+}
+
+/// `ioctl(2)`: the netmap requests on a netmap descriptor.
+///
+/// # Safety
+/// As ioctl(2): `arg` points at the structure the request names.
+#[no_mangle]
+pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
+    let Some(file) = device::file(fd) else {
+        return (real::ioctl())(fd, request, arg);
+    };
+    let r = match request {
+        NIOCCTRL => control(&file, arg as *mut NmreqHeader),
+        NIOCREGIF => legacy_register(&file, arg as *mut Nmreq),
+        NIOCGINFO => legacy_info(arg as *mut Nmreq),
+        NIOCTXSYNC => device::sync(&file, true),
+        NIOCRXSYNC => device::sync(&file, false),
+        _ => return (real::ioctl())(fd, request, arg),
+    };
+    match r {
+        Ok(()) => 0,
+        Err(Errno(e)) => {
+            set_errno(e);
+            -1
+        }
+    }
+}
+
+fn no_arg(what: &str) -> Errno {
+    device::fail(libc::EFAULT, format_args!("{what} without its argument"))
+}
+
+/// NIOCCTRL: one of the control requests, as the header says.
+unsafe fn control(file: &NmFile, hdr: *mut NmreqHeader) -> Result<(), Errno> {
+    let hdr = hdr.as_mut().ok_or_else(|| no_arg("NIOCCTRL"))?;
+    if hdr.nr_version != NETMAP_API {
+        let v = hdr.nr_version;
+        hdr.nr_version = NETMAP_API;
+        return Err(device::fail(
+            libc::EINVAL,
+            format_args!("netmap API version {v} requested; vale speaks version {NETMAP_API}"),
+        ));
+    }
+    if let Some(opt) = (hdr.nr_options as *mut NmreqOption).as_mut() {
+        opt.nro_status = libc::EOPNOTSUPP as u32;
+        let what = match opt.nro_reqtype {
+            1 => "the external memory option (NETMAP_REQ_OPT_EXTMEM)",
+            2 | 4 => "kernel sync loops (NETMAP_REQ_OPT_SYNC_KLOOP_*)",
+            3 => "the CSB option (NETMAP_REQ_OPT_CSB)",
+            5 => "buffer offsets (NETMAP_REQ_OPT_OFFSETS)",
+            _ => "request options",
+        };
+        return Err(device::refuse(
+            what,
+            "a vale port's memory, layout and CSB are valed's own",
+        ));
+    }
+    let name = name_of(&hdr.nr_name);
+    let body = hdr.nr_body as *mut c_void;
+    match hdr.nr_reqtype {
+        REQ_REGISTER => {
+            let reg = (body as *mut NmreqRegister)
+                .as_mut()
+                .ok_or_else(|| no_arg("NETMAP_REQ_REGISTER"))?;
+            let want = Want {
+                name,
+                mode: reg.nr_mode,
+                ringid: reg.nr_ringid,
+                flags: reg.nr_flags,
+                tx_rings: reg.nr_tx_rings,
+                rx_rings: reg.nr_rx_rings,
+                tx_slots: reg.nr_tx_slots,
+                rx_slots: reg.nr_rx_slots,
+                extra_bufs: reg.nr_extra_bufs,
+            };
+            let b = device::register(file, &want)?;
+            let p = b.port.params();
+            reg.nr_offset = b.port.region().nifp_ofs;
+            reg.nr_memsize = b.port.memfd().1 as u64;
+            reg.nr_tx_slots = p.slots;
+            reg.nr_rx_slots = p.slots;
+            reg.nr_tx_rings = p.tx_rings as u16;
+            reg.nr_rx_rings = p.rx_rings as u16;
+            reg.nr_host_tx_rings = 0;
+            reg.nr_host_rx_rings = 0;
+            reg.nr_mem_id = b.mem_id;
+            reg.nr_extra_bufs = 0;
+            Ok(())
+        }
+        REQ_PORT_INFO_GET => {
+            let info = (body as *mut NmreqPortInfoGet)
+                .as_mut()
+                .ok_or_else(|| no_arg("NETMAP_REQ_PORT_INFO_GET"))?;
+            let want = want_default(name);
+            let (p, size, id) = device::info(&want);
+            info.nr_memsize = size;
+            info.nr_tx_slots = p.slots;
+            info.nr_rx_slots = p.slots;
+            info.nr_tx_rings = p.tx_rings as u16;
+            info.nr_rx_rings = p.rx_rings as u16;
+            info.nr_host_tx_rings = 0;
+            info.nr_host_rx_rings = 0;
+            info.nr_mem_id = id;
+            Ok(())
+        }
+        REQ_PORT_HDR_GET => {
+            let h = (body as *mut NmreqPortHdr)
+                .as_mut()
+                .ok_or_else(|| no_arg("NETMAP_REQ_PORT_HDR_GET"))?;
+            h.nr_hdr_len = 0;
+            Ok(())
+        }
+        REQ_PORT_HDR_SET => {
+            let h = (body as *mut NmreqPortHdr)
+                .as_mut()
+                .ok_or_else(|| no_arg("NETMAP_REQ_PORT_HDR_SET"))?;
+            if h.nr_hdr_len == 0 {
+                Ok(())
+            } else {
+                Err(device::refuse(
+                    "virtio-net headers on a port (NETMAP_REQ_PORT_HDR_SET)",
+                    "frames on vale ports carry none",
+                ))
+            }
+        }
+        3..=5 | 8..=11 => Err(device::refuse(
+            "switch management requests (NETMAP_REQ_VALE_*)",
+            "manage switches with vale-ctl (attach, detach, list, create, destroy)",
+        )),
+        12 => Err(device::refuse(
+            "memory pool information (NETMAP_REQ_POOLS_INFO_GET)",
+            "a vale port's memory is its own region, not a shared pool",
+        )),
+        13 | 14 => Err(device::refuse(
+            "kernel sync loops (NETMAP_REQ_SYNC_KLOOP_*)",
+            "valed's workers move the frames",
+        )),
+        15 => Err(device::refuse(
+            "NETMAP_REQ_CSB_ENABLE",
+            "vale ports always exchange ring state through valed's own CSB",
+        )),
+        t => Err(device::fail(
+            libc::EINVAL,
+            format_args!("unknown netmap request type {t}"),
+        )),
+    }
+}
+
+fn want_default(name: String) -> Want {
+    Want {
+        name,
+        mode: REG_ALL_NIC,
+        ringid: 0,
+        flags: 0,
+        tx_rings: 0,
+        rx_rings: 0,
+        tx_slots: 0,
+        rx_slots: 0,
+        extra_bufs: 0,
+    }
+}
+
+/// The legacy request's ring selection in the newer terms: (mode, ring, flags).
+fn legacy_mode(req: &Nmreq) -> (u32, u16) {
+    let mode = req.nr_flags & NR_REG_MASK;
+    if mode != REG_DEFAULT {
+        return (mode, req.nr_ringid & NETMAP_RING_MASK);
+    }
+    if req.nr_ringid & NETMAP_SW_RING != 0 {
+        (REG_SW, 0)
+    } else if req.nr_ringid & NETMAP_HW_RING != 0 {
+        (REG_ONE_NIC, req.nr_ringid & NETMAP_RING_MASK)
+    } else {
+        (REG_ALL_NIC, 0)
+    }
+}
+
+/// NIOCREGIF: the legacy register request (what nm_open() sends).
+unsafe fn legacy_register(file: &NmFile, req: *mut Nmreq) -> Result<(), Errno> {
+    let req = req.as_mut().ok_or_else(|| no_arg("NIOCREGIF"))?;
+    if req.nr_version != NETMAP_API as u32 {
+        let v = req.nr_version;
+        req.nr_version = NETMAP_API as u32;
+        return Err(device::fail(
+            libc::EINVAL,
+            format_args!("netmap API version {v} requested; vale speaks version {NETMAP_API}"),
+        ));
+    }
+    if req.nr_cmd != 0 {
+        return Err(device::refuse(
+            &format!(
+                "the switch command {} of NIOCREGIF (NETMAP_BDG_*)",
+                req.nr_cmd
+            ),
+            "manage switches with vale-ctl",
+        ));
+    }
+    let (mode, ringid) = legacy_mode(req);
+    let want = Want {
+        name: name_of(&req.nr_name),
+        mode,
+        ringid,
+        flags: (req.nr_flags & !NR_REG_MASK) as u64,
+        tx_rings: req.nr_tx_rings,
+        rx_rings: req.nr_rx_rings,
+        tx_slots: req.nr_tx_slots,
+        rx_slots: req.nr_rx_slots,
+        extra_bufs: req.nr_arg3,
+    };
+    let b = device::register(file, &want)?;
+    let p = b.port.params();
+    req.nr_offset = b.port.region().nifp_ofs as u32;
+    req.nr_memsize = b.port.memfd().1 as u32;
+    req.nr_tx_slots = p.slots;
+    req.nr_rx_slots = p.slots;
+    req.nr_tx_rings = p.tx_rings as u16;
+    req.nr_rx_rings = p.rx_rings as u16;
+    req.nr_arg2 = b.mem_id;
+    req.nr_arg3 = 0;
+    Ok(())
+}
+
+/// NIOCGINFO: the legacy port information request.
+unsafe fn legacy_info(req: *mut Nmreq) -> Result<(), Errno> {
+    let req = req.as_mut().ok_or_else(|| no_arg("NIOCGINFO"))?;
+    let (p, size, id) = device::info(&want_default(name_of(&req.nr_name)));
+    req.nr_version = NETMAP_API as u32;
+    req.nr_offset = 0;
+    req.nr_memsize = size as u32;
+    req.nr_tx_slots = p.slots;
+    req.nr_rx_slots = p.slots;
+    req.nr_tx_rings = p.tx_rings as u16;
+    req.nr_rx_rings = p.rx_rings as u16;
+    req.nr_arg2 = id;
+    Ok(())
+}
+
+/// `mmap(2)` of a netmap descriptor maps its port's memory (the region's memfd).
+///
+/// # Safety
+/// As mmap(2).
+#[no_mangle]
+pub unsafe extern "C" fn mmap(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
+    let Some(file) = device::file(fd) else {
+        return (real::mmap())(addr, len, prot, flags, fd, off);
+    };
+    let Some(b) = file.bound() else {
+        let Errno(e) = device::fail(libc::ENXIO, "mmap of a netmap descriptor bound to no port");
+        set_errno(e);
+        return libc::MAP_FAILED;
+    };
+    let (memfd, size) = b.port.memfd();
+    if off < 0 || off as u64 + len as u64 > size as u64 {
+        let Errno(e) = device::fail(
+            libc::EINVAL,
+            format_args!("mmap of {len} bytes at {off}: the port's memory is {size} bytes"),
+        );
+        set_errno(e);
+        return libc::MAP_FAILED;
+    }
+    (real::mmap())(addr, len, prot, flags, memfd, off)
+}
+
+/// # Safety
+/// As mmap(2).
+#[no_mangle]
+pub unsafe extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: usize,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
+    mmap(addr, len, prot, flags, fd, off)
+}
+
+/// `poll(2)`.
+///
+/// # Safety
+/// As poll(2).
+#[no_mangle]
+pub unsafe extern "C" fn poll(fds: *mut pollfd, nfds: nfds_t, timeout: c_int) -> c_int {
+    if device::OPEN.load(std::sync::atomic::Ordering::Relaxed) == 0 || fds.is_null() {
+        return (real::poll())(fds, nfds, timeout);
+    }
+    let all = std::slice::from_raw_parts_mut(fds, nfds as usize);
+    let nm = wait::netmap_entries(all);
+    if nm.is_empty() {
+        return (real::poll())(fds, nfds, timeout);
+    }
+    let sleep = |f: &mut [pollfd], d: Option<Instant>| {
+        (real::poll())(f.as_mut_ptr(), f.len() as nfds_t, wait::ms_left(d))
+    };
+    wait::poll_with(all, &nm, wait::deadline_ms(timeout), &sleep)
+}
+
+/// The fortified poll of `-D_FORTIFY_SOURCE` builds.
+///
+/// # Safety
+/// As poll(2).
+#[no_mangle]
+pub unsafe extern "C" fn __poll_chk(
+    fds: *mut pollfd,
+    nfds: nfds_t,
+    timeout: c_int,
+    _len: usize,
+) -> c_int {
+    poll(fds, nfds, timeout)
+}
+
+/// `ppoll(2)`.
+///
+/// # Safety
+/// As ppoll(2).
+#[no_mangle]
+pub unsafe extern "C" fn ppoll(
+    fds: *mut pollfd,
+    nfds: nfds_t,
+    ts: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    if device::OPEN.load(std::sync::atomic::Ordering::Relaxed) == 0 || fds.is_null() {
+        return (real::ppoll())(fds, nfds, ts, mask);
+    }
+    let all = std::slice::from_raw_parts_mut(fds, nfds as usize);
+    let nm = wait::netmap_entries(all);
+    if nm.is_empty() {
+        return (real::ppoll())(fds, nfds, ts, mask);
+    }
+    let sleep = |f: &mut [pollfd], d: Option<Instant>| {
+        let left = wait::ts_left(d);
+        let tp = left.as_ref().map_or(std::ptr::null(), |t| t as *const _);
+        (real::ppoll())(f.as_mut_ptr(), f.len() as nfds_t, tp, mask)
+    };
+    wait::poll_with(all, &nm, wait::deadline_ts(ts), &sleep)
+}
+
+/// `select(2)`.
+///
+/// # Safety
+/// As select(2).
+#[no_mangle]
+pub unsafe extern "C" fn select(
+    nfds: c_int,
+    rd: *mut libc::fd_set,
+    wr: *mut libc::fd_set,
+    ex: *mut libc::fd_set,
+    tv: *mut libc::timeval,
+) -> c_int {
+    if device::OPEN.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+        let deadline = tv.as_ref().map(|t| {
+            Instant::now()
+                + std::time::Duration::from_micros(
+                    t.tv_sec.max(0) as u64 * 1_000_000 + t.tv_usec.max(0) as u64,
+                )
+        });
+        let sleep = |f: &mut [pollfd], d: Option<Instant>| {
+            (real::poll())(f.as_mut_ptr(), f.len() as nfds_t, wait::ms_left(d))
+        };
+        if let Some(r) = wait::select_with(nfds, rd, wr, ex, deadline, &sleep) {
+            return r;
+        }
+    }
+    (real::select())(nfds, rd, wr, ex, tv)
+}
+
+/// `pselect(2)`.
+///
+/// # Safety
+/// As pselect(2).
+#[no_mangle]
+pub unsafe extern "C" fn pselect(
+    nfds: c_int,
+    rd: *mut libc::fd_set,
+    wr: *mut libc::fd_set,
+    ex: *mut libc::fd_set,
+    ts: *const libc::timespec,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    if device::OPEN.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+        let sleep = |f: &mut [pollfd], d: Option<Instant>| {
+            let left = wait::ts_left(d);
+            let tp = left.as_ref().map_or(std::ptr::null(), |t| t as *const _);
+            (real::ppoll())(f.as_mut_ptr(), f.len() as nfds_t, tp, mask)
+        };
+        if let Some(r) = wait::select_with(nfds, rd, wr, ex, wait::deadline_ts(ts), &sleep) {
+            return r;
+        }
+    }
+    (real::pselect())(nfds, rd, wr, ex, ts, mask)
+}
+
+/// `epoll_ctl(2)`: a netmap descriptor is watched for the program.
+///
+/// # Safety
+/// As epoll_ctl(2).
+#[no_mangle]
+pub unsafe extern "C" fn epoll_ctl(
+    epfd: c_int,
+    op: c_int,
+    fd: c_int,
+    ev: *mut epoll_event,
+) -> c_int {
+    if device::file(fd).is_some() {
+        return wait::epoll_ctl_netmap(epfd, op, fd, ev);
+    }
+    (real::epoll_ctl())(epfd, op, fd, ev)
+}
+
+/// `epoll_wait(2)`.
+///
+/// # Safety
+/// As epoll_wait(2).
+#[no_mangle]
+pub unsafe extern "C" fn epoll_wait(
+    epfd: c_int,
+    out: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+) -> c_int {
+    let sleep = |o: *mut epoll_event, n: c_int, d: Option<Instant>| {
+        (real::epoll_wait())(epfd, o, n, wait::ms_left(d))
+    };
+    if let Some(r) = wait::epoll_wait_with(epfd, out, max, wait::deadline_ms(timeout), &sleep) {
+        return r;
+    }
+    (real::epoll_wait())(epfd, out, max, timeout)
+}
+
+/// `epoll_pwait(2)`.
+///
+/// # Safety
+/// As epoll_pwait(2).
+#[no_mangle]
+pub unsafe extern "C" fn epoll_pwait(
+    epfd: c_int,
+    out: *mut epoll_event,
+    max: c_int,
+    timeout: c_int,
+    mask: *const libc::sigset_t,
+) -> c_int {
+    let sleep = |o: *mut epoll_event, n: c_int, d: Option<Instant>| {
+        (real::epoll_pwait())(epfd, o, n, wait::ms_left(d), mask)
+    };
+    if let Some(r) = wait::epoll_wait_with(epfd, out, max, wait::deadline_ms(timeout), &sleep) {
+        return r;
+    }
+    (real::epoll_pwait())(epfd, out, max, timeout, mask)
+}
