@@ -19,6 +19,9 @@
 #include <sys/time.h>
 #include <sys/ioctl.h>
 #include <net/if.h> /* IFNAMSIZ */
+#ifndef IFNAMSIZ /* hidden by a strict -std=c11 */
+#define IFNAMSIZ 16
+#endif
 
 #define NETMAP_API 14          /* the API version these structures describe */
 #define NETMAP_MIN_API 14      /* vale speaks exactly this one */

@@ -1,0 +1,376 @@
+//! netmap programs on vale: programs written against netmap's standard API (tests/c/netmap),
+//! each built twice from the same source with vale's netmap headers: once linked with
+//! libvale_netmap.so (a netmap program recompiled for vale), once without it and run under
+//! `LD_PRELOAD` (a netmap program as it was built, unmodified). Frames are checked byte by
+//! byte by the receivers and the counts must add up with valed's counters.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use vale_tests::{bin, run_bounded, ticks_per_second, Kid, TempDir, Valed};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The preload library, as cargo built it.
+fn library() -> PathBuf {
+    let p = bin("valed").with_file_name("libvale_netmap.so");
+    assert!(
+        p.is_file(),
+        "{} missing: build the workspace first",
+        p.display()
+    );
+    p
+}
+
+/// How a program reaches libvale-netmap.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Way {
+    /// Built against vale's headers and linked with the library.
+    Linked,
+    /// Built without it, the library preloaded: as an existing netmap binary runs.
+    Preloaded,
+}
+
+const WAYS: [Way; 2] = [Way::Linked, Way::Preloaded];
+const PROGRAMS: [&str; 3] = ["nm_send", "nm_recv", "nm_forward"];
+
+/// Compiles `cmd`, failing the test with its output.
+fn compile(cmd: &mut Command) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?} (a C compiler is required): {e}"));
+    assert!(
+        out.status.success(),
+        "compilation failed: {cmd:?}\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The directory of the programs, built once per test run: vale's libnetmap.a from its C
+/// source, then every program in both ways, with every warning an error.
+fn programs() -> &'static Path {
+    static DIR: OnceLock<TempDir> = OnceLock::new();
+    &DIR.get_or_init(|| {
+        let dir = TempDir::new("netmap-programs");
+        let include = root().join("crates/libvale/include/vale-netmap");
+        let src = root().join("tests/c/netmap");
+        let cc = |args: &[&str]| {
+            let mut c = Command::new("cc");
+            c.args(["-O2", "-Wall", "-Wextra", "-Werror", "-I"])
+                .arg(&include)
+                .arg("-I")
+                .arg(&src)
+                .args(args)
+                .current_dir(&dir.0);
+            c
+        };
+        compile(cc(&["-c"]).arg(root().join("crates/vale-netmap/c/nmport.c")));
+        compile(
+            Command::new("ar")
+                .args(["rcs", "libnetmap.a", "nmport.o"])
+                .current_dir(&dir.0),
+        );
+        let lib = library();
+        let libdir = lib.parent().expect("target dir").to_path_buf();
+        for p in PROGRAMS {
+            let c_file = src.join(format!("{p}.c"));
+            compile(cc(&["-o", &format!("{p}.pre")]).arg(&c_file).args([
+                "-L.",
+                "-lnetmap",
+                "-lpthread",
+            ]));
+            compile(
+                cc(&["-o", &format!("{p}.link")])
+                    .arg(&c_file)
+                    .args(["-L.", "-lnetmap", "-L"])
+                    .arg(&libdir)
+                    .arg("-lvale_netmap")
+                    .arg(format!("-Wl,-rpath,{}", libdir.display()))
+                    .arg("-lpthread"),
+            );
+        }
+        dir
+    })
+    .0
+}
+
+/// `program ARGS` the given way, a client of `v`.
+fn program(v: &Valed, way: Way, name: &str, args: &[&str]) -> Command {
+    let ext = if way == Way::Linked { "link" } else { "pre" };
+    let mut c = Command::new(programs().join(format!("{name}.{ext}")));
+    c.args(args)
+        .env("VALE_RUN_DIR", v.run_dir())
+        .env("VALE_NO_AUTOSTART", "1");
+    if way == Way::Preloaded {
+        c.env("LD_PRELOAD", library());
+    }
+    c
+}
+
+fn text(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The numbers after `word` in a program's output line that starts with it.
+fn numbers(out: &Output, word: &str) -> Vec<u64> {
+    let s = text(out);
+    let line = s.lines().find(|l| l.starts_with(word)).unwrap_or_else(|| {
+        panic!(
+            "no '{word}' line in {s:?}; stderr {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    line.split(|c: char| !c.is_ascii_digit())
+        .filter(|t| !t.is_empty())
+        .map(|t| t.parse().expect("number"))
+        .collect()
+}
+
+/// Starts the receiver and waits until it is ready (its port open).
+fn receiver(v: &Valed, way: Way, port: &str, count: u64, len: u32, threads: u32) -> Kid {
+    let args = [
+        port,
+        &count.to_string(),
+        &len.to_string(),
+        &threads.to_string(),
+        "800",
+    ];
+    let kid = Kid::spawn(program(v, way, "nm_recv", &args), "nm_recv");
+    assert!(
+        vale_tests::wait_until(Duration::from_secs(10), || v
+            .port(port)
+            .is_some_and(|p| p.owner_pid == Some(kid.pid()))),
+        "nm_recv never opened {port}: {}",
+        v.log()
+    );
+    kid
+}
+
+fn send(v: &Valed, way: Way, port: &str, count: u64, len: u32) -> Output {
+    let out = run_bounded(
+        &mut program(
+            v,
+            way,
+            "nm_send",
+            &[port, &count.to_string(), &len.to_string()],
+        ),
+        Duration::from_secs(40),
+    );
+    assert!(
+        out.status.success(),
+        "nm_send failed: {}{}",
+        text(&out),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(numbers(&out, "sent"), [count]);
+    out
+}
+
+/// The receiver's result: (received, bad, per ring).
+fn received(kid: Kid) -> (u64, u64, Vec<u64>) {
+    let out = kid.finish(Duration::from_secs(40));
+    let n = numbers(&out, "received");
+    assert!(
+        out.status.success() && n[1] == 0,
+        "nm_recv saw bad frames or failed: {}{}",
+        text(&out),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (n[0], n[1], n[2..].to_vec())
+}
+
+/// Every frame `sent` reached the port's rx ring or was counted as an rx drop there, and the
+/// receiver read every frame delivered.
+fn counts_add_up(v: &Valed, port: &str, sent: u64, got: u64) {
+    let c = v.counters(port);
+    assert_eq!(
+        c.rx_packets + c.rx_drops,
+        sent,
+        "{port}: delivered {} + dropped {} != sent {sent}",
+        c.rx_packets,
+        c.rx_drops
+    );
+    assert_eq!(
+        got, c.rx_packets,
+        "{port}: read {got} of {} delivered",
+        c.rx_packets
+    );
+    assert!(
+        got > sent / 2,
+        "{port}: only {got} of {sent} frames arrived"
+    );
+}
+
+#[test]
+fn a_sender_and_a_receiver_on_nmport_pass_every_byte() {
+    let v = Valed::start();
+    let mut k = 0;
+    for way in WAYS {
+        for len in [60u32, 1514] {
+            k += 1;
+            let (s, r) = (format!("vale{k}:s"), format!("vale{k}:r"));
+            // Persistent: the counters stay for the check after the programs exit.
+            v.ctl_ok(&["create", &s]);
+            v.ctl_ok(&["create", &r]);
+            let rx = receiver(&v, way, &r, 4000, len, 1);
+            send(&v, way, &s, 4000, len);
+            let (got, _, _) = received(rx);
+            counts_add_up(&v, &r, 4000, got);
+            assert_eq!(v.counters(&s).tx_packets, 4000, "{way:?} {len}");
+        }
+    }
+}
+
+#[test]
+fn a_receiver_with_one_thread_per_ring() {
+    let v = Valed::start();
+    for (k, way) in WAYS.into_iter().enumerate() {
+        let (s, r) = (format!("vale{k}:s"), format!("vale{k}:r"));
+        v.ctl_ok(&["create", &r]);
+        let rx = receiver(&v, way, &r, 8000, 60, 4);
+        // Frame k leaves on tx ring k % 4 and reaches rx ring k % 4.
+        send(&v, way, &format!("{s}@conf:rings=4"), 8000, 60);
+        let (got, _, rings) = received(rx);
+        counts_add_up(&v, &r, 8000, got);
+        assert_eq!(rings.len(), 4);
+        assert!(
+            rings.iter().all(|&n| n > 0 && n <= 2000),
+            "{way:?}: frames per ring {rings:?}"
+        );
+        let p = v.port(&r).expect("listed");
+        assert_eq!(p.counters.rx_packets, got, "{way:?}");
+    }
+}
+
+/// CPU ticks (user + system) a process has used.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+}
+
+/// write(2) calls a process has made (`syscw` of /proc/PID/io).
+fn writes(pid: u32) -> u64 {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).expect("io");
+    io.lines()
+        .find_map(|l| l.strip_prefix("syscw:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("syscw")
+}
+
+#[test]
+fn a_forwarder_sleeping_in_poll_forwards_and_idles() {
+    let v = Valed::start();
+    let hz = ticks_per_second();
+    let cases = [
+        (Way::Preloaded, "poll"),
+        (Way::Linked, "poll"),
+        (Way::Preloaded, "select"),
+        (Way::Linked, "epoll"),
+    ];
+    for (k, (way, how)) in cases.into_iter().enumerate() {
+        let (a, b) = (10 + 2 * k, 11 + 2 * k);
+        let (fa, fb) = (format!("vale{a}:f"), format!("vale{b}:f"));
+        let (s, r) = (format!("vale{a}:s"), format!("vale{b}:r"));
+        for p in [&fa, &fb, &r] {
+            v.ctl_ok(&["create", p]);
+        }
+        let fwd = Kid::spawn(
+            program(&v, way, "nm_forward", &[&fa, &fb, "60", how]),
+            "nm_forward",
+        );
+        assert!(
+            vale_tests::wait_until(Duration::from_secs(10), || v
+                .port(&fb)
+                .is_some_and(|p| p.owner_pid == Some(fwd.pid()))),
+            "nm_forward never opened its ports"
+        );
+        let rx = receiver(&v, Way::Linked, &r, 5000, 1514, 1);
+        // Idle: asleep in its wait, no CPU, and no kick (no write at all).
+        let (t0, w0) = (cpu_ticks(fwd.pid()), writes(fwd.pid()));
+        std::thread::sleep(Duration::from_secs(2));
+        let (t1, w1) = (cpu_ticks(fwd.pid()), writes(fwd.pid()));
+        assert!(
+            (t1 - t0) * 100 <= 2 * hz,
+            "{way:?} {how}: an idle forwarder used {} ticks in 2 s (over 1% of a core)",
+            t1 - t0
+        );
+        assert_eq!(w1, w0, "{way:?} {how}: an idle forwarder wrote (kicked)");
+        send(&v, Way::Linked, &s, 5000, 1514);
+        let (got, _, _) = received(rx);
+        fwd.signal(libc::SIGTERM);
+        let out = fwd.finish(Duration::from_secs(10));
+        let n = numbers(&out, "forwarded");
+        // Into the forwarder: delivered + dropped = sent; it forwarded what it read.
+        counts_add_up(&v, &fa, 5000, n[0]);
+        assert_eq!(v.counters(&fb).tx_packets, n[0], "{way:?} {how}");
+        // Out of it: the receiver read what reached it.
+        counts_add_up(&v, &r, n[0], got);
+    }
+}
+
+#[test]
+fn what_vale_lacks_is_refused_by_name() {
+    let v = Valed::start();
+    let cases = [
+        ("vale0:p{1", "netmap pipes"),
+        ("vale0:p}1", "netmap pipes"),
+        ("vale0:h^", "host rings"),
+        ("vale0:h*", "host rings"),
+        ("netmap:eth0", "only switch ports valeX:Y are served"),
+        ("vale0:m/r", "monitor ports"),
+        ("vale0:m/t", "monitor ports"),
+        ("vale0:x@extmem:file=/dev/null", "external memory"),
+        ("vale0:x@offset:initial=64", "buffer offsets"),
+        ("vale0:x@conf:host-rings=1", "host rings"),
+        ("vale0:x-7", "no ring 7"),
+    ];
+    for way in WAYS {
+        for (name, words) in cases {
+            let out = run_bounded(
+                &mut program(&v, way, "nm_recv", &[name, "1", "60", "1", "100"]),
+                Duration::from_secs(20),
+            );
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{way:?} {name}: {err}");
+            assert!(err.contains(words), "{way:?} {name}: {err}");
+        }
+    }
+    assert!(
+        v.list().iter().all(|s| s.ports.is_empty()),
+        "a refused open left a port"
+    );
+}
+
+/// vale.h and the netmap headers together, in either order, and netmap's own guard names.
+#[test]
+fn vale_h_compiles_with_the_netmap_headers() {
+    let dir = TempDir::new("netmap-headers");
+    let include = root().join("crates/libvale/include");
+    for (k, order) in [
+        "#define NETMAP_WITH_LIBS\n#include <net/netmap_user.h>\n#include <libnetmap.h>\n#include <vale.h>\n",
+        "#include <net/netmap.h>\n#include <vale.h>\n",
+        "#include <vale.h>\n#define NETMAP_WITH_LIBS\n#include <net/netmap_user.h>\n#include <libnetmap.h>\n",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let src = dir.0.join(format!("h{k}.c"));
+        let body = "int main(void) { struct netmap_ring *r = 0; return r ? nm_ring_empty(r) + (int)nm_ring_space(r) : 0; }\n";
+        std::fs::write(&src, format!("{order}{body}")).unwrap();
+        compile(
+            Command::new("cc")
+                .args(["-std=c11", "-Wall", "-Wextra", "-Werror", "-fsyntax-only", "-I"])
+                .arg(&include)
+                .arg("-I")
+                .arg(include.join("vale-netmap"))
+                .arg(&src),
+        );
+    }
+}
