@@ -8,7 +8,9 @@
 # another directory of built binaries) and compiles nothing itself unless given --build, so
 # the test suite packages the very build it tests.
 # The package holds valed, vale-ctl and vale-pktgen; libvale.so and libvale.a with vale.h,
-# vale_lookup.h and libvale.pc; the systemd unit valed.service (not enabled on install);
+# vale_lookup.h and libvale.pc; for netmap programs, libvale-netmap.so (preload or link),
+# libnetmap.a (compiled here from crates/vale-netmap/c/nmport.c), the netmap headers under
+# /usr/include/vale-netmap and vale-netmap.pc; the systemd unit valed.service (not enabled on install);
 # /etc/default/valed, the options the unit gives valed; /etc/vale/valed.toml, the
 # configuration (switches, ports, modules, knobs) valed applies at start; and the man pages, rendered from the
 # binaries' own clap definitions (TOOL --write-man-pages DIR, crates/vale-man). The last line
@@ -33,7 +35,7 @@ rel="${from:-$target/release}"
 if ((build)); then
     cargo build --release --workspace
 fi
-for f in valed vale-ctl vale-pktgen libvale.so libvale.a; do
+for f in valed vale-ctl vale-pktgen libvale.so libvale.a libvale_netmap.so; do
     if [ ! -f "$rel/$f" ]; then
         echo "package-deb.sh: $rel/$f is missing: run cargo build --release --workspace (or --build)" >&2
         exit 1
@@ -69,6 +71,17 @@ install -m 644 crates/libvale/include/vale.h crates/vale-switch/include/vale_loo
     "$root/usr/include/"
 sed -e "s/@VERSION@/$version/" -e "s/@MULTIARCH@/$multiarch/" packaging/libvale.pc.in \
     >"$lib/pkgconfig/libvale.pc"
+# netmap programs: the device library under the name netmap users link and preload, vale's
+# libnetmap (plain C, like netmap's) and the headers, in a directory of their own so that they
+# never shadow a real netmap's.
+install -m 644 "$rel/libvale_netmap.so" "$lib/libvale-netmap.so"
+strip --strip-unneeded "$lib/libvale-netmap.so"
+cp -r crates/libvale/include/vale-netmap "$root/usr/include/vale-netmap"
+chmod -R u=rwX,go=rX "$root/usr/include/vale-netmap"
+cc -O2 -c -I crates/libvale/include/vale-netmap -o "$stage/nmport.o" crates/vale-netmap/c/nmport.c
+ar rcs "$lib/libnetmap.a" "$stage/nmport.o"
+sed -e "s/@VERSION@/$version/" -e "s/@MULTIARCH@/$multiarch/" packaging/vale-netmap.pc.in \
+    >"$lib/pkgconfig/vale-netmap.pc"
 install -m 644 packaging/valed.service "$root/usr/lib/systemd/system/valed.service"
 install -m 644 packaging/valed.default "$root/etc/default/valed"
 install -m 644 packaging/valed.toml "$root/etc/vale/valed.toml"
@@ -87,7 +100,7 @@ fi
 gzip -9n "$root"/usr/share/man/man*/*
 
 # Depends: the newest glibc symbol version any shipped object needs, and libgcc_s (unwinding).
-elves=("$root"/usr/bin/* "$lib/libvale.so")
+elves=("$root"/usr/bin/* "$lib/libvale.so" "$lib/libvale-netmap.so")
 glibc=$(objdump -T "${elves[@]}" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1)
 size=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
 cat >"$root/DEBIAN/control" <<CONTROL
@@ -106,8 +119,9 @@ Description: software Ethernet switch in user space (VALE-style)
  the VALE and mSwitch papers.
  .
  This package holds the daemon valed and its systemd unit, the control tool vale-ctl,
- the traffic tool vale-pktgen, and the client library libvale (shared and static, C
- headers, pkg-config file).
+ the traffic tool vale-pktgen, the client library libvale (shared and static, C
+ headers, pkg-config file), and for netmap programs libvale-netmap.so (preloaded, or
+ linked), netmap-compatible headers and libnetmap.a.
 CONTROL
 
 mkdir -p "$out"

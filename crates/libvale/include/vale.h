@@ -224,9 +224,10 @@ VALE_STATIC_ASSERT(offsetof(struct vale_region, pad) == 144, "vale_region.pad");
 /*
  * Threads: a ring is driven by one thread at a time (the thread that fills or drains it
  * calls its sync); different rings of a port may be driven by different threads at once.
- * vale_poll() looks at and syncs every ring of the port, so it belongs to the thread that
- * drives all of them.  vale_open/vale_close may be called from any thread; vale_close must
- * not race with any other call on the same port.
+ * vale_poll() and vale_arm() look at and sync every ring of the port, so they belong to the
+ * thread that drives all of them; a thread that drives one ring waits with vale_poll_ring().
+ * vale_open/vale_close may be called from any thread; vale_close must not race with any other
+ * call on the same port.
  *
  * Errors: a call that fails returns NULL or -1, sets errno and leaves a message for
  * vale_last_error().
@@ -307,6 +308,43 @@ int vale_rxsync(struct vale_port *p, uint32_t ring);
  * only while sleeping, so an idle client costs valed nothing.
  */
 int vale_poll(struct vale_port *p, int events, int timeout_ms);
+
+/*
+ * vale_poll() on one ring: waits on rx ring `ring` (VALE_POLLIN) and/or tx ring `ring`
+ * (VALE_POLLOUT) only, syncing those and no others, so that threads that each drive a ring
+ * can each wait on their own at the same time.  Returns as vale_poll(); -1 with errno EIO if
+ * the port has no such ring.
+ */
+int vale_poll_ring(struct vale_port *p, uint32_t ring, int events, int timeout_ms);
+
+/*
+ * A pollable descriptor for the port, for a program's own event loop (poll, select, epoll,
+ * next to its other descriptors): it becomes readable when a ring armed by vale_arm() may be
+ * ready, or when valed went away.  Owned by the port (do not close it); valid until
+ * vale_close().  Returns -1 on error.
+ *
+ * The loop is netmap's, with the arming made explicit:
+ *
+ *     for (;;) {
+ *         int ready = vale_arm(p, VALE_POLLIN);   // syncs; > 0: something is ready already
+ *         if (ready == 0)
+ *             poll(&(struct pollfd){.fd = vale_fd(p), .events = POLLIN}, 1, -1);
+ *         ... read the rx rings, vale_rxsync() ...
+ *     }
+ *
+ * valed raises a ring's interrupt only after vale_arm() asked for it, and a sync of the ring
+ * withdraws the request, so a busy client costs valed no system call.
+ */
+int vale_fd(struct vale_port *p);
+
+/*
+ * Gets the port ready for a sleep on vale_fd(): consumes the interrupts that woke it, syncs
+ * every tx ring (queued slots go out) and, for VALE_POLLIN, every rx ring, and returns the
+ * events that already hold (> 0: do not sleep).  If none does, it asks valed for interrupts
+ * on the rings `events` concerns and returns 0: a sleep on vale_fd() then wakes up for any
+ * frame (or room) that comes after.  -1 on error (errno ECONNRESET: valed went away).
+ */
+int vale_arm(struct vale_port *p, int events);
 
 /*
  * Chooses how vale_poll() waits on this port from now on:

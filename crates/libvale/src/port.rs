@@ -286,6 +286,9 @@ const CTL_TOKEN: u64 = u64::MAX;
 pub struct Waiter {
     epoll: OwnedFd,
     set: RingSet,
+    /// Interrupts were asked for since the lines were last emptied: only then can a line
+    /// hold a byte, so only then is a look at them (a system call) worth making.
+    asked: AtomicBool,
 }
 
 impl Waiter {
@@ -320,7 +323,11 @@ impl Waiter {
                 i as u64,
             )?;
         }
-        Ok(Waiter { epoll, set })
+        Ok(Waiter {
+            epoll,
+            set,
+            asked: AtomicBool::new(false),
+        })
     }
 
     /// The descriptor to sleep on (readable: look at the rings again).
@@ -339,17 +346,30 @@ impl Waiter {
     /// nothing: sleeping on [`Waiter::fd`] is then safe (no frame can slip by unnoticed).
     /// Fails with [`io::ErrorKind::ConnectionReset`] once valed is gone.
     pub fn arm(&self, port: &Port, want: Events) -> io::Result<Events> {
+        let got = self.ready(port, want)?;
+        if got != Events::default() {
+            return Ok(got);
+        }
+        self.ask(port, want)
+    }
+
+    /// The second half of [`Waiter::arm`], for a caller that has just looked with
+    /// [`Waiter::ready`] and found nothing: asks valed for interrupts on the rings `want`
+    /// concerns, then looks once more; returns what is ready, or nothing when a sleep on
+    /// [`Waiter::fd`] is safe.
+    pub fn ask(&self, port: &Port, want: Events) -> io::Result<Events> {
         loop {
-            let got = self.ready(port, want)?;
-            if got != Events::default() {
-                return Ok(got);
-            }
             // Ask, full fence, look once more: valed stores hwtail, fences, then reads the
             // flag, so it either interrupts us or we see its tail now (as in `poll_rings`).
+            self.asked.store(true, Relaxed);
             port.ask_interrupts(&self.set, want, 1);
             fence(SeqCst);
             if !port.moved(&self.set, want) {
                 return Ok(Events::default());
+            }
+            let got = port.ready(&self.set, want)?;
+            if got != Events::default() {
+                return Ok(got);
             }
         }
     }
@@ -364,6 +384,15 @@ impl Waiter {
 
     /// Empties the interrupt lines that are readable, and notes a closed control connection.
     fn consume(&self, port: &Port) -> io::Result<()> {
+        // Nothing asked, nothing raised: no look (a byte valed wrote just before a sync
+        // withdrew the request wakes one sleep, and the `ask` before that sleep sets the flag).
+        if !self.asked.swap(false, Relaxed) {
+            return if port.gone.load(Relaxed) {
+                Err(gone_error())
+            } else {
+                Ok(())
+            };
+        }
         let mut evs = [libc::epoll_event { events: 0, u64: 0 }; MAX_POLL_FDS];
         // SAFETY: the array outlives the call and holds evs.len() entries; no wait.
         let n = unsafe {

@@ -10,7 +10,7 @@
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicUsize, Ordering::*};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use vale::{OpenOptions, Port, PortParams, RingSet, Waiter};
 use vale_abi::region::{Layout, MAX_RINGS, MAX_SLOTS, MIN_SLOTS};
@@ -29,12 +29,15 @@ pub struct Bound {
 pub struct NmFile {
     /// The descriptor the program holds (an epoll instance).
     pub fd: RawFd,
-    bound: Mutex<Option<Arc<Bound>>>,
+    /// Set once, by the register request.
+    bound: OnceLock<Arc<Bound>>,
+    /// Held while registering, so that two racing requests bind once.
+    registering: Mutex<()>,
 }
 
 impl NmFile {
-    pub fn bound(&self) -> Option<Arc<Bound>> {
-        self.bound.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    pub fn bound(&self) -> Option<&Arc<Bound>> {
+        self.bound.get()
     }
 }
 
@@ -70,7 +73,8 @@ pub fn open(cloexec: bool) -> RawFd {
     }
     files[fd as usize] = Some(Arc::new(NmFile {
         fd,
-        bound: Mutex::new(None),
+        bound: OnceLock::new(),
+        registering: Mutex::new(()),
     }));
     OPEN.fetch_add(1, Relaxed);
     fd
@@ -249,8 +253,8 @@ fn rings_for(port: &Port, w: &Want) -> Result<RingSet, Errno> {
 
 /// Binds `file` to the port and rings `w` asks for.
 pub fn register(file: &NmFile, w: &Want) -> Result<Arc<Bound>, Errno> {
-    let mut bound = file.bound.lock().unwrap_or_else(|e| e.into_inner());
-    if bound.is_some() {
+    let _one = file.registering.lock().unwrap_or_else(|e| e.into_inner());
+    if file.bound.get().is_some() {
         return Err(fail(
             libc::EBUSY,
             format_args!("{}: this descriptor is bound to a port already", w.name),
@@ -273,7 +277,7 @@ pub fn register(file: &NmFile, w: &Want) -> Result<Arc<Bound>, Errno> {
         waiter,
         mem_id,
     });
-    *bound = Some(b.clone());
+    let _ = file.bound.set(b.clone());
     Ok(b)
 }
 

@@ -15,7 +15,7 @@ use vale::Events;
 use crate::device::{self, NmFile};
 
 /// What holds for one netmap descriptor, as poll(2) bits for the events asked in `events`
-/// (`arm`: and, if nothing holds, ask valed for an interrupt before a sleep).
+/// (`arm`, after a look that found nothing: ask valed for an interrupt before a sleep).
 fn look(file: &NmFile, events: c_short, arm: bool) -> c_short {
     let Some(b) = file.bound() else {
         return libc::POLLERR;
@@ -24,8 +24,9 @@ fn look(file: &NmFile, events: c_short, arm: bool) -> c_short {
         readable: events & (libc::POLLIN | libc::POLLRDNORM) != 0,
         writable: events & (libc::POLLOUT | libc::POLLWRNORM) != 0,
     };
+    // `arm` follows a look that found nothing: only the request for interrupts is left.
     let got = if arm {
-        b.waiter.arm(&b.port, want)
+        b.waiter.ask(&b.port, want)
     } else {
         b.waiter.ready(&b.port, want)
     };

@@ -630,3 +630,71 @@ fn poll_for_frames_pushes_out_queued_slots() {
         .expect("poll");
     assert_eq!(wait_frames(&b, Duration::from_secs(5)), vec![f]);
 }
+
+// ---- 5. the pollable descriptor of a port (vale_fd, vale_arm) --------------------------------
+
+/// poll(2) on one descriptor for readability; true if it is readable within `ms`.
+fn readable(fd: RawFd, ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd.
+    unsafe { libc::poll(&mut p, 1, ms) == 1 && p.revents & libc::POLLIN != 0 }
+}
+
+#[test]
+fn a_ports_descriptor_sleeps_in_poll_and_epoll_until_a_frame_comes() {
+    let v = Valed::start();
+    let (a, b) = v.open_ab();
+    let fd = b.fd().expect("descriptor");
+    assert_eq!(b.fd().expect("descriptor"), fd, "one descriptor per port");
+    // The same descriptor in an epoll instance of the program's own.
+    // SAFETY: plain syscalls on descriptors we own.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    let mut ev = libc::epoll_event {
+        events: libc::EPOLLIN as u32,
+        u64: 7,
+    };
+    assert_eq!(
+        unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, fd, &mut ev) },
+        0
+    );
+    for k in 0..3u64 {
+        // Armed with nothing there: the descriptor stays quiet.
+        assert_eq!(
+            b.arm(vale::Events::READABLE).expect("arm"),
+            vale::Events::default()
+        );
+        assert!(!readable(fd, 100), "round {k}: readable with nothing sent");
+        assert!(send_frame(&a, &test_frame(60, MAC_A, BROADCAST, k)));
+        a.txsync(0).expect("txsync");
+        // It wakes up, in poll and in epoll alike; arm then reports the frame (no sleep).
+        assert!(readable(fd, 2000), "round {k}: not readable after a frame");
+        let mut out = [libc::epoll_event { events: 0, u64: 0 }; 2];
+        // SAFETY: the array outlives the call.
+        let n = unsafe { libc::epoll_wait(ep, out.as_mut_ptr(), 2, 2000) };
+        assert_eq!(
+            (n, { out[0].u64 }),
+            (1, 7),
+            "round {k}: epoll did not report it"
+        );
+        assert_eq!(
+            b.arm(vale::Events::READABLE).expect("arm"),
+            vale::Events::READABLE
+        );
+        assert_eq!(recv_frames(&b).len(), 1, "round {k}");
+    }
+    // SAFETY: our own descriptor.
+    unsafe { libc::close(ep) };
+    // valed going away makes the descriptor readable, and arm fails with the port gone.
+    assert_eq!(
+        b.arm(vale::Events::READABLE).expect("arm"),
+        vale::Events::default()
+    );
+    drop(v);
+    assert!(readable(fd, 5000), "not readable after valed went away");
+    let e = b.arm(vale::Events::READABLE).expect_err("valed is gone");
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset);
+}

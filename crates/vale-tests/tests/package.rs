@@ -413,6 +413,53 @@ fn debian_package_installs_and_runs_from_its_paths() {
             .any(|l| l.contains("calling init:") && l.contains(&installed_so)),
         "{installed_so} was not the libvale loaded:\n{err}"
     );
+    // A netmap program built against the installed netmap headers, libnetmap and device
+    // library, through pkg-config vale-netmap.
+    let pc = ok(
+        Command::new("pkg-config")
+            .args(["--cflags", "--libs", "vale-netmap"])
+            .env("PKG_CONFIG_SYSROOT_DIR", &dest)
+            .env("PKG_CONFIG_LIBDIR", libdir.join("pkgconfig")),
+        T,
+    );
+    let netmap = |name: &str| {
+        let exe = tmp.0.join(name);
+        ok(
+            Command::new("cc")
+                .args(["-O2", "-Wall", "-Wextra", "-Werror", "-I"])
+                .arg(root().join("tests/c/netmap"))
+                .arg(root().join(format!("tests/c/netmap/{name}.c")))
+                .arg("-o")
+                .arg(&exe)
+                .args(pc.split_whitespace())
+                .arg("-lpthread"),
+            Duration::from_secs(60),
+        );
+        let mut c = Command::new(exe);
+        c.env("VALE_RUN_DIR", &run)
+            .env("VALE_NO_AUTOSTART", "1")
+            .env("LD_LIBRARY_PATH", &libdir);
+        c
+    };
+    let mut recv = netmap("nm_recv");
+    let mut send = netmap("nm_send");
+    let rx = Kid::spawn(
+        recv.args(["vale0:nr", "1000", "60", "1", "800"]),
+        "installed nm_recv",
+    );
+    assert!(
+        wait_until(T, || ports().iter().any(|p| p == "vale0:nr")),
+        "the netmap receiver's port never appeared: {:?}",
+        ports()
+    );
+    let sent = run_bounded(send.args(["vale0:ns", "1000", "60"]), T * 2);
+    assert!(sent.status.success(), "installed nm_send: {sent:?}");
+    let got = rx.finish(T * 3);
+    assert!(
+        String::from_utf8_lossy(&got.stdout).contains("received 1000 bad 0"),
+        "installed nm_recv: {got:?}"
+    );
+
     valed.signal(libc::SIGTERM);
     let out = valed.finish(T);
     assert!(
