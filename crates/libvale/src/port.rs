@@ -382,6 +382,32 @@ impl Waiter {
         port.ready(&self.set, want)
     }
 
+    /// The descriptors a sleep after [`Waiter::ask`] can watch instead of [`Waiter::fd`]:
+    /// the control connection, then the interrupt lines of the rings `want` concerns, as
+    /// poll(2) entries appended to `out`. Watching them directly saves the kernel a level of
+    /// epoll on every wake-up; after the sleep, hand them to [`Waiter::woken`].
+    pub fn lines(&self, port: &Port, want: Events, out: &mut Vec<libc::pollfd>) {
+        out.push(port.ctl_pollfd());
+        out.extend(port.wanted(&self.set, want).map(|i| libc::pollfd {
+            fd: port.irq[i as usize].as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }));
+    }
+
+    /// After a sleep on [`Waiter::lines`]: empties the lines that were raised and notes a
+    /// closed control connection (an error: valed is gone).
+    pub fn woken(&self, port: &Port, lines: &[libc::pollfd]) -> io::Result<()> {
+        self.asked.store(false, Relaxed);
+        let Some((ctl, irqs)) = lines.split_first() else {
+            return Ok(());
+        };
+        for p in irqs.iter().filter(|p| p.revents != 0) {
+            port.interrupts.fetch_add(pipe::drain(&p.fd), Relaxed);
+        }
+        port.note_ctl(ctl.revents)
+    }
+
     /// Empties the interrupt lines that are readable, and notes a closed control connection.
     fn consume(&self, port: &Port) -> io::Result<()> {
         // Nothing asked, nothing raised: no look (a byte valed wrote just before a sync

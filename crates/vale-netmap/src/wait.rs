@@ -14,17 +14,21 @@ use vale::Events;
 
 use crate::device::{self, NmFile};
 
+/// What a wait asks of a netmap descriptor, from poll(2) bits.
+fn want_of(events: c_short) -> Events {
+    Events {
+        readable: events & (libc::POLLIN | libc::POLLRDNORM) != 0,
+        writable: events & (libc::POLLOUT | libc::POLLWRNORM) != 0,
+    }
+}
+
 /// What holds for one netmap descriptor, as poll(2) bits for the events asked in `events`
 /// (`arm`, after a look that found nothing: ask valed for an interrupt before a sleep).
 fn look(file: &NmFile, events: c_short, arm: bool) -> c_short {
     let Some(b) = file.bound() else {
         return libc::POLLERR;
     };
-    let want = Events {
-        readable: events & (libc::POLLIN | libc::POLLRDNORM) != 0,
-        writable: events & (libc::POLLOUT | libc::POLLWRNORM) != 0,
-    };
-    // `arm` follows a look that found nothing: only the request for interrupts is left.
+    let want = want_of(events);
     let got = if arm {
         b.waiter.ask(&b.port, want)
     } else {
@@ -64,12 +68,18 @@ fn expired(deadline: Option<Instant>) -> bool {
 
 /// poll(2) over `fds`, some of them netmap descriptors (`nm`: their index and file).
 /// `sleep` is the real wait (poll or ppoll) on a copy of the array until a deadline.
+///
+/// In the sleep, a netmap descriptor is replaced by what it stands for, its port's control
+/// connection and the interrupt lines of the rings asked for (appended to the copy): the
+/// same sleep as libvale's own `vale_poll`, with no epoll in between.
 pub fn poll_with(
     fds: &mut [pollfd],
     nm: &[(usize, Arc<NmFile>)],
     deadline: Option<Instant>,
     sleep: &dyn Fn(&mut [pollfd], Option<Instant>) -> c_int,
 ) -> c_int {
+    let mut copy = Vec::with_capacity(fds.len() + 4 * nm.len());
+    let mut spans = Vec::with_capacity(nm.len());
     loop {
         // Look first; only if nothing holds, arm and look once more.
         let mut ready = 0;
@@ -82,15 +92,20 @@ pub fn poll_with(
                 break;
             }
         }
-        // The other descriptors: a look if a netmap one is ready, else the sleep. A netmap
-        // descriptor is its epoll instance there: readable when an armed ring was raised.
-        let mut copy = fds.to_vec();
-        for (i, _) in nm {
-            copy[*i].events = libc::POLLIN;
+        // The other descriptors: a look if a netmap one is ready, else the sleep.
+        copy.clear();
+        copy.extend_from_slice(fds);
+        spans.clear();
+        for (i, f) in nm {
+            copy[*i].fd = -1;
             copy[*i].revents = 0;
-            if ready > 0 {
-                copy[*i].fd = -1;
+            let start = copy.len();
+            if ready == 0 {
+                if let Some(b) = f.bound() {
+                    b.waiter.lines(&b.port, want_of(fds[*i].events), &mut copy);
+                }
             }
+            spans.push(start..copy.len());
         }
         let r = sleep(
             &mut copy,
@@ -113,7 +128,20 @@ pub fn poll_with(
         if ready > 0 {
             return ready + others;
         }
-        let woke = nm.iter().any(|(i, _)| copy[*i].revents != 0);
+        let mut woke = false;
+        for ((i, f), span) in nm.iter().zip(&spans) {
+            let lines = &copy[span.clone()];
+            woke |= lines.iter().any(|p| p.revents != 0);
+            if let Some(b) = f.bound() {
+                if b.waiter.woken(&b.port, lines).is_err() {
+                    fds[*i].revents = libc::POLLERR | libc::POLLHUP;
+                    ready += 1;
+                }
+            }
+        }
+        if ready > 0 {
+            return ready + others;
+        }
         if woke || others > 0 || expired(deadline) || r == 0 {
             for (i, f) in nm {
                 fds[*i].revents = look(f, fds[*i].events, false);
