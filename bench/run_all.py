@@ -3,7 +3,7 @@
 
 In this order, each as its own command with the options given here passed on: bound.py,
 sizes.py, batch.py, destinations.py, ports.py, scale.py, latency.py, cpu.py, host_ports.py,
-vhost_user.py, guests.py, modules.py, then plot.py (PNGs in docs/bench/)
+vhost_user.py, guests.py, modules.py, capture.py, netmap.py, then plot.py (PNGs in docs/bench/)
 and summary.py (Markdown tables in bench/results/summary.md). Each prints its table
 and writes bench/results/<name>.json; this script prints how long each took and writes
 bench/results/run_all.json (the list of experiments, their exit status and durations).
@@ -21,7 +21,7 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402
 
 EXPERIMENTS = ["bound", "sizes", "batch", "destinations", "ports", "scale", "latency", "cpu", "host_ports",
-               "vhost_user", "guests", "modules"]
+               "vhost_user", "guests", "modules", "capture", "netmap"]
 
 
 def main():
@@ -56,7 +56,7 @@ def main():
             cmd.append("--quick")
         if a.no_peers and e in ("host_ports", "vhost_user", "guests"):
             continue    # nothing but a comparison with a peer; vale's side of vhost_user needs testpmd too
-        if a.no_peers and e not in ("ports", "modules", "bound", "scale"):
+        if a.no_peers and e not in ("ports", "modules", "bound", "scale", "capture", "netmap"):
             cmd.append("--no-peers")
         print(f"\n=== {e}: {' '.join(os.path.relpath(c) if c.startswith('/') else c for c in cmd[1:])}", flush=True)
         t0 = time.monotonic()
