@@ -547,27 +547,7 @@ struct nmport_d *nmport_clone(struct nmport_d *d)
 
 int nmport_inject(struct nmport_d *d, const void *buf, size_t size)
 {
-	unsigned int c, n = (unsigned int)(d->last_tx_ring - d->first_tx_ring + 1);
-	unsigned int ri = d->cur_tx_ring;
-
-	for (c = 0; c < n; c++, ri++) {
-		struct netmap_ring *ring;
-		uint32_t i;
-
-		if (ri > d->last_tx_ring)
-			ri = d->first_tx_ring;
-		ring = NETMAP_TXRING(d->nifp, ri);
-		if (nm_ring_empty(ring) || size > ring->nr_buf_size)
-			continue;
-		i = ring->cur;
-		ring->slot[i].len = (uint16_t)size;
-		ring->slot[i].flags = 0;
-		memcpy(NETMAP_BUF(ring, ring->slot[i].buf_idx), buf, size);
-		ring->head = ring->cur = nm_ring_next(ring, i);
-		d->cur_tx_ring = (uint16_t)ri;
-		return (int)size;
-	}
-	return 0;
+	return nmv_inject_(d->nifp, d->first_tx_ring, d->last_tx_ring, &d->cur_tx_ring, buf, size);
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -32,9 +32,11 @@ fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e };
 }
 
-fn is_device(path: *const c_char) -> bool {
+/// A new netmap descriptor if `path` is netmap's device, else None (the C library opens it).
+fn open_device(path: *const c_char, flags: c_int) -> Option<c_int> {
     // SAFETY: path is a C string from the program (or null).
-    !path.is_null() && unsafe { CStr::from_ptr(path) } == DEVICE
+    let device = !path.is_null() && unsafe { CStr::from_ptr(path) } == DEVICE;
+    device.then(|| device::open(flags & libc::O_CLOEXEC != 0))
 }
 
 /// `open(2)`, `open64`, `openat`: `/dev/netmap` gives a netmap descriptor.
@@ -43,8 +45,8 @@ fn is_device(path: *const c_char) -> bool {
 /// As open(2). `mode` is read only when `flags` ask to create, as the C library does.
 #[no_mangle]
 pub unsafe extern "C" fn open(path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
-    if is_device(path) {
-        return device::open(flags & libc::O_CLOEXEC != 0);
+    if let Some(fd) = open_device(path, flags) {
+        return fd;
     }
     (real::open())(path, flags, mode)
 }
@@ -53,8 +55,8 @@ pub unsafe extern "C" fn open(path: *const c_char, flags: c_int, mode: c_uint) -
 /// As open(2).
 #[no_mangle]
 pub unsafe extern "C" fn open64(path: *const c_char, flags: c_int, mode: c_uint) -> c_int {
-    if is_device(path) {
-        return device::open(flags & libc::O_CLOEXEC != 0);
+    if let Some(fd) = open_device(path, flags) {
+        return fd;
     }
     (real::open64())(path, flags, mode)
 }
@@ -84,8 +86,8 @@ pub unsafe extern "C" fn openat(
     flags: c_int,
     mode: c_uint,
 ) -> c_int {
-    if is_device(path) {
-        return device::open(flags & libc::O_CLOEXEC != 0);
+    if let Some(fd) = open_device(path, flags) {
+        return fd;
     }
     (real::openat())(dir, path, flags, mode)
 }
@@ -99,8 +101,8 @@ pub unsafe extern "C" fn openat64(
     flags: c_int,
     mode: c_uint,
 ) -> c_int {
-    if is_device(path) {
-        return device::open(flags & libc::O_CLOEXEC != 0);
+    if let Some(fd) = open_device(path, flags) {
+        return fd;
     }
     (real::openat64())(dir, path, flags, mode)
 }

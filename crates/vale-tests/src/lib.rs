@@ -192,6 +192,20 @@ impl Drop for Kid {
     }
 }
 
+/// Runs a compiler (or another build step), failing the test with its output if it fails
+/// (or is missing).
+pub fn compile(cmd: &mut Command) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?} (a C compiler is required): {e}"));
+    assert!(
+        out.status.success(),
+        "compilation failed: {cmd:?}\nstdout:\n{}\nstderr:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// Runs `cmd` to completion, killing it (and failing the test) after `limit`.
 pub fn run_bounded(cmd: &mut Command, limit: Duration) -> Output {
     let what = format!("{cmd:?}");

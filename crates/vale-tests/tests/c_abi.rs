@@ -37,19 +37,6 @@ fn compiler(name: &str, args: &[&str]) -> Command {
     c
 }
 
-/// Runs a compiler, failing the test with its output if it fails (or is missing).
-fn compile(cmd: &mut Command) {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?} (a C compiler is required): {e}"));
-    assert!(
-        out.status.success(),
-        "compilation failed: {cmd:?}\nstdout:\n{}\nstderr:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// `cc` building tests/c/vale_abi_check.c into `exe` with every warning an error; the caller
 /// adds the library to link.
 fn build_checker(exe: &Path) -> Command {

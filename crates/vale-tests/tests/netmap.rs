@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use vale_tests::{bin, run_bounded, ticks_per_second, Kid, TempDir, Valed};
+use vale_tests::{bin, compile, run_bounded, ticks_per_second, Kid, TempDir, Valed};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -37,19 +37,6 @@ enum Way {
 
 const WAYS: [Way; 2] = [Way::Linked, Way::Preloaded];
 const PROGRAMS: [&str; 3] = ["nm_send", "nm_recv", "nm_forward"];
-
-/// Compiles `cmd`, failing the test with its output.
-fn compile(cmd: &mut Command) {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?} (a C compiler is required): {e}"));
-    assert!(
-        out.status.success(),
-        "compilation failed: {cmd:?}\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// The directory of the programs, built once per test run: vale's libnetmap.a from its C
 /// source, then every program in both ways, with every warning an error.

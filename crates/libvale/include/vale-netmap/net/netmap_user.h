@@ -89,6 +89,36 @@ static inline void nm_pkt_copy(const void *src, void *dst, int l)
 	}
 }
 
+/*
+ * Copies one frame into the first tx ring, of rings first..last taken round robin from *cur,
+ * that has room, and moves its head past it; returns size, or 0 if none has room.  What
+ * nm_inject() and libnetmap's nmport_inject() share (vale's helper, not netmap API).
+ */
+static inline int nmv_inject_(struct netmap_if *nifp, uint16_t first, uint16_t last, uint16_t *cur,
+			      const void *buf, size_t size)
+{
+	unsigned int c, n = (unsigned int)(last - first + 1), ri = *cur;
+
+	for (c = 0; c < n; c++, ri++) {
+		struct netmap_ring *ring;
+		uint32_t i;
+
+		if (ri > last)
+			ri = first;
+		ring = NETMAP_TXRING(nifp, ri);
+		if (nm_ring_empty(ring) || size > ring->nr_buf_size)
+			continue;
+		i = ring->cur;
+		ring->slot[i].len = (uint16_t)size;
+		ring->slot[i].flags = 0;
+		nm_pkt_copy(buf, NETMAP_BUF(ring, ring->slot[i].buf_idx), (int)size);
+		ring->head = ring->cur = nm_ring_next(ring, i);
+		*cur = (uint16_t)ri;
+		return (int)size;
+	}
+	return 0;
+}
+
 /* Debug printing as netmap programs use it: D() always, RD() at most lps lines a second,
  * ND() never. */
 #define ND(fmt, ...) \
@@ -407,26 +437,7 @@ static inline int nm_close(struct nm_desc *d)
  * room.  The frame goes out at the next sync (NIOCTXSYNC or poll). */
 static inline int nm_inject(struct nm_desc *d, const void *buf, size_t size)
 {
-	unsigned int c, n = d->last_tx_ring - d->first_tx_ring + 1, ri = d->cur_tx_ring;
-
-	for (c = 0; c < n; c++, ri++) {
-		struct netmap_ring *ring;
-		uint32_t i;
-
-		if (ri > d->last_tx_ring)
-			ri = d->first_tx_ring;
-		ring = NETMAP_TXRING(d->nifp, ri);
-		if (nm_ring_empty(ring) || size > ring->nr_buf_size)
-			continue;
-		i = ring->cur;
-		ring->slot[i].len = (uint16_t)size;
-		ring->slot[i].flags = 0;
-		nm_pkt_copy(buf, NETMAP_BUF(ring, ring->slot[i].buf_idx), (int)size);
-		d->cur_tx_ring = (uint16_t)ri;
-		ring->head = ring->cur = nm_ring_next(ring, i);
-		return (int)size;
-	}
-	return 0;
+	return nmv_inject_(d->nifp, d->first_tx_ring, d->last_tx_ring, &d->cur_tx_ring, buf, size);
 }
 
 /* Calls cb for up to cnt received frames (all of them if cnt <= 0); returns how many. */
