@@ -470,7 +470,14 @@ fn drop_detaches_xdp() {
         let detail = ip(&["-n", &ns.name, "-d", "link", "show", "dev", &ns.a]);
         assert!(detail.contains("promiscuity 1"), "{mode}: {detail}");
         drop(nic);
-        let shown = ns.link_show(&ns.a);
+        // The kernel lets go of the link when its last reference goes, which the socket's
+        // release may do a moment after the close (deferred work): wait for it, boundedly.
+        let deadline = Instant::now() + WAIT;
+        let mut shown = ns.link_show(&ns.a);
+        while shown.contains("xdp") && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+            shown = ns.link_show(&ns.a);
+        }
         assert!(!shown.contains("xdp"), "{mode}: program left: {shown}");
         let detail = ip(&["-n", &ns.name, "-d", "link", "show", "dev", &ns.a]);
         assert!(detail.contains("promiscuity 0"), "{mode}: {detail}");
