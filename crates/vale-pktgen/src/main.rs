@@ -410,28 +410,45 @@ fn drain_rx(
     mut each: impl FnMut(&vale::Ring, &[u32]) -> bool,
 ) -> anyhow::Result<bool> {
     let mut got = false;
+    // The slots of a frame of several slots; a frame of one slot (the usual case) is passed
+    // without it.
     let mut chain: Vec<u32> = Vec::new();
     for r in 0..port.params().rx_rings {
         port.rxsync(r)?;
         let ring = port.rx_ring(r);
+        // tail changes only in a sync: read it once, not once a frame.
+        let tail = ring.tail();
         let mut cur = ring.cur();
         let mut release = cur;
         let mut frames = 0;
-        while cur != ring.tail() && frames < batch {
+        let mut chain_bytes = 0u64;
+        while cur != tail && frames < batch {
             let slot = ring.slot(cur);
-            chain.push(cur);
-            meter.bytes += slot.len as u64;
+            let (len, more) = (slot.len as u64, slot.flags & NS_MOREFRAG != 0);
+            let this = cur;
             cur = ring.next(cur);
-            if slot.flags & NS_MOREFRAG == 0 {
-                meter.packets += 1;
-                frames += 1;
-                got = true;
+            chain_bytes += len;
+            if more {
+                chain.push(this);
+                continue;
+            }
+            // Counted once the frame is whole (an incomplete chain is read again later).
+            meter.bytes += chain_bytes;
+            meter.packets += 1;
+            chain_bytes = 0;
+            frames += 1;
+            got = true;
+            let go = if chain.is_empty() {
+                each(&ring, &[this])
+            } else {
+                chain.push(this);
                 let go = each(&ring, &chain);
                 chain.clear();
-                release = cur;
-                if !go {
-                    break;
-                }
+                go
+            };
+            release = cur;
+            if !go {
+                break;
             }
         }
         // An incomplete chain stays on the ring until its last slot arrives.
