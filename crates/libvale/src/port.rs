@@ -518,6 +518,11 @@ impl Port {
         &self.layout.params
     }
 
+    /// The region's layout, as this client computed it (and checked valed's header against).
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
     /// The region's memfd, for a second mapping of the same memory (netmap's `mmap` of the
     /// netmap descriptor), and its size.
     pub fn memfd(&self) -> (RawFd, usize) {

@@ -404,8 +404,6 @@ int nmport_mmap(struct nmport_d *d)
 {
 	struct nmctx *ctx = d->ctx;
 	struct nmem_d *m;
-	uint32_t mode = d->reg.nr_mode;
-
 	if (!d->register_done)
 		return fail(d, EINVAL, "nmport_mmap: the port is not registered");
 	if (d->mmap_done)
@@ -441,23 +439,23 @@ int nmport_mmap(struct nmport_d *d)
 
 	d->mem = m;
 	d->nifp = NETMAP_IF(m->mem, d->reg.nr_offset);
-	if (mode == NR_REG_ONE_NIC) {
-		d->first_tx_ring = d->last_tx_ring = d->reg.nr_ringid;
-		d->first_rx_ring = d->last_rx_ring = d->reg.nr_ringid;
-	} else {
-		d->first_tx_ring = 0;
-		d->last_tx_ring = d->reg.nr_tx_rings - 1;
-		d->first_rx_ring = 0;
-		d->last_rx_ring = d->reg.nr_rx_rings - 1;
-	}
-	/* Rings not bound: an empty range (first > last), as netmap leaves it. */
-	if (d->reg.nr_flags & NR_RX_RINGS_ONLY) {
-		d->first_tx_ring = 1;
-		d->last_tx_ring = 0;
-	}
-	if (d->reg.nr_flags & NR_TX_RINGS_ONLY) {
-		d->first_rx_ring = 1;
-		d->last_rx_ring = 0;
+	/* The rings bound to this descriptor are those its netmap_if gives an offset for
+	 * (each registration has a netmap_if of its own): a range, as netmap binds them. */
+	{
+		uint32_t ntx = d->nifp->ni_tx_rings, nrx = d->nifp->ni_rx_rings, i;
+
+		for (i = 0; i < ntx && !d->nifp->ring_ofs[i]; i++)
+			;
+		d->first_tx_ring = (uint16_t)i;
+		for (; i < ntx && d->nifp->ring_ofs[i]; i++)
+			;
+		d->last_tx_ring = (uint16_t)(i - 1); /* first > last: no tx ring */
+		for (i = 0; i < nrx && !d->nifp->ring_ofs[ntx + i]; i++)
+			;
+		d->first_rx_ring = (uint16_t)i;
+		for (; i < nrx && d->nifp->ring_ofs[ntx + i]; i++)
+			;
+		d->last_rx_ring = (uint16_t)(i - 1);
 	}
 	d->cur_tx_ring = d->first_tx_ring;
 	d->cur_rx_ring = d->first_rx_ring;

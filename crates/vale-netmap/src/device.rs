@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use vale::{OpenOptions, Port, PortParams, RingSet, Waiter};
+use vale_abi::netmap::NIFP_RING_OFS;
 use vale_abi::region::{Layout, MAX_RINGS, MAX_SLOTS, MIN_SLOTS};
 
 use crate::abi::*;
@@ -22,7 +23,51 @@ use crate::real;
 pub struct Bound {
     pub port: Arc<Port>,
     pub waiter: Waiter,
+    /// The descriptor's own memory identifier: netmap's libraries share one mapping between
+    /// descriptors of equal identifiers, and each descriptor's mapping holds its own
+    /// `netmap_if`, so no two descriptors may share one.
     pub mem_id: u16,
+    /// This descriptor's `netmap_if`, as netmap gives each registration its own: the
+    /// port's, with `ring_ofs` 0 for every ring the descriptor is not bound to (netmap's
+    /// libnetmap finds a descriptor's rings that way). It lives in a private page mapped
+    /// right after the region ([`NIFP_PAGE`]); its ring offsets point back into the region.
+    pub nifp: Vec<u8>,
+}
+
+/// The page after the region, in each mapping of a netmap descriptor, that holds the
+/// descriptor's own `netmap_if` (at `nr_offset` = the region's size).
+pub const NIFP_PAGE: usize = 4096;
+
+impl Bound {
+    /// `nr_offset`: where this descriptor's `netmap_if` is in its mapping.
+    pub fn nifp_offset(&self) -> u64 {
+        self.port.memfd().1 as u64
+    }
+
+    /// `nr_memsize`: the region and the page of the descriptor's `netmap_if`.
+    pub fn memsize(&self) -> u64 {
+        (self.port.memfd().1 + NIFP_PAGE) as u64
+    }
+}
+
+/// The `netmap_if` of a descriptor bound to the rings of `set`, to be placed at offset
+/// `region_size` of its mapping.
+fn own_nifp(port: &Port, set: &RingSet) -> Vec<u8> {
+    let l = port.layout();
+    let (tx, rx) = (l.params.tx_rings, l.params.rx_rings);
+    let mut v = vec![0u8; NIFP_RING_OFS + 8 * (tx + rx) as usize];
+    // The header as valed wrote it: name, version, flags, ring counts (host rings 0).
+    // SAFETY: the port's netmap_if header lies in its mapping.
+    let hdr = unsafe { std::slice::from_raw_parts(port.nifp() as *const u8, NIFP_RING_OFS) };
+    v[..NIFP_RING_OFS].copy_from_slice(hdr);
+    let here = l.region_size as i64;
+    let bound = set.tx.clone().chain(set.rx.start + tx..set.rx.end + tx);
+    for k in bound {
+        let ofs = l.ring_ofs(k) as i64 - here;
+        let at = NIFP_RING_OFS + 8 * k as usize;
+        v[at..at + 8].copy_from_slice(&ofs.to_ne_bytes());
+    }
+    v
 }
 
 /// One open netmap descriptor.
@@ -46,9 +91,8 @@ impl NmFile {
 static FILES: Mutex<Vec<Option<Arc<NmFile>>>> = Mutex::new(Vec::new());
 pub static OPEN: AtomicUsize = AtomicUsize::new(0);
 
-/// Ports open in this process: name, port, memory identifier.
-type PortEntry = (String, Weak<Port>, u16);
-static PORTS: Mutex<Vec<PortEntry>> = Mutex::new(Vec::new());
+/// Ports open in this process, by name.
+static PORTS: Mutex<Vec<(String, Weak<Port>)>> = Mutex::new(Vec::new());
 static NEXT_MEM_ID: AtomicUsize = AtomicUsize::new(2); // netmap's 1 is its global pool
 
 /// The netmap descriptor `fd`, if it is one.
@@ -205,20 +249,21 @@ fn check_features(w: &Want) -> Result<(), Errno> {
 }
 
 /// The port named `w.name`, opened by this process already or now.
-fn port_for(w: &Want) -> Result<(Arc<Port>, u16), Errno> {
+fn port_for(w: &Want) -> Result<Arc<Port>, Errno> {
     let mut ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
-    ports.retain(|(_, p, _)| p.strong_count() > 0);
-    if let Some((_, p, id)) = ports.iter().find(|(n, _, _)| *n == w.name) {
-        if let Some(p) = p.upgrade() {
-            return Ok((p, *id));
-        }
+    ports.retain(|(_, p)| p.strong_count() > 0);
+    if let Some(p) = ports
+        .iter()
+        .find(|(n, _)| *n == w.name)
+        .and_then(|(_, p)| p.upgrade())
+    {
+        return Ok(p);
     }
     let mut opts = OpenOptions::new();
     opts.params = params_for(w);
     let port = Arc::new(opts.open(&w.name).map_err(|e| io_errno(&e))?);
-    let id = (NEXT_MEM_ID.fetch_add(1, Relaxed) % 0xfffe + 1) as u16;
-    ports.push((w.name.clone(), Arc::downgrade(&port), id));
-    Ok((port, id))
+    ports.push((w.name.clone(), Arc::downgrade(&port)));
+    Ok(port)
 }
 
 /// The rings a request binds, as netmap picks them.
@@ -261,8 +306,10 @@ pub fn register(file: &NmFile, w: &Want) -> Result<Arc<Bound>, Errno> {
         ));
     }
     check_features(w)?;
-    let (port, mem_id) = port_for(w)?;
+    let port = port_for(w)?;
     let set = rings_for(&port, w)?;
+    let mem_id = (NEXT_MEM_ID.fetch_add(1, Relaxed) % 0xfffe + 1) as u16;
+    let nifp = own_nifp(&port, &set);
     let waiter = Waiter::new(&port, set).map_err(|e| io_errno(&e))?;
     let mut ev = libc::epoll_event {
         events: libc::EPOLLIN as u32,
@@ -276,25 +323,23 @@ pub fn register(file: &NmFile, w: &Want) -> Result<Arc<Bound>, Errno> {
         port,
         waiter,
         mem_id,
+        nifp,
     });
     let _ = file.bound.set(b.clone());
     Ok(b)
 }
 
 /// The geometry a port would have if `w` opened it now (netmap's PORT_INFO_GET): the port's
-/// own if this process has it open.
-pub fn info(w: &Want) -> (PortParams, u64, u16) {
+/// own if this process has it open; and the size a descriptor maps.
+pub fn info(w: &Want) -> (PortParams, u64) {
     let ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((p, id)) = ports
+    let params = ports
         .iter()
-        .filter(|(n, _, _)| *n == w.name)
-        .find_map(|(_, p, id)| p.upgrade().map(|p| (p, *id)))
-    {
-        return (*p.params(), p.memfd().1 as u64, id);
-    }
-    let params = params_for(w);
-    let size = Layout::new(&params).map_or(0, |l| l.region_size);
-    (params, size, 0)
+        .filter(|(n, _)| *n == w.name)
+        .find_map(|(_, p)| p.upgrade().map(|p| *p.params()))
+        .unwrap_or_else(|| params_for(w));
+    let size = Layout::new(&params).map_or(0, |l| l.region_size + NIFP_PAGE as u64);
+    (params, size)
 }
 
 /// NIOCTXSYNC / NIOCRXSYNC: syncs the bound tx (rx) rings.

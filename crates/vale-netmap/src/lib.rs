@@ -195,8 +195,8 @@ unsafe fn control(file: &NmFile, hdr: *mut NmreqHeader) -> Result<(), Errno> {
             };
             let b = device::register(file, &want)?;
             let p = b.port.params();
-            reg.nr_offset = b.port.region().nifp_ofs;
-            reg.nr_memsize = b.port.memfd().1 as u64;
+            reg.nr_offset = b.nifp_offset();
+            reg.nr_memsize = b.memsize();
             reg.nr_tx_slots = p.slots;
             reg.nr_rx_slots = p.slots;
             reg.nr_tx_rings = p.tx_rings as u16;
@@ -212,7 +212,7 @@ unsafe fn control(file: &NmFile, hdr: *mut NmreqHeader) -> Result<(), Errno> {
                 .as_mut()
                 .ok_or_else(|| no_arg("NETMAP_REQ_PORT_INFO_GET"))?;
             let want = want_default(name);
-            let (p, size, id) = device::info(&want);
+            let (p, size) = device::info(&want);
             info.nr_memsize = size;
             info.nr_tx_slots = p.slots;
             info.nr_rx_slots = p.slots;
@@ -220,7 +220,7 @@ unsafe fn control(file: &NmFile, hdr: *mut NmreqHeader) -> Result<(), Errno> {
             info.nr_rx_rings = p.rx_rings as u16;
             info.nr_host_tx_rings = 0;
             info.nr_host_rx_rings = 0;
-            info.nr_mem_id = id;
+            info.nr_mem_id = 0;
             Ok(())
         }
         REQ_PORT_HDR_GET => {
@@ -329,8 +329,8 @@ unsafe fn legacy_register(file: &NmFile, req: *mut Nmreq) -> Result<(), Errno> {
     };
     let b = device::register(file, &want)?;
     let p = b.port.params();
-    req.nr_offset = b.port.region().nifp_ofs as u32;
-    req.nr_memsize = b.port.memfd().1 as u32;
+    req.nr_offset = b.nifp_offset() as u32;
+    req.nr_memsize = b.memsize() as u32;
     req.nr_tx_slots = p.slots;
     req.nr_rx_slots = p.slots;
     req.nr_tx_rings = p.tx_rings as u16;
@@ -343,7 +343,7 @@ unsafe fn legacy_register(file: &NmFile, req: *mut Nmreq) -> Result<(), Errno> {
 /// NIOCGINFO: the legacy port information request.
 unsafe fn legacy_info(req: *mut Nmreq) -> Result<(), Errno> {
     let req = req.as_mut().ok_or_else(|| no_arg("NIOCGINFO"))?;
-    let (p, size, id) = device::info(&want_default(name_of(&req.nr_name)));
+    let (p, size) = device::info(&want_default(name_of(&req.nr_name)));
     req.nr_version = NETMAP_API as u32;
     req.nr_offset = 0;
     req.nr_memsize = size as u32;
@@ -351,11 +351,13 @@ unsafe fn legacy_info(req: *mut Nmreq) -> Result<(), Errno> {
     req.nr_rx_slots = p.slots;
     req.nr_tx_rings = p.tx_rings as u16;
     req.nr_rx_rings = p.rx_rings as u16;
-    req.nr_arg2 = id;
+    req.nr_arg2 = 0;
     Ok(())
 }
 
-/// `mmap(2)` of a netmap descriptor maps its port's memory (the region's memfd).
+/// `mmap(2)` of a netmap descriptor maps its port's memory (the region's memfd) and, in the
+/// page right after it, the descriptor's own `netmap_if` (a private copy: see
+/// [`device::Bound::nifp`]).
 ///
 /// # Safety
 /// As mmap(2).
@@ -371,21 +373,65 @@ pub unsafe extern "C" fn mmap(
     let Some(file) = device::file(fd) else {
         return (real::mmap())(addr, len, prot, flags, fd, off);
     };
+    let fail = |e: Errno| {
+        set_errno(e.0);
+        libc::MAP_FAILED
+    };
     let Some(b) = file.bound() else {
-        let Errno(e) = device::fail(libc::ENXIO, "mmap of a netmap descriptor bound to no port");
-        set_errno(e);
-        return libc::MAP_FAILED;
+        return fail(device::fail(
+            libc::ENXIO,
+            "mmap of a netmap descriptor bound to no port",
+        ));
     };
     let (memfd, size) = b.port.memfd();
-    if off < 0 || off as u64 + len as u64 > size as u64 {
-        let Errno(e) = device::fail(
+    if off < 0 || off as u64 + len as u64 > b.memsize() || (len > size && off != 0) {
+        return fail(device::fail(
             libc::EINVAL,
-            format_args!("mmap of {len} bytes at {off}: the port's memory is {size} bytes"),
-        );
+            format_args!(
+                "mmap of {len} bytes at {off}: a netmap descriptor of this port maps {} bytes from 0",
+                b.memsize()
+            ),
+        ));
+    }
+    if len <= size {
+        return (real::mmap())(addr, len, prot, flags, memfd, off);
+    }
+    // The region, then the page of the descriptor's netmap_if, in one range: reserve it,
+    // then map both into it.
+    let anon = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    let base = (real::mmap())(
+        addr,
+        len,
+        libc::PROT_NONE,
+        anon | (flags & libc::MAP_FIXED),
+        -1,
+        0,
+    );
+    if base == libc::MAP_FAILED {
+        return base;
+    }
+    let fixed = libc::MAP_FIXED | (flags & !(libc::MAP_PRIVATE | libc::MAP_SHARED));
+    let region = (real::mmap())(base, size, prot, fixed | libc::MAP_SHARED, memfd, 0);
+    let page = base.cast::<u8>().add(size).cast::<c_void>();
+    let nifp = (real::mmap())(
+        page,
+        len - size,
+        libc::PROT_READ | libc::PROT_WRITE,
+        libc::MAP_FIXED | anon,
+        -1,
+        0,
+    );
+    if region == libc::MAP_FAILED || nifp == libc::MAP_FAILED {
+        let e = *libc::__errno_location();
+        libc::munmap(base, len);
         set_errno(e);
         return libc::MAP_FAILED;
     }
-    (real::mmap())(addr, len, prot, flags, memfd, off)
+    std::ptr::copy_nonoverlapping(b.nifp.as_ptr(), page.cast::<u8>(), b.nifp.len());
+    if prot & libc::PROT_WRITE == 0 {
+        libc::mprotect(page, len - size, prot);
+    }
+    base
 }
 
 /// # Safety
