@@ -73,6 +73,14 @@ fn readiness_is_notified_once_the_control_socket_listens() {
     let sock = UnixDatagram::bind(&path).expect("bind the notify socket");
     let kid = ready_once_listening(&bin("valed"), &run, path.to_str().unwrap(), &sock);
     kid.signal(libc::SIGTERM);
+    // Told to exit, it says so before it goes.
+    sock.set_read_timeout(Some(T)).expect("timeout");
+    let mut buf = [0u8; 4096];
+    let n = sock
+        .recv(&mut buf)
+        .unwrap_or_else(|e| panic!("no STOPPING=1 from valed after SIGTERM: {e}"));
+    let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+    assert!(msg.lines().any(|l| l == "STOPPING=1"), "{msg:?}");
     let out = kid.finish(T);
     assert!(
         out.status.success(),

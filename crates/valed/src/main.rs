@@ -265,6 +265,7 @@ fn block_signals_and_clean_up_on_exit(sock_path: PathBuf) {
             let mut sig = 0;
             libc::sigwait(&set, &mut sig);
             let _ = std::fs::remove_file(&sock_path);
+            notify::stopping();
             tracing::info!(signal = sig, "valed exiting");
             std::process::exit(0);
         });

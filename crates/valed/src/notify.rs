@@ -2,8 +2,8 @@
 //! here rather than taken from libsystemd. A manager that wants to know when valed is
 //! ready (a unit of `Type=notify`) names a Unix datagram socket in `NOTIFY_SOCKET`, a path
 //! or, starting with `@`, an abstract name; valed sends it one datagram, `READY=1`, once its
-//! control socket listens, so that units ordered after valed find clients served at once.
-//! Without `NOTIFY_SOCKET` nothing is sent.
+//! control socket listens, so that units ordered after valed find clients served at once,
+//! and `STOPPING=1` when a signal tells it to exit. Without `NOTIFY_SOCKET` nothing is sent.
 
 use std::ffi::OsStr;
 use std::os::linux::net::SocketAddrExt;
@@ -23,6 +23,16 @@ pub fn ready() {
     if let Err(e) = send(&socket, state.as_bytes()) {
         tracing::warn!(notify_socket = %socket.to_string_lossy(), error = %e,
             "cannot tell the service manager that valed is ready");
+    }
+}
+
+/// Tells the service manager, if there is one, that valed is going away.
+pub fn stopping() {
+    if let Some(socket) = std::env::var_os("NOTIFY_SOCKET") {
+        if let Err(e) = send(&socket, b"STOPPING=1\nSTATUS=exiting\n") {
+            tracing::warn!(notify_socket = %socket.to_string_lossy(), error = %e,
+                "cannot tell the service manager that valed is stopping");
+        }
     }
 }
 
