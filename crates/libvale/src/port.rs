@@ -387,25 +387,14 @@ impl Waiter {
     /// poll(2) entries appended to `out`. Watching them directly saves the kernel a level of
     /// epoll on every wake-up; after the sleep, hand them to [`Waiter::woken`].
     pub fn lines(&self, port: &Port, want: Events, out: &mut Vec<libc::pollfd>) {
-        out.push(port.ctl_pollfd());
-        out.extend(port.wanted(&self.set, want).map(|i| libc::pollfd {
-            fd: port.irq[i as usize].as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        }));
+        out.extend(port.sleep_lines(&self.set, want));
     }
 
     /// After a sleep on [`Waiter::lines`]: empties the lines that were raised and notes a
     /// closed control connection (an error: valed is gone).
     pub fn woken(&self, port: &Port, lines: &[libc::pollfd]) -> io::Result<()> {
         self.asked.store(false, Relaxed);
-        let Some((ctl, irqs)) = lines.split_first() else {
-            return Ok(());
-        };
-        for p in irqs.iter().filter(|p| p.revents != 0) {
-            port.interrupts.fetch_add(pipe::drain(&p.fd), Relaxed);
-        }
-        port.note_ctl(ctl.revents)
+        port.woken_lines(lines)
     }
 
     /// Empties the interrupt lines that are readable, and notes a closed control connection.
@@ -826,6 +815,29 @@ impl Port {
         Ok(made)
     }
 
+    /// What a sleep for `want` on the rings of `set` watches, as poll(2) entries: the
+    /// control connection first (it closes when valed dies), then the interrupt lines of the
+    /// rings `want` concerns.
+    fn sleep_lines(&self, set: &RingSet, want: Events) -> impl Iterator<Item = libc::pollfd> + '_ {
+        std::iter::once(self.ctl_pollfd()).chain(self.wanted(set, want).map(|i| libc::pollfd {
+            fd: self.irq[i as usize].as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        }))
+    }
+
+    /// After a sleep on [`Port::sleep_lines`]: empties the lines that were raised and notes a
+    /// closed control connection (an error: valed is gone).
+    fn woken_lines(&self, lines: &[libc::pollfd]) -> io::Result<()> {
+        let Some((ctl, irqs)) = lines.split_first() else {
+            return Ok(());
+        };
+        for p in irqs.iter().filter(|p| p.revents != 0) {
+            self.interrupts.fetch_add(pipe::drain(&p.fd), Relaxed);
+        }
+        self.note_ctl(ctl.revents)
+    }
+
     /// Sets (1) or clears (0) `appl_need_kick` on the rings of `set` that `want` concerns.
     fn ask_interrupts(&self, set: &RingSet, want: Events, on: u32) {
         for i in self.wanted(set, want) {
@@ -893,15 +905,10 @@ impl Port {
             fence(SeqCst);
             let mut closed = Ok(());
             if !self.moved(set, want) {
-                // The control connection first: it closes when valed dies.
                 let mut pfds = [self.ctl_pollfd(); MAX_POLL_FDS];
-                let mut n = 1;
-                for i in self.wanted(set, want) {
-                    pfds[n] = libc::pollfd {
-                        fd: self.irq[i as usize].as_raw_fd(),
-                        events: libc::POLLIN,
-                        revents: 0,
-                    };
+                let mut n = 0;
+                for p in self.sleep_lines(set, want) {
+                    pfds[n] = p;
                     n += 1;
                 }
                 // SAFETY: the array outlives the call and holds at least `n` entries.
@@ -912,10 +919,7 @@ impl Port {
                         return Err(e);
                     }
                 }
-                closed = self.note_ctl(pfds[0].revents);
-                for p in pfds[1..n].iter().filter(|p| p.revents != 0) {
-                    self.interrupts.fetch_add(pipe::drain(&p.fd), Relaxed);
-                }
+                closed = self.woken_lines(&pfds[..n]);
             }
             self.ask_interrupts(set, want, 0);
             closed?;

@@ -128,10 +128,8 @@ pub fn poll_with(
         if ready > 0 {
             return ready + others;
         }
-        let mut woke = false;
         for ((i, f), span) in nm.iter().zip(&spans) {
             let lines = &copy[span.clone()];
-            woke |= lines.iter().any(|p| p.revents != 0);
             if let Some(b) = f.bound() {
                 if b.waiter.woken(&b.port, lines).is_err() {
                     fds[*i].revents = libc::POLLERR | libc::POLLHUP;
@@ -142,16 +140,15 @@ pub fn poll_with(
         if ready > 0 {
             return ready + others;
         }
-        if woke || others > 0 || expired(deadline) || r == 0 {
-            for (i, f) in nm {
-                fds[*i].revents = look(f, fds[*i].events, false);
-                ready += (fds[*i].revents != 0) as c_int;
-            }
-            if ready + others > 0 || expired(deadline) || (r == 0 && !woke) {
-                return ready + others;
-            }
+        // Whatever woke the sleep, look again; an interrupt with nothing behind it (a frame
+        // taken by a sync meanwhile) sleeps again, until the deadline.
+        for (i, f) in nm {
+            fds[*i].revents = look(f, fds[*i].events, false);
+            ready += (fds[*i].revents != 0) as c_int;
         }
-        // An interrupt with nothing behind it (a frame taken by a sync meanwhile): again.
+        if ready + others > 0 || r == 0 || expired(deadline) {
+            return ready + others;
+        }
     }
 }
 
@@ -211,31 +208,24 @@ pub unsafe fn select_with(
             *libc::__errno_location() = libc::EBADF;
             return Some(-1);
         }
-        let hit = |set: *mut libc::fd_set, bits: c_short| {
-            if !set.is_null() && p.revents & bits != 0 && isset_asked(p, bits) {
+        // A descriptor goes into a set it was asked in, for the bits that set reports.
+        let hit = |set: *mut libc::fd_set, asked: c_short, bits: c_short| {
+            if !set.is_null() && p.events & asked != 0 && p.revents & bits != 0 {
                 libc::FD_SET(p.fd, set);
                 1
             } else {
                 0
             }
         };
-        n += hit(rd, libc::POLLIN | libc::POLLHUP | libc::POLLERR);
-        n += hit(wr, libc::POLLOUT | libc::POLLERR);
-        n += hit(ex, libc::POLLPRI);
+        n += hit(
+            rd,
+            libc::POLLIN,
+            libc::POLLIN | libc::POLLHUP | libc::POLLERR,
+        );
+        n += hit(wr, libc::POLLOUT, libc::POLLOUT | libc::POLLERR);
+        n += hit(ex, libc::POLLPRI, libc::POLLPRI);
     }
     Some(n)
-}
-
-/// Did the program ask, in this entry, for the set these bits report into?
-fn isset_asked(p: &pollfd, bits: c_short) -> bool {
-    let asked = if bits & libc::POLLIN != 0 {
-        libc::POLLIN
-    } else if bits & libc::POLLOUT != 0 {
-        libc::POLLOUT
-    } else {
-        libc::POLLPRI
-    };
-    p.events & asked != 0
 }
 
 /// A netmap descriptor in an epoll instance of the program's: the events and data the

@@ -223,6 +223,18 @@ pub fn assert_exit(out: &Output, what: &str, code: i32, message: &str) {
     );
 }
 
+/// The standard output of the program `what`, which must have succeeded (else the test
+/// fails with both outputs).
+pub fn stdout_of(out: &Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// The final JSON report of a vale-pktgen that must have succeeded.
 pub fn report(out: &Output, what: &str) -> serde_json::Value {
     assert!(

@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use crate::{run_bounded, tool, Valed, T};
+use crate::{run_bounded, stdout_of, tool, Valed, T};
 
 /// A network namespace of the test's own, deleted (with its interfaces) when dropped.
 pub struct Netns {
@@ -28,14 +28,7 @@ pub fn unique(tag: &str) -> String {
 /// Runs a command, requires success, returns its stdout.
 pub fn sh_ok(cmd: &mut Command) -> String {
     let what = format!("{cmd:?}");
-    let out = run_bounded(cmd, T * 3);
-    assert!(
-        out.status.success(),
-        "{what} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    stdout_of(&run_bounded(cmd, T * 3), &what)
 }
 
 impl Netns {

@@ -54,23 +54,13 @@ fn captures_started(v: &Valed, n: usize) {
     );
 }
 
-fn stdout(out: &Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 fn tcpdump(file: &Path, filter: &str) -> Vec<String> {
     let mut c = Command::new("tcpdump");
     c.args(["-n", "-r"]).arg(file);
     if !filter.is_empty() {
         c.arg(filter);
     }
-    let out = stdout(&run_bounded(&mut c, T), "tcpdump");
+    let out = stdout_of(&run_bounded(&mut c, T), "tcpdump");
     out.lines().map(str::to_string).collect()
 }
 
@@ -85,7 +75,7 @@ fn tshark(file: &Path, filter: &str, fields: &[&str]) -> Vec<Vec<String>> {
     for f in fields {
         c.args(["-e", f]);
     }
-    let out = stdout(&run_bounded(&mut c, T), "tshark");
+    let out = stdout_of(&run_bounded(&mut c, T), "tshark");
     out.lines()
         .map(|l| l.split('|').map(str::to_string).collect())
         .collect()

@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use vale_tests::{bin, compile, run_bounded, ticks_per_second, Kid, TempDir, Valed};
+use vale_tests::{bin, compile, run_bounded, stdout_of, ticks_per_second, Kid, TempDir, Valed};
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -148,12 +148,7 @@ fn send(v: &Valed, way: Way, port: &str, count: u64, len: u32) -> Output {
         ),
         Duration::from_secs(40),
     );
-    assert!(
-        out.status.success(),
-        "nm_send failed: {}{}",
-        text(&out),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    stdout_of(&out, "nm_send");
     assert_eq!(numbers(&out, "sent"), [count]);
     out
 }
