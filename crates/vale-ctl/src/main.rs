@@ -262,7 +262,8 @@ with --client valed connects to a front end listening there instead (QEMU \
 The port offers --queues queue pairs (QEMU '-netdev vhost-user,queues=N' with \
 '-device virtio-net-pci,mq=on', up to as many); each pair has a thread of its own in valed, \
 and the frames of one flow toward the guest stay on one receive queue. valed also offers \
-the MTU ('-device virtio-net-pci,host_mtu=9000'), link status, checksum and TCP segmentation \
+the MTU ('-device virtio-net-pci,host_mtu=9000'; longer frames without segmentation are \
+dropped both ways), link status, checksum and TCP segmentation \
 offload both ways, merged receive buffers and event indices; 'vale-ctl list' shows what the \
 guest took.",
         group(clap::ArgGroup::new("device").required(true).args(["tap", "iface", "vhost_user"]))

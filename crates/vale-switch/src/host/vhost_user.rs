@@ -115,10 +115,15 @@ struct Acked {
     tx_ecn: bool,
     /// A frame toward the guest may span several rx chains.
     mrg_rxbuf: bool,
+    /// Longest frame without segmentation either way: the MTU the front end set plus an
+    /// Ethernet header and a VLAN tag, once the guest acked VIRTIO_NET_F_MTU (the virtio
+    /// spec: the driver sends nothing longer, the device delivers nothing longer).
+    max_frame: usize,
 }
 
 impl Acked {
-    fn of(f: u64) -> Acked {
+    /// `f`: the features acked; `mtu`: what the front end set (0: none).
+    fn of(f: u64, mtu: u32) -> Acked {
         let tx_csum = has(f, VIRTIO_NET_F_CSUM);
         Acked {
             tx_csum,
@@ -126,6 +131,10 @@ impl Acked {
             tx_tso6: tx_csum && has(f, VIRTIO_NET_F_HOST_TSO6),
             tx_ecn: tx_csum && has(f, VIRTIO_NET_F_HOST_ECN),
             mrg_rxbuf: has(f, VIRTIO_NET_F_MRG_RXBUF),
+            max_frame: match mtu {
+                m if m != 0 && has(f, VIRTIO_NET_F_MTU) => m as usize + 18,
+                _ => MAX_GUEST_FRAME,
+            },
         }
     }
 
@@ -882,7 +891,7 @@ impl Net {
             return d;
         }
         let mem = self.0.mem.memory();
-        let acked = Acked::of(self.0.features.load(Relaxed));
+        let acked = self.acked_now();
         let pass = self.rx_pass(p, &mut vring.get_mut(), &mem, &acked, |out| {
             let mut pieces: Vec<&[u8]> = std::mem::take(&mut out.scratch.pieces);
             while let Some(f) = frames.next_frame() {
@@ -942,6 +951,7 @@ impl Net {
             vq,
             mem,
             mrg_rxbuf: acked.mrg_rxbuf,
+            max_frame: acked.max_frame,
             scratch: &mut scratch,
             used: 0,
             bad: 0,
@@ -969,7 +979,7 @@ impl Net {
         let pair = &self.0.pairs[p];
         let mut steps = lock(&pair.steps);
         let mem = self.0.mem.memory();
-        let acked = Acked::of(self.0.features.load(Relaxed));
+        let acked = self.acked_now();
         let busy_poll = steps.busy_poll;
         let rx = (p == 0).then_some(rx);
         self.note_enabled(p, tx);
@@ -1044,6 +1054,11 @@ impl Net {
         self.0.mtu.store(mtu as u32, Relaxed);
         self.describe();
         true
+    }
+
+    /// What the guest negotiated, with the MTU the front end set.
+    fn acked_now(&self) -> Acked {
+        Acked::of(self.0.features.load(Relaxed), self.0.mtu.load(Relaxed))
     }
 
     fn acked(&self, features: u64) {
@@ -1226,6 +1241,8 @@ enum Bad {
     Direction,
     Runt(usize),
     TooLong,
+    /// A frame without segmentation longer than the MTU allows: (its length, the MTU).
+    OverMtu(usize, usize),
     /// More pieces than a frame may have.
     Scattered,
     TooSmall(usize),
@@ -1242,6 +1259,7 @@ impl std::fmt::Display for Bad {
             Bad::Direction => write!(f, "descriptor of the wrong direction in a chain"),
             Bad::Runt(n) => write!(f, "frame of {n} bytes"),
             Bad::TooLong => write!(f, "frame longer than {MAX_GUEST_FRAME} bytes"),
+            Bad::OverMtu(n, mtu) => write!(f, "frame of {n} bytes over the MTU of {mtu}"),
             Bad::Scattered => write!(f, "frame in more than {MAX_FRAGS} pieces"),
             Bad::TooSmall(n) => write!(f, "receive buffers too small for a frame of {n} bytes"),
             Bad::Offload(o) => write!(
@@ -1318,6 +1336,9 @@ impl TxScratch {
             return Err(Bad::Runt(len));
         }
         let off = acked.offload(&hdr, len)?;
+        if len > acked.max_frame && off.is_none_or(|o| o.gso_type == offload::GSO_NONE) {
+            return Err(Bad::OverMtu(len, acked.max_frame - 18));
+        }
         let mut skip = 0usize;
         if (self.pieces[0].1 as usize) < 14 {
             // The Ethernet header is split: its first bytes are copied aside, one piece.
@@ -1363,6 +1384,8 @@ struct GuestRx<'a, 'm> {
     mem: &'m GuestMemoryMmap,
     /// A frame may span several chains (their count is in its header's `num_buffers`).
     mrg_rxbuf: bool,
+    /// Longer frames without segmentation are not the guest's to take (see [`Acked`]).
+    max_frame: usize,
     scratch: &'a mut Scratch,
     used: usize,
     bad: u64,
@@ -1372,6 +1395,12 @@ struct GuestRx<'a, 'm> {
 impl Egress for GuestRx<'_, '_> {
     fn send(&mut self, pieces: &[&[u8]], off: Offload) -> Result<bool, DevError> {
         let flen: usize = pieces.iter().map(|p| p.len()).sum();
+        if flen > self.max_frame && off.gso_type == offload::GSO_NONE {
+            // Over the guest's MTU: a drop of the port's, the guest did nothing wrong.
+            return Err(DevError::Frame(io::Error::from_raw_os_error(
+                libc::EMSGSIZE,
+            )));
+        }
         let total = HDR_LEN + flen;
         let vq = &mut self.vq;
         let start = vq.next_avail;
