@@ -84,6 +84,15 @@ impl Setup {
             self.v.log(),
             tp.output()
         );
+        // What testpmd's driver took is listed (DPDK 22.11's virtio_user acks MRG_RXBUF of
+        // the net features valed offers, one queue pair, no offloads).
+        let negotiated = self.v.port("vale0:vm1").unwrap().negotiated;
+        assert!(
+            negotiated
+                .as_deref()
+                .is_some_and(|n| n.contains("features ") && n.contains("queue pairs 1 in use of 4")),
+            "vale-ctl list: {negotiated:?}"
+        );
         tp
     }
 
