@@ -11,7 +11,8 @@ import argparse, atexit, json, os, platform, shutil, signal, statistics, subproc
 from datetime import datetime, timezone
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "target", "release")
+# VALE_BIN_DIR: another build's binaries (to compare two builds in alternate runs).
+BIN = os.environ.get("VALE_BIN_DIR") or os.path.join(ROOT, "target", "release")
 RESULTS = os.path.join(ROOT, "bench", "results")
 CMD_TIMEOUT = 30          # seconds, for every short command
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -258,6 +258,29 @@ impl Pipeline {
                 dropping = flags & NS_MOREFRAG != 0;
                 continue;
             }
+            // The common case first: a frame in one slot, with no flag that needs a look.
+            // SAFETY: `cur` < n; read once, volatile (the client may be writing it). The
+            // general path below reads the slot again and checks everything it reads.
+            let slot: NetmapSlot = unsafe { ptr::read_volatile(reg.slot(ring, cur)) };
+            let len = slot.len as u32;
+            if slot.flags & (NS_MOREFRAG | NS_INDIRECT | NS_OFFLOAD) == 0
+                && (FIRST_SLOT_BUF..num_bufs).contains(&slot.buf_idx)
+                && (ETH_HLEN..=buf_size).contains(&len)
+            {
+                cur = (cur + 1) & mask;
+                let ptr = reg.buf(slot.buf_idx);
+                prefetch(ptr);
+                self.held.push(Held {
+                    first: self.frags.len() as u32,
+                    count: 1,
+                    len,
+                    offload: 0,
+                });
+                self.frags.push(Frag { ptr, len });
+                self.frames.push(FrameMeta::new(ptr, len, len, slot.flags));
+                sent_bytes += len as u64;
+                continue;
+            }
             let chain_start = cur;
             let frag_start = self.frags.len();
             let mut total = 0u32;
@@ -1102,7 +1125,10 @@ impl DstRing<'_> {
         rounded: bool,
         dst_bufs: &mut Vec<*mut u8>,
     ) -> Put {
-        let need = len.div_ceil(self.bsize).max(1);
+        if len <= self.bsize {
+            return self.put_one(frags, len, offload, rounded);
+        }
+        let need = len.div_ceil(self.bsize);
         if need > self.free {
             return Put::Full;
         }
@@ -1141,6 +1167,37 @@ impl DstRing<'_> {
         }
         self.tail = (self.tail + need) & self.mask;
         self.free -= need;
+        Put::Done
+    }
+
+    /// [`DstRing::put`] of a frame that fits one slot, the common case: no division, no list
+    /// of buffers, one slot written.
+    #[inline(always)]
+    fn put_one(&mut self, frags: &[Frag], len: u32, offload: u64, rounded: bool) -> Put {
+        if self.free == 0 {
+            return Put::Full;
+        }
+        let s = self.reg.slot(self.ring, self.tail);
+        // SAFETY: `tail` is below the ring size; the index is the client's to change: checked.
+        let idx = unsafe { ptr::read_volatile(&(*s).buf_idx) };
+        if !(FIRST_SLOT_BUF..self.num_bufs).contains(&idx) {
+            return Put::Bad;
+        }
+        // SAFETY: as in `put`; one destination buffer holds `len` bytes.
+        unsafe { copy_frame(frags, &[self.reg.buf(idx)], self.bsize as usize, rounded) };
+        let mut flags = 0;
+        if offload != 0 && !self.caps.is_empty() {
+            flags = NS_OFFLOAD;
+            // SAFETY: slot inside the region.
+            unsafe { ptr::write_volatile(&mut (*s).ptr, offload) };
+        }
+        // SAFETY: slot inside the region.
+        unsafe {
+            ptr::write_volatile(&mut (*s).len, len as u16);
+            ptr::write_volatile(&mut (*s).flags, flags);
+        }
+        self.tail = (self.tail + 1) & self.mask;
+        self.free -= 1;
         Put::Done
     }
 }
@@ -1236,8 +1293,12 @@ unsafe fn copy_frame(frags: &[Frag], dst: &[*mut u8], bsize: usize, rounded: boo
     if let ([f], [d], true) = (frags, dst, rounded) {
         // The common case: one slot in, one slot out. Copy whole 64-byte chunks; both
         // buffers are at least that long.
-        let n = (f.len as usize + 63) & !63;
-        ptr::copy_nonoverlapping(f.ptr, *d, n);
+        if f.len <= 64 {
+            // A constant length: a few vector moves inline instead of a call.
+            ptr::copy_nonoverlapping(f.ptr, *d, 64);
+        } else {
+            ptr::copy_nonoverlapping(f.ptr, *d, (f.len as usize + 63) & !63);
+        }
         return;
     }
     let mut di = 0;
