@@ -93,9 +93,11 @@ const DETACH_WAIT: Duration = Duration::from_secs(5);
 impl Engine {
     pub fn new(cfg: EngineConfig) -> std::io::Result<Arc<Engine>> {
         let epoch = Instant::now();
+        let peers = Arc::new(std::sync::OnceLock::new());
         let workers = (0..cfg.workers.max(1))
-            .map(|i| Worker::spawn(i, cfg.busy_poll, epoch))
+            .map(|i| Worker::spawn(i, cfg.busy_poll, epoch, peers.clone()))
             .collect::<std::io::Result<Vec<_>>>()?;
+        let _ = peers.set(workers.clone());
         Ok(Arc::new(Engine {
             cfg,
             epoch,
@@ -328,6 +330,9 @@ impl Engine {
     /// Makes every worker drop its references to `port`, so its memory goes now.
     fn release(&self, port: &Arc<Port>) {
         let Some(att) = &port.attachment else { return };
+        // Before the removals: a ring one worker hands another from now on is not taken.
+        att.released
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         if let Some(h) = &att.host {
             // The port's own thread goes first; the device closes with it.
             h.stop();

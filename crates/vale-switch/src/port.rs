@@ -130,6 +130,9 @@ pub struct Attachment {
     pub direct: Option<std::sync::Arc<dyn crate::kind::DirectSink>>,
     /// First bad input of this owner is logged; the rest are only counted.
     pub bad_logged: AtomicBool,
+    /// The port has left its switch: a worker handed one of its rings by another no longer
+    /// takes it (see `worker.rs`).
+    pub released: AtomicBool,
 }
 
 impl Attachment {
@@ -173,6 +176,7 @@ impl Attachment {
             host: None,
             direct: None,
             bad_logged: AtomicBool::new(false),
+            released: AtomicBool::new(false),
         })
     }
 

@@ -14,12 +14,18 @@
 //! a look at `head`, at most one per ring per pass of the loop. A ring whose kicks keep
 //! bringing nothing is muted for a while (its eventfd leaves the epoll set), so a kick storm
 //! neither wakes the worker nor touches its epoll instance; a muted ring is still looked at.
+//!
+//! Rings are dealt to workers in turn as ports open, which cannot know which rings will send:
+//! two senders can land on one worker while another serves only idle rings. So every
+//! [`LOOK_EVERY_NS`] a worker counts its rings that forwarded since its last look, and one that
+//! had two or more while another worker had none hands one ring to it. The hand-off happens
+//! between two batches of the giving worker, so the ring's frames keep their order.
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::epoll;
@@ -63,9 +69,20 @@ pub struct WorkerStats {
     pub slots: AtomicU64,
     /// Source rings served now.
     pub rings: AtomicU32,
+    /// Rings that forwarded between the worker's last two looks, and the engine clock of the
+    /// last look (a worker that stopped looking has slept: see [`WorkerStats::idle`]). A
+    /// worker that hands it a ring writes both too, so that no other picks it meanwhile.
+    pub busy_rings: AtomicU32,
+    pub looked_at: AtomicU64,
 }
 
 impl WorkerStats {
+    /// No ring of this worker forwarded lately, at engine clock `now`.
+    fn idle(&self, now: u64) -> bool {
+        self.busy_rings.load(Relaxed) == 0
+            || now.saturating_sub(self.looked_at.load(Relaxed)) > 2 * LOOK_EVERY_NS
+    }
+
     /// Adds to counters only this thread writes.
     fn count(&self, batches: u64, slots: u64) {
         self.batches
@@ -104,15 +121,21 @@ impl WorkerStats {
 }
 
 impl Worker {
-    /// Starts worker thread `id`.
-    pub fn spawn(id: usize, busy_poll: Duration, epoch: Instant) -> io::Result<Arc<Worker>> {
+    /// Starts worker thread `id`; `peers` will hold every worker, this one too (see
+    /// [`Loop::look`]).
+    pub fn spawn(
+        id: usize,
+        busy_poll: Duration,
+        epoch: Instant,
+        peers: Arc<OnceLock<Vec<Arc<Worker>>>>,
+    ) -> io::Result<Arc<Worker>> {
         let w = Arc::new(Worker {
             inbox: Mutex::new(Vec::new()),
             wake: eventfd::new()?,
             stats: WorkerStats::default(),
         });
         let me = w.clone();
-        let mut lp = Loop::new(me, busy_poll, epoch)?;
+        let mut lp = Loop::new(me, busy_poll, epoch, peers)?;
         std::thread::Builder::new()
             .name(format!("vale-worker-{id}"))
             .spawn(move || lp.run())?;
@@ -141,6 +164,8 @@ struct Source {
     mutes: u32,
     /// While muted: the engine clock when the kick eventfd is watched again.
     muted_until: Option<u64>,
+    /// Slots taken since the worker's last look.
+    moved: u64,
 }
 
 /// Kicks in a row that bring no work before a ring is muted. A client that follows the
@@ -153,6 +178,11 @@ const REARM_GRACE: u32 = 4;
 /// stormed and then sends real work may wait at worst for an idle worker to notice it.
 const MUTE_MIN_NS: u64 = 1_000_000;
 const MUTE_MAX_NS: u64 = 16_000_000;
+
+/// How often a busy worker counts the rings that forward, and may hand one to an idle worker.
+const LOOK_EVERY_NS: u64 = 100_000_000;
+/// Passes of the loop between two readings of the clock for the look.
+const LOOK_PASSES: u32 = 64;
 
 const TOKEN_WAKE: u64 = u64::MAX;
 const TOKEN_TIMER: u64 = u64::MAX - 1;
@@ -168,10 +198,20 @@ struct Loop {
     muted: Vec<usize>,
     pipe: Pipeline,
     busy_poll_ns: u64,
+    /// Every worker (set once all have started).
+    peers: Arc<OnceLock<Vec<Arc<Worker>>>>,
+    /// Engine clock of the next look, and passes of the loop until the clock is read again.
+    next_look: u64,
+    passes: u32,
 }
 
 impl Loop {
-    fn new(me: Arc<Worker>, busy_poll: Duration, epoch: Instant) -> io::Result<Loop> {
+    fn new(
+        me: Arc<Worker>,
+        busy_poll: Duration,
+        epoch: Instant,
+        peers: Arc<OnceLock<Vec<Arc<Worker>>>>,
+    ) -> io::Result<Loop> {
         let epoll = epoll::new()?;
         let timer = epoll::new_timer()?;
         epoll::add(&epoll, me.wake.as_raw_fd(), TOKEN_WAKE)?;
@@ -185,6 +225,9 @@ impl Loop {
             muted: Vec::new(),
             pipe: Pipeline::new(epoch),
             busy_poll_ns: busy_poll.as_nanos() as u64,
+            peers,
+            next_look: LOOK_EVERY_NS,
+            passes: 0,
         })
     }
 
@@ -220,9 +263,82 @@ impl Loop {
                 self.unmute_due();
             }
             self.round();
+            self.passes += 1;
+            if self.passes >= LOOK_PASSES {
+                self.passes = 0;
+                let now = self.pipe.notifier.now_ns();
+                if now >= self.next_look {
+                    // Counts over a longer time than a look's (the worker slept meanwhile) say
+                    // little of its load now: they are published, nothing is handed over.
+                    let steady = now - self.next_look < LOOK_EVERY_NS;
+                    self.next_look = now + LOOK_EVERY_NS;
+                    self.look(now, steady);
+                }
+            }
             let next = self.pipe.notifier.fire_due();
             self.arm_timer(next);
         }
+    }
+
+    /// Counts the rings that forwarded since the last look; with two or more (`steady`: looks
+    /// came on time, the worker was busy throughout), hands the last of them to a worker that
+    /// had none (one ring a look, so loads settle between moves).
+    fn look(&mut self, now: u64, steady: bool) {
+        let mut busy = 0u32;
+        let mut give = None;
+        for (token, s) in self.sources.iter_mut().enumerate() {
+            if let Some(s) = s {
+                if s.moved != 0 {
+                    busy += 1;
+                    give = Some(token);
+                    s.moved = 0;
+                }
+            }
+        }
+        self.me.stats.busy_rings.store(busy, Relaxed);
+        self.me.stats.looked_at.store(now, Relaxed);
+        let (Some(token), Some(peers)) = (give, self.peers.get()) else {
+            return;
+        };
+        if busy < 2 || !steady {
+            return;
+        }
+        let Some(idle) = peers
+            .iter()
+            .find(|w| !Arc::ptr_eq(w, &self.me) && w.stats.idle(now))
+            .cloned()
+        else {
+            return;
+        };
+        let s = self.forget(token);
+        tracing::debug!(port = %s.port.name(), ring = s.ring, "ring handed to an idle worker");
+        // Claimed until that worker's own next look, so no other worker picks it this round.
+        idle.stats.busy_rings.store(1, Relaxed);
+        idle.stats.looked_at.store(now, Relaxed);
+        idle.send(Cmd::Add {
+            sw: s.sw,
+            port: s.port,
+            ring: s.ring,
+        });
+        let rings = self.sources.iter().flatten().count() as u32;
+        self.me.stats.rings.store(rings, Relaxed);
+    }
+
+    /// Stops serving ring `token`: out of the epoll set and the active and muted lists.
+    fn forget(&mut self, token: usize) -> Source {
+        let s = self.sources[token].take().expect("a source");
+        if let Some(t) = s
+            .port
+            .attachment
+            .as_ref()
+            .and_then(|a| a.tx.get(s.ring as usize))
+        {
+            // The fd is still open: we hold the port.
+            epoll::del(&self.epoll, t.kick.as_raw_fd());
+        }
+        self.active.retain(|&t| t != token);
+        self.muted.retain(|&t| t != token);
+        s
     }
 
     fn commands(&mut self) {
@@ -230,9 +346,12 @@ impl Loop {
         for cmd in cmds {
             match cmd {
                 Cmd::Add { sw, port, ring } => {
+                    // A ring handed over by another worker may belong to a port that left
+                    // meanwhile: this worker may have answered its removal already.
                     let Some(kick) = port
                         .attachment
                         .as_ref()
+                        .filter(|a| !a.released.load(SeqCst))
                         .and_then(|a| a.tx.get(ring as usize))
                         .map(|t| t.kick.as_raw_fd())
                     else {
@@ -258,28 +377,20 @@ impl Loop {
                         spurious: 0,
                         mutes: 0,
                         muted_until: None,
+                        moved: 0,
                     });
                     // Packets may have been published before the ring was watched.
                     self.activate(token);
                 }
                 Cmd::Remove { port, done } => {
-                    for slot in self.sources.iter_mut() {
-                        if slot.as_ref().is_some_and(|s| Arc::ptr_eq(&s.port, &port)) {
-                            let s = slot.take().expect("checked");
-                            if let Some(t) = s
-                                .port
-                                .attachment
-                                .as_ref()
-                                .and_then(|a| a.tx.get(s.ring as usize))
-                            {
-                                // The fd is still open: we hold the port.
-                                epoll::del(&self.epoll, t.kick.as_raw_fd());
-                            }
+                    for token in 0..self.sources.len() {
+                        let mine = self.sources[token]
+                            .as_ref()
+                            .is_some_and(|s| Arc::ptr_eq(&s.port, &port));
+                        if mine {
+                            self.forget(token);
                         }
                     }
-                    let sources = &self.sources;
-                    self.active.retain(|&t| sources[t].is_some());
-                    self.muted.retain(|&t| sources[t].is_some());
                     self.pipe.notifier.forget(&port);
                     drop(port);
                     let _ = done.send(());
@@ -401,6 +512,7 @@ impl Loop {
             if took != 0 {
                 batches += 1;
                 slots += u64::from(took);
+                s.moved += u64::from(took);
                 s.dry_since = None;
                 i += 1;
                 continue;

@@ -793,6 +793,92 @@ fn two_workers_forward_two_streams_concurrently() {
     }
 }
 
+/// valed's forwarding workers, as `vale-ctl top` sees them.
+fn workers(v: &Valed) -> Vec<vale_abi::control::WorkerInfo> {
+    use vale_abi::control::{self, Reply, Request};
+    let sock =
+        std::os::unix::net::UnixStream::connect(v.run_dir().join(control::SOCKET_NAME)).unwrap();
+    match control::exchange(&sock, &Request::Workers).unwrap() {
+        Some((Reply::Workers { workers }, _)) => workers,
+        other => panic!("workers: {other:?}"),
+    }
+}
+
+/// Rings are dealt to workers in turn as ports open: opened a, b, c, d, the two senders a and
+/// c land on worker 0 and worker 1 serves only receivers. Worker 0 hands one of them to worker
+/// 1, which then forwards too; every frame of both streams arrives, in order, across the
+/// hand-off.
+#[test]
+fn a_worker_with_two_sending_rings_hands_one_to_an_idle_worker() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+    let _s = serial();
+    let v = Valed::start_with(&["--workers", "2"]);
+    let a = v.open("vale0:a");
+    let b = v.open("vale0:b");
+    let c = v.open("vale0:c");
+    let d = v.open("vale0:d");
+    learn(&b, test_frame(60, MAC_B, BROADCAST, 0), &[&a, &c, &d]);
+    learn(&d, test_frame(60, MAC_D, BROADCAST, 0), &[&a, &b, &c]);
+    // Worker 1 took the two broadcasts (its counters follow its pass a moment later).
+    assert!(
+        wait_until(Duration::from_secs(5), || workers(&v)[1].slots == 2),
+        "{:?}",
+        workers(&v)
+    );
+    let w = workers(&v);
+    assert_eq!(
+        w.iter().map(|w| (w.rings, w.slots)).collect::<Vec<_>>(),
+        [(2, 0), (2, 2)],
+        "{w:?}"
+    );
+    let idle_slots = w[1].slots;
+    let (stop, rounds) = (
+        AtomicBool::new(false),
+        [AtomicU64::new(0), AtomicU64::new(0)],
+    );
+    let chunk = 5000;
+    let handed = std::thread::scope(|s| {
+        for (k, (tx, rx, src, dst)) in [(&a, &b, MAC_A, MAC_B), (&c, &d, MAC_C, MAC_D)]
+            .into_iter()
+            .enumerate()
+        {
+            let (stop, rounds) = (&stop, &rounds);
+            s.spawn(move || {
+                while !stop.load(Relaxed) {
+                    stream(tx, rx, src, dst, chunk, 256);
+                    rounds[k].fetch_add(1, Relaxed);
+                }
+            });
+        }
+        let handed = wait_until(Duration::from_secs(20), || {
+            workers(&v)[1].slots > idle_slots
+        });
+        stop.store(true, Relaxed);
+        handed
+    });
+    let w = workers(&v);
+    assert!(handed, "worker 1 never forwarded: {w:?}");
+    assert_eq!(
+        w.iter().map(|w| w.rings).collect::<Vec<_>>(),
+        [1, 3],
+        "{w:?}"
+    );
+    for (k, (tx, rx)) in [("vale0:a", "vale0:b"), ("vale0:c", "vale0:d")]
+        .into_iter()
+        .enumerate()
+    {
+        let n = rounds[k].load(Relaxed) * chunk;
+        assert!(n > 0);
+        let (t, r) = (v.counters(tx), v.counters(rx));
+        assert_eq!(
+            (t.tx_packets, t.tx_drops, t.bad_input),
+            (n, 0, 0),
+            "{tx}: {t:?}"
+        );
+        assert_eq!((r.rx_packets, r.rx_drops), (n + 1, 0), "{rx}: {r:?}");
+    }
+}
+
 #[test]
 fn unicast_to_a_port_that_left_is_flooded_and_counted() {
     let _s = serial();

@@ -63,7 +63,8 @@ struct Args {
     /// Directory of the control socket and lock file [env: VALE_RUN_DIR] [default: /run/vale]
     #[arg(long, value_name = "DIR")]
     run_dir: Option<PathBuf>,
-    /// Forwarding threads; source rings are shared among them round-robin
+    /// Forwarding threads; source rings are dealt to them in turn as ports open, and a worker
+    /// with two or more rings that forward hands one to a worker with none
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     workers: u32,
     /// Keep a ring (or a vhost-user guest's queues) that ran dry polled this many
