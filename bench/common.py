@@ -17,6 +17,8 @@ RESULTS = os.path.join(ROOT, "bench", "results")
 CMD_TIMEOUT = 30          # seconds, for every short command
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 LOAD_AT_START = os.getloadavg()   # 1, 5, 15-minute load averages when the script started
+# Slots per ring of vale-pktgen in the benchmarks (--slots; None: its default).
+SLOTS = None
 
 # CPU layouts for vale: which vCPUs valed, the sender(s) and the receiver(s) may run on
 # (`taskset -c`). The machine this was written for has 2 vCPUs; "own" (a CPU each for sender,
@@ -150,6 +152,8 @@ def write_report(path, experiment, args, cpu_layout, results, **extra):
         "cpu_layout": cpu_layout,
         "runs": args.runs,
         "seconds": args.seconds,
+        # Slots per ring of vale's clients (vale-pktgen's default when null: 1024).
+        "slots": getattr(args, "slots", None),
         "quick": args.quick,
         "results": results,
     }
@@ -190,13 +194,19 @@ def parser(doc, name, runs=5, seconds=2.0, peers=True, layouts=None):
     if peers:
         ap.add_argument("--no-peers", action="store_true",
                         help="measure vale only (no Linux bridge, Open vSwitch or DPDK): no ratios")
+    ap.add_argument("--slots", type=int, default=None,
+                    help="slots per ring of vale's benchmark clients (vale-pktgen --slots, a power of "
+                         "two 64-4096; default vale-pktgen's, 1024). Deeper rings let a sender and a "
+                         "receiver that share a CPU move more frames per context switch")
     ap.add_argument("--out", default=os.path.join(RESULTS, f"{name}.json"),
                     help=f"JSON output (default bench/results/{name}.json)")
     return ap
 
 
 def parse(ap, argv=None):
+    global SLOTS
     a = ap.parse_args(argv)
+    SLOTS = a.slots
     if a.quick:
         a.runs, a.seconds = min(a.runs, 2), min(a.seconds, 0.5)
     if a.runs < 1 or a.seconds <= 0:
@@ -407,8 +417,9 @@ class Valed:
         return out
 
     def pktgen(self, port, function, cpus, *args):
+        slots = ["--slots", str(SLOTS)] if SLOTS else []
         return ["taskset", "-c", cpus, f"{BIN}/vale-pktgen", "-i", port, "-f", function, "-q", "--json",
-                *[str(a) for a in args]]
+                *slots, *[str(a) for a in args]]
 
     def wait_ports(self, ports, announced=False, limit=10.0):
         """Waits until every port is held by a client (and, if announced, has sent its frame)."""

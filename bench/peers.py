@@ -339,6 +339,9 @@ def memif_run(size, seconds, warmup=1.0, burst=32):
         for role, mode, extra in (("rx", "rxonly", []), ("tx", "txonly", [f"--txpkts={size}"])):
             lay = MEMIF_LAYOUT[role]
             memif = f"net_memif0,role={'server' if role == 'rx' else 'client'},id=0,socket={sock},socket-abstract=no"
+            if common.SLOTS:
+                # The same ring depth as vale's clients (memif's rsize: log2 of its slots).
+                memif += f",rsize={common.SLOTS.bit_length() - 1}"
             logs[role] = open(f"{d}/{role}.log", "w+")
             # stdbuf -oL: line-buffered stats, so they can be read while testpmd runs.
             procs[role] = spawn(["stdbuf", "-oL", "dpdk-testpmd", "-l", lay["lcores"], "--main-lcore", lay["main"], *eal,

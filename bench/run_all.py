@@ -29,6 +29,7 @@ def main():
     ap.add_argument("--runs", type=int, help="runs per point (default: each experiment's, 5)")
     ap.add_argument("--seconds", type=float, help="measured seconds per run (default: each experiment's)")
     ap.add_argument("--quick", action="store_true", help="2 runs of 0.5 s and fewer points: checks that all works")
+    ap.add_argument("--slots", type=int, help="slots per ring of vale-pktgen in every experiment (default its own, 1024)")
     ap.add_argument("--layout", choices=sorted(common.LAYOUTS), default="split", help="vale's CPU layout (default split)")
     ap.add_argument("--no-peers", action="store_true", help="vale alone: no Linux bridge, OVS or DPDK")
     ap.add_argument("--only", default=",".join(EXPERIMENTS), help=f"which experiments (default all: {','.join(EXPERIMENTS)})")
@@ -52,6 +53,8 @@ def main():
             cmd += ["--runs", str(a.runs)]
         if a.seconds:
             cmd += ["--seconds", str(a.seconds)]
+        if a.slots:
+            cmd += ["--slots", str(a.slots)]
         if a.quick:
             cmd.append("--quick")
         if a.no_peers and e in ("host_ports", "vhost_user", "guests"):
