@@ -145,8 +145,8 @@ class SenderFloor(peers.Topo):
     once. What one trafgen reaches here bounds what any switch behind that veth can get."""
     name = "sender_floor"
 
-    def __init__(self):
-        super().__init__(n_rx=1, tag="vf")
+    def __init__(self, mtu=1500):
+        super().__init__(n_rx=1, mtu=mtu, tag="vf")
         sh(["ip", "-n", self.ns["sw"], "link", "set", "p-tx", "up"])
         self.switch_pid = None
 
