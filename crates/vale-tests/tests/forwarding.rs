@@ -879,6 +879,53 @@ fn a_worker_with_two_sending_rings_hands_one_to_an_idle_worker() {
     }
 }
 
+/// Ports that come and go while their rings are being handed between workers leave nothing
+/// behind: each round opens four ports (so both senders often share a worker), streams
+/// through them long enough for a hand-off, and closes them all; afterwards no worker serves
+/// a ring and valed holds the descriptors it held before.
+#[test]
+fn rings_handed_between_workers_leave_with_their_ports() {
+    let _s = serial();
+    let v = Valed::start_with(&["--workers", "2"]);
+    let fds_before = v.fd_count();
+    let mut handed = 0;
+    for round in 0..6 {
+        let a = v.open("vale0:a");
+        let b = v.open("vale0:b");
+        let c = v.open("vale0:c");
+        let d = v.open("vale0:d");
+        learn(&b, test_frame(60, MAC_B, BROADCAST, 0), &[&a, &c, &d]);
+        learn(&d, test_frame(60, MAC_D, BROADCAST, 0), &[&a, &b, &c]);
+        let before: Vec<u32> = workers(&v).iter().map(|w| w.rings).collect();
+        let deadline = Instant::now() + Duration::from_millis(300);
+        std::thread::scope(|s| {
+            for (tx, rx, src, dst) in [(&a, &b, MAC_A, MAC_B), (&c, &d, MAC_C, MAC_D)] {
+                s.spawn(move || {
+                    while Instant::now() < deadline {
+                        stream(tx, rx, src, dst, 2000, 256);
+                    }
+                });
+            }
+        });
+        let after: Vec<u32> = workers(&v).iter().map(|w| w.rings).collect();
+        if after != before {
+            handed += 1;
+        }
+        eprintln!("round {round}: rings per worker {before:?} -> {after:?}");
+        drop((a, b, c, d));
+    }
+    assert!(handed > 0, "no round handed a ring over");
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            workers(&v).iter().all(|w| w.rings == 0) && v.fd_count() == fds_before
+        }),
+        "left behind: {:?}, {} descriptors (had {fds_before})",
+        workers(&v),
+        v.fd_count()
+    );
+    assert!(v.list().is_empty(), "{:?}", v.list());
+}
+
 #[test]
 fn unicast_to_a_port_that_left_is_flooded_and_counted() {
     let _s = serial();
