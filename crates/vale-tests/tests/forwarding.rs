@@ -804,6 +804,18 @@ fn workers(v: &Valed) -> Vec<vale_abi::control::WorkerInfo> {
     }
 }
 
+/// Opens vale0:a, b, c, d in that order (with two workers, a and c land on worker 0) and lets
+/// the bridge learn b and d.
+fn four_ports_b_and_d_learnt(v: &Valed) -> [Port; 4] {
+    let a = v.open("vale0:a");
+    let b = v.open("vale0:b");
+    let c = v.open("vale0:c");
+    let d = v.open("vale0:d");
+    learn(&b, test_frame(60, MAC_B, BROADCAST, 0), &[&a, &c, &d]);
+    learn(&d, test_frame(60, MAC_D, BROADCAST, 0), &[&a, &b, &c]);
+    [a, b, c, d]
+}
+
 /// Rings are dealt to workers in turn as ports open: opened a, b, c, d, the two senders a and
 /// c land on worker 0 and worker 1 serves only receivers. Worker 0 hands one of them to worker
 /// 1, which then forwards too; every frame of both streams arrives, in order, across the
@@ -813,12 +825,7 @@ fn a_worker_with_two_sending_rings_hands_one_to_an_idle_worker() {
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
     let _s = serial();
     let v = Valed::start_with(&["--workers", "2"]);
-    let a = v.open("vale0:a");
-    let b = v.open("vale0:b");
-    let c = v.open("vale0:c");
-    let d = v.open("vale0:d");
-    learn(&b, test_frame(60, MAC_B, BROADCAST, 0), &[&a, &c, &d]);
-    learn(&d, test_frame(60, MAC_D, BROADCAST, 0), &[&a, &b, &c]);
+    let [a, b, c, d] = four_ports_b_and_d_learnt(&v);
     // Worker 1 took the two broadcasts (its counters follow its pass a moment later).
     assert!(
         wait_until(Duration::from_secs(5), || workers(&v)[1].slots == 2),
@@ -890,12 +897,7 @@ fn rings_handed_between_workers_leave_with_their_ports() {
     let fds_before = v.fd_count();
     let mut handed = 0;
     for round in 0..6 {
-        let a = v.open("vale0:a");
-        let b = v.open("vale0:b");
-        let c = v.open("vale0:c");
-        let d = v.open("vale0:d");
-        learn(&b, test_frame(60, MAC_B, BROADCAST, 0), &[&a, &c, &d]);
-        learn(&d, test_frame(60, MAC_D, BROADCAST, 0), &[&a, &b, &c]);
+        let [a, b, c, d] = four_ports_b_and_d_learnt(&v);
         let before: Vec<u32> = workers(&v).iter().map(|w| w.rings).collect();
         let deadline = Instant::now() + Duration::from_millis(300);
         std::thread::scope(|s| {
