@@ -4,7 +4,10 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicUsize,
+    Ordering::{Relaxed, SeqCst},
+};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -331,8 +334,7 @@ impl Engine {
     fn release(&self, port: &Arc<Port>) {
         let Some(att) = &port.attachment else { return };
         // Before the removals: a ring one worker hands another from now on is not taken.
-        att.released
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        att.released.store(true, SeqCst);
         if let Some(h) = &att.host {
             // The port's own thread goes first; the device closes with it.
             h.stop();

@@ -320,6 +320,11 @@ impl Loop {
             port: s.port,
             ring: s.ring,
         });
+        self.publish_rings();
+    }
+
+    /// Tells the stats how many rings this worker serves now.
+    fn publish_rings(&self) {
         let rings = self.sources.iter().flatten().count() as u32;
         self.me.stats.rings.store(rings, Relaxed);
     }
@@ -397,8 +402,7 @@ impl Loop {
                 }
             }
         }
-        let rings = self.sources.iter().flatten().count() as u32;
-        self.me.stats.rings.store(rings, Relaxed);
+        self.publish_rings();
     }
 
     /// A kick arrived: if the ring's `head` moved since it went to sleep, poll it from now on,

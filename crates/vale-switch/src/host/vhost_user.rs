@@ -132,7 +132,7 @@ impl Acked {
             tx_ecn: tx_csum && has(f, VIRTIO_NET_F_HOST_ECN),
             mrg_rxbuf: has(f, VIRTIO_NET_F_MRG_RXBUF),
             max_frame: match mtu {
-                m if m != 0 && has(f, VIRTIO_NET_F_MTU) => m as usize + 18,
+                m if m != 0 && has(f, VIRTIO_NET_F_MTU) => m as usize + MTU_OVERHEAD,
                 _ => MAX_GUEST_FRAME,
             },
         }
@@ -174,8 +174,10 @@ impl Acked {
         Ok(off.needs_work().then_some(off))
     }
 }
-/// Largest MTU a front end may set: the largest frame less an Ethernet header and a VLAN tag.
-const MAX_MTU: u64 = MAX_FRAME_LEN as u64 - 18;
+/// What a frame may hold beyond its MTU: an Ethernet header and a VLAN tag.
+const MTU_OVERHEAD: usize = 18;
+/// Largest MTU a front end may set: the largest frame less [`MTU_OVERHEAD`].
+const MAX_MTU: u64 = (MAX_FRAME_LEN as usize - MTU_OVERHEAD) as u64;
 /// Descriptors per queue a front end may ask for.
 const QUEUE_SIZE: usize = 1024;
 /// Frames moved per step before the other direction gets its turn.
@@ -1337,7 +1339,7 @@ impl TxScratch {
         }
         let off = acked.offload(&hdr, len)?;
         if len > acked.max_frame && off.is_none_or(|o| o.gso_type == offload::GSO_NONE) {
-            return Err(Bad::OverMtu(len, acked.max_frame - 18));
+            return Err(Bad::OverMtu(len, acked.max_frame - MTU_OVERHEAD));
         }
         let mut skip = 0usize;
         if (self.pieces[0].1 as usize) < 14 {
