@@ -360,9 +360,10 @@ def mac_of(i):
 class Valed:
     """A valed of our own, in a temporary run directory, pinned as the layout says."""
 
-    def __init__(self, layout="split", workers=1, netns=None, cpus=None, persistent=True, extra=()):
+    def __init__(self, layout="split", workers=1, netns=None, cpus=None, persistent=True, extra=(), wrapper=()):
         """`layout`: a name of LAYOUTS, or an experiment's own {valed, tx, rx} CPU sets;
-        `cpus`: valed's CPUs other than the layout's; `extra`: more valed arguments."""
+        `cpus`: valed's CPUs other than the layout's; `extra`: more valed arguments;
+        `wrapper`: a command valed runs under (valgrind, say), which may take a while to start it."""
         need_binaries()
         if isinstance(layout, dict):
             self.layout, self.layout_name = dict(layout), layout.get("name", "custom")
@@ -378,12 +379,12 @@ class Valed:
         # In network namespace `netns` (ip netns exec execs: the pid stays valed's), the
         # interfaces valed binds and the TAP devices it creates live there.
         prefix = ["ip", "netns", "exec", netns] if netns else []
-        self.proc = spawn([*prefix, "taskset", "-c", self.layout["valed"], f"{BIN}/valed", "--run-dir",
+        self.proc = spawn([*prefix, "taskset", "-c", self.layout["valed"], *wrapper, f"{BIN}/valed", "--run-dir",
                            self.run_dir, "--workers", str(workers), *extra], stdout=self.log,
                           stderr=subprocess.STDOUT)
         on_exit(lambda: stop(self.proc, signal.SIGTERM))
         sock = os.path.join(self.run_dir, "valed.sock")
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + (60 if wrapper else 10)
         while not os.path.exists(sock):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.log.seek(0)
@@ -417,7 +418,8 @@ class Valed:
         return out
 
     def pktgen(self, port, function, cpus, *args):
-        slots = ["--slots", str(SLOTS)] if SLOTS else []
+        # --slots given here (a receiver that must not drop, say) wins over the experiment's.
+        slots = ["--slots", str(SLOTS)] if SLOTS and "--slots" not in map(str, args) else []
         return ["taskset", "-c", cpus, f"{BIN}/vale-pktgen", "-i", port, "-f", function, "-q", "--json",
                 *slots, *[str(a) for a in args]]
 

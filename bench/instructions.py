@@ -15,7 +15,7 @@ cache misses, which the timed experiments see.
 Needs valgrind (installed with apt-get when missing, as root) and no other root. Writes
 bench/results/instructions.json.
 """
-import json, os, re, subprocess, tempfile, time
+import json, os, re, signal, subprocess, tempfile
 
 import common
 
@@ -24,31 +24,22 @@ SIZES = "60,1514"
 
 def count(size, frames):
     """Instructions in Pipeline::forward and all it calls, and the receiver's report."""
-    run_dir = tempfile.mkdtemp(prefix="vale-bench-")
-    out = os.path.join(run_dir, "callgrind.out")
-    env = dict(os.environ, VALE_RUN_DIR=run_dir, VALE_NO_AUTOSTART="1")
-    valed = common.spawn(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--collect-atstart=no",
-                          "--toggle-collect=*Pipeline::forward*", f"{common.BIN}/valed", "--run-dir", run_dir],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    common.on_exit(lambda: common.stop(valed))
-    sock = os.path.join(run_dir, "valed.sock")
-    deadline = time.monotonic() + 60
-    while not os.path.exists(sock):
-        if valed.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError("valed did not start under valgrind")
-        time.sleep(0.1)
-    pktgen = f"{common.BIN}/vale-pktgen"
-    rx = common.spawn([pktgen, "-i", "vale0:b", "-f", "rx", "-n", str(frames), "--slots", "4096", "-T", "300",
-                       "-q", "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    fd, out = tempfile.mkstemp(prefix="vale-callgrind-")
+    os.close(fd)
+    common.on_exit(lambda: os.path.exists(out) and os.unlink(out))
+    v = common.Valed("shared", persistent=False,
+                     wrapper=["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", "--collect-atstart=no",
+                              "--toggle-collect=*Pipeline::forward*"])
+    rx = common.spawn(v.pktgen("vale0:b", "rx", v.layout["rx"], "-n", frames, "--slots", 4096, "-T", 300),
+                      env=v.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     common.on_exit(lambda: common.stop(rx))
-    time.sleep(1)
-    common.sh([pktgen, "-i", "vale0:a", "-f", "tx", "-l", str(size), "-n", str(frames), "-q", "--json"],
-              env=env, timeout=300)
+    v.wait_ports(["vale0:b"])
+    common.sh(v.pktgen("vale0:a", "tx", v.layout["tx"], "-l", size, "-n", frames), env=v.env, timeout=300)
     report = json.loads(rx.communicate(timeout=300)[0])
-    common.stop(valed)
+    # valed ends on SIGTERM; callgrind writes its counts as it exits.
+    common.stop(v.proc, signal.SIGTERM)
     with open(out) as f:
         total = sum(int(x) for x in re.findall(r"^summary: (\d+)", f.read(), re.M))
-    subprocess.run(["rm", "-rf", run_dir])
     return total, report
 
 
