@@ -563,15 +563,19 @@ impl HandGuest {
             .unwrap();
     }
 
-    /// The guest's first transmission: `frame` behind a plain header at 0x20000, chain 0 of
-    /// the tx queue, offered in avail slot 0, kicked.
-    fn transmit_first(&self, frame: &[u8]) {
-        let mut m = plain_hdr(0);
-        m.extend_from_slice(frame);
-        self.put(0x20000, &m);
-        self.set_desc(TXQ, 0, 0x20000, m.len() as u32, 0, 0);
-        self.offer(TXQ, 0, 0);
-        self.kick(TXQ);
+    /// The guest's chains `frames` on transmit queue `q`, one descriptor each from slot
+    /// `first` on (buffers from 0x60000, 16 KiB apart), kicked.
+    fn transmit(&self, q: u64, first: u16, frames: &[Vec<u8>]) {
+        for (k, f) in frames.iter().enumerate() {
+            let mut m = plain_hdr(0);
+            m.extend_from_slice(f);
+            let i = first + k as u16;
+            let at = 0x60000 + 0x4000 * i as u64;
+            self.put(at, &m);
+            self.set_desc(q, i, at, m.len() as u32, 0, 0);
+            self.offer(q, i, i);
+        }
+        self.kick(q);
     }
 
     fn kick(&self, q: u64) {
@@ -865,7 +869,7 @@ fn vhost_user_guest_blocking_its_eventfds_holds_nothing() {
     }
     stop.store(true, Relaxed);
     storm.join().unwrap();
-    g.transmit_first(&frame(0x7, [0xff; 6], 1, 60));
+    g.transmit(TXQ, 0, &[frame(0x7, [0xff; 6], 1, 60)]);
     wait_for("the guest's frame at the peer", || {
         wire.from_switch.lock().unwrap().len() == 1
     });
@@ -991,15 +995,7 @@ fn vhost_user_queue_pairs() {
 
     // Pair 1 (queue 3) sends five frames.
     let sent: Vec<Vec<u8>> = (0..5).map(|i| frame(0x7, [0xff; 6], i, 60)).collect();
-    for (k, f) in sent.iter().enumerate() {
-        let mut m = plain_hdr(0);
-        m.extend_from_slice(f);
-        let at = 0x20000 + 0x100 * k as u64;
-        g.put(at, &m);
-        g.set_desc(3, k as u16, at, m.len() as u32, 0, 0);
-        g.offer(3, k as u16, k as u16);
-    }
-    g.kick(3);
+    g.transmit(3, 0, &sent);
     wait_for("pair 1's frames at the peer", || {
         wire.from_switch.lock().unwrap().len() == 5
     });
@@ -1075,7 +1071,7 @@ fn vhost_user_memory_regions_are_capped() {
 #[test]
 fn vhost_user_guest_memory_shrunk_under_valed() {
     let (engine, g, wire, ready) = guest_and_peer("shrink", 0);
-    g.transmit_first(&frame(0x7, [0xff; 6], 1, 60));
+    g.transmit(TXQ, 0, &[frame(0x7, [0xff; 6], 1, 60)]);
     wait_for("the frame at the peer", || {
         wire.from_switch.lock().unwrap().len() == 1
     });
@@ -1149,20 +1145,6 @@ fn net_set_mtu(g: &HandGuest, mtu: u64) -> u64 {
     u64::from_le_bytes(r[12..].try_into().unwrap())
 }
 
-/// The guest's tx chains `frames`, one descriptor each (from slot `first` on), kicked.
-fn transmit(g: &HandGuest, first: u16, frames: &[Vec<u8>]) {
-    for (k, f) in frames.iter().enumerate() {
-        let mut m = plain_hdr(0);
-        m.extend_from_slice(f);
-        let i = first + k as u16;
-        let at = 0x50000 + 0x4000 * i as u64;
-        g.put(at, &m);
-        g.set_desc(TXQ, i, at, m.len() as u32, 0, 0);
-        g.offer(TXQ, i, i);
-    }
-    g.kick(TXQ);
-}
-
 /// Once the guest acked VIRTIO_NET_F_MTU, the MTU its front end set holds both ways (the
 /// virtio spec's rule for frames without segmentation, an Ethernet header and a VLAN tag
 /// allowed): a longer frame from the guest is bad input, a longer one toward it a drop of
@@ -1185,7 +1167,7 @@ fn vhost_user_the_mtu_holds_both_ways() {
         .enumerate()
         .map(|(i, &n)| frame(0x7, [0xff; 6], i as u32, n))
         .collect();
-    transmit(&g, 0, &sent);
+    g.transmit(TXQ, 0, &sent);
     wait_for("the frames within the MTU at the peer", || {
         wire.from_switch.lock().unwrap().len() == 3
     });
@@ -1228,7 +1210,7 @@ fn vhost_user_the_mtu_holds_both_ways() {
     let (engine, g, wire, _ready) = guest_and_peer("no-mtu", F_MTU);
     assert_eq!(net_set_mtu(&g, 1500), 0);
     let long = frame(0x7, [0xff; 6], 1, 4000);
-    transmit(&g, 0, std::slice::from_ref(&long));
+    g.transmit(TXQ, 0, std::slice::from_ref(&long));
     wait_for("the long frame at the peer", || {
         wire.from_switch.lock().unwrap().len() == 1
     });
