@@ -17,8 +17,9 @@
 //!
 //! Rings are dealt to workers in turn as ports open, which cannot know which rings will send:
 //! two senders can land on one worker while another serves only idle rings. So every
-//! [`LOOK_EVERY_NS`] a worker counts its rings that forwarded since its last look, and one that
-//! had two or more while another worker had none hands one ring to it. The hand-off happens
+//! [`LOOK_EVERY_NS`] a worker counts its busy rings (those that took [`BUSY_SLOTS`] or more
+//! since its last look), and one that had two or more while another worker had none hands one
+//! ring to it. The hand-off happens
 //! between two batches of the giving worker, so the ring's frames keep their order.
 
 use std::io;
@@ -183,6 +184,9 @@ const MUTE_MAX_NS: u64 = 16_000_000;
 const LOOK_EVERY_NS: u64 = 100_000_000;
 /// Passes of the loop between two readings of the clock for the look.
 const LOOK_PASSES: u32 = 64;
+/// Slots a ring must have taken since the last look to count as busy (about 10000 frames a
+/// second): a ring that carried a frame or two, an announcement say, is not load worth moving.
+const BUSY_SLOTS: u64 = 1024;
 
 const TOKEN_WAKE: u64 = u64::MAX;
 const TOKEN_TIMER: u64 = u64::MAX - 1;
@@ -280,19 +284,19 @@ impl Loop {
         }
     }
 
-    /// Counts the rings that forwarded since the last look; with two or more (`steady`: looks
-    /// came on time, the worker was busy throughout), hands the last of them to a worker that
-    /// had none (one ring a look, so loads settle between moves).
+    /// Counts the rings that took [`BUSY_SLOTS`] or more since the last look; with two or more
+    /// (`steady`: looks came on time, the worker was busy throughout), hands the last of them
+    /// to a worker that had none (one ring a look, so loads settle between moves).
     fn look(&mut self, now: u64, steady: bool) {
         let mut busy = 0u32;
         let mut give = None;
         for (token, s) in self.sources.iter_mut().enumerate() {
             if let Some(s) = s {
-                if s.moved != 0 {
+                if s.moved >= BUSY_SLOTS {
                     busy += 1;
                     give = Some(token);
-                    s.moved = 0;
                 }
+                s.moved = 0;
             }
         }
         self.me.stats.busy_rings.store(busy, Relaxed);

@@ -64,7 +64,7 @@ struct Args {
     #[arg(long, value_name = "DIR")]
     run_dir: Option<PathBuf>,
     /// Forwarding threads; source rings are dealt to them in turn as ports open, and a worker
-    /// with two or more rings that forward hands one to a worker with none
+    /// with two or more busy rings (1024 slots or more in 100 ms) hands one to a worker with none
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     workers: u32,
     /// Keep a ring (or a vhost-user guest's queues) that ran dry polled this many
