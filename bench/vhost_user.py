@@ -66,12 +66,14 @@ def cpu_sets(a):
 class Side:
     """The sender and receiver testpmd of one run, on sockets s0 (sender) and s1 (receiver)."""
 
-    def __init__(self, s0, s1, size, cpus, dpdk):
-        self.rx = receiver(s1, cpus, dpdk)
+    def __init__(self, s0, s1, size, cpus, dpdk, limit=30.0):
+        """`limit`: seconds each testpmd may take to connect and start (longer for a middle
+        under valgrind)."""
+        self.rx = receiver(s1, cpus, dpdk, limit)
         vu = "net_virtio_user0,path={},queues=1,queue_size=1024,mac={}"
         self.tx = peers.Testpmd("tx", [vu.format(s0, TX_MAC)], "txonly", cpus["tx"],
                                 [f"--txpkts={size}", f"--eth-peer=0,{RX_MAC}"], dpdk=dpdk)
-        self.tx.wait_forwarding()
+        self.tx.wait_forwarding(limit)
 
     def measure(self, seconds, warmup, middle_pid):
         """Waits for traffic at the receiver, then the warm-up, then counts over `seconds`."""
@@ -124,11 +126,11 @@ def paced(sock, size, mpps_load, a, rx):
             "loss": 1 - got / max(r["posted"], 1), "backlog_pps": r["backlog"] / r["seconds"]}
 
 
-def receiver(sock, cpus, dpdk):
-    """The receiving testpmd (rxonly, virtio_user at `sock`), forwarding."""
+def receiver(sock, cpus, dpdk, limit=30.0):
+    """The receiving testpmd (rxonly, virtio_user at `sock`), forwarding (within `limit` s)."""
     rx = peers.Testpmd("rx", [f"net_virtio_user0,path={sock},queues=1,queue_size=1024,mac={RX_MAC}"],
                        "rxonly", cpus["rx"], dpdk=dpdk)
-    rx.wait_forwarding()
+    rx.wait_forwarding(limit)
     return rx
 
 
@@ -216,9 +218,9 @@ def peer_run(d, size, a, cpus, dpdk):
 class ValeVhost(common.Valed):
     """valed (pinned to the middle's CPUs) with vale1:vm1 and vale1:vm2 listening at `socks`."""
 
-    def __init__(self, cpus, socks, busy_poll_us=0):
+    def __init__(self, cpus, socks, busy_poll_us=0, wrapper=()):
         super().__init__({"valed": cpus["middle"], "tx": cpus["tx"], "rx": cpus["rx"]},
-                         extra=("--busy-poll-us", str(busy_poll_us)))
+                         extra=("--busy-poll-us", str(busy_poll_us)), wrapper=wrapper)
         for port, s in zip(("vale1:vm1", "vale1:vm2"), socks):
             self.ctl("attach", port, "--vhost-user", s)
 

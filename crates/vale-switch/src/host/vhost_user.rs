@@ -51,7 +51,9 @@ use vmm_sys_util::event::{
 use vale_abi::eventfd;
 
 use super::guard::{self, Guarded};
-use super::virtq::{guest_piece, read_guest, write_guest, Desc, Popped, Virtq, VirtqError};
+use super::virtq::{
+    guest_piece, guest_range, read_guest, write_guest, Desc, Popped, Virtq, VirtqError,
+};
 use super::{DevError, Device, Driver, Egress, HostState, Steps};
 use crate::epoll;
 use crate::forward::Pipeline;
@@ -1303,38 +1305,31 @@ impl TxScratch {
         batch: &mut Pipeline,
     ) -> Result<(), Bad> {
         let mut hdr = [0u8; HDR_LEN];
-        let mut got = 0usize;
-        let mut len = 0usize;
         self.pieces.clear();
-        for d in &self.descs {
-            if d.write {
-                return Err(Bad::Direction);
+        let one = match self.descs[..] {
+            [d] if !d.write
+                && (HDR_LEN..=HDR_LEN + MAX_GUEST_FRAME).contains(&(d.len as usize)) =>
+            {
+                guest_range(mem, d.addr, d.len as usize)
             }
-            let mut dlen = d.len as usize;
-            let mut addr = d.addr;
-            let s = (HDR_LEN - got).min(dlen);
-            if s != 0 && !read_guest(mem, &mut hdr[got..got + s], addr) {
-                return Err(Bad::Memory);
-            }
-            got += s;
-            dlen -= s;
-            addr = addr.checked_add(s as u64).ok_or(Bad::Memory)?;
-            if dlen > MAX_GUEST_FRAME - len {
-                return Err(Bad::TooLong);
-            }
-            len += dlen;
-            // A descriptor may span regions of the memory table: one piece per region.
-            while dlen != 0 {
-                let (p, n) = guest_piece(mem, addr, dlen).ok_or(Bad::Memory)?;
-                if self.pieces.len() == MAX_FRAGS as usize {
-                    return Err(Bad::Scattered);
+            _ => None,
+        };
+        let len = match one {
+            // The common case: header and frame in one descriptor, in one region of guest
+            // memory: one translation.
+            Some(p) => {
+                let len = self.descs[0].len as usize - HDR_LEN;
+                // SAFETY: the descriptor's bytes lie in one mapped region (`guest_range`),
+                // which `mem` keeps mapped until the batch is forwarded.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(p, hdr.as_mut_ptr(), HDR_LEN);
+                    self.pieces.push((p.add(HDR_LEN), len as u32));
                 }
-                self.pieces.push((p, n as u32));
-                addr = addr.checked_add(n as u64).ok_or(Bad::Memory)?;
-                dlen -= n;
+                len
             }
-        }
-        if got < HDR_LEN || len < 14 {
+            None => self.gather(mem, &mut hdr)?,
+        };
+        if len < 14 {
             return Err(Bad::Runt(len));
         }
         let off = acked.offload(&hdr, len)?;
@@ -1378,6 +1373,46 @@ impl TxScratch {
         }
         Ok(())
     }
+
+    /// The frame of the chain in `descs`, of any shape: its virtio-net header (which may be
+    /// split over any descriptors) read into `hdr`, its pieces where they lie in guest memory
+    /// (a descriptor may span regions of the memory table: one piece per region). Its length
+    /// without the header.
+    fn gather(&mut self, mem: &GuestMemoryMmap, hdr: &mut [u8; HDR_LEN]) -> Result<usize, Bad> {
+        let mut got = 0usize;
+        let mut len = 0usize;
+        for d in &self.descs {
+            if d.write {
+                return Err(Bad::Direction);
+            }
+            let mut dlen = d.len as usize;
+            let mut addr = d.addr;
+            let s = (HDR_LEN - got).min(dlen);
+            if s != 0 && !read_guest(mem, &mut hdr[got..got + s], addr) {
+                return Err(Bad::Memory);
+            }
+            got += s;
+            dlen -= s;
+            addr = addr.checked_add(s as u64).ok_or(Bad::Memory)?;
+            if dlen > MAX_GUEST_FRAME - len {
+                return Err(Bad::TooLong);
+            }
+            len += dlen;
+            while dlen != 0 {
+                let (p, n) = guest_piece(mem, addr, dlen).ok_or(Bad::Memory)?;
+                if self.pieces.len() == MAX_FRAGS as usize {
+                    return Err(Bad::Scattered);
+                }
+                self.pieces.push((p, n as u32));
+                addr = addr.checked_add(n as u64).ok_or(Bad::Memory)?;
+                dlen -= n;
+            }
+        }
+        if got < HDR_LEN {
+            return Err(Bad::Runt(len));
+        }
+        Ok(len)
+    }
 }
 
 /// The rx queue as the way out of the egress step and of the direct sink, for one pass.
@@ -1394,6 +1429,52 @@ struct GuestRx<'a, 'm> {
     why: Bad,
 }
 
+impl GuestRx<'_, '_> {
+    /// The common case, header and frame (`total` bytes) into the next chain when it is one
+    /// writable descriptor that holds them, in one region of guest memory: one translation and
+    /// no lists. Some(false) when the guest has no buffers now; None (nothing taken) when the
+    /// chain is of another shape, or broken, for the general path to deal with.
+    #[inline]
+    fn send_in_one(&mut self, pieces: &[&[u8]], off: Offload, total: usize) -> Option<bool> {
+        let vq = &mut self.vq;
+        let start = vq.next_avail;
+        let descs = &mut self.scratch.descs;
+        descs.clear();
+        let head = match vq.pop(descs) {
+            Popped::Empty => return Some(false),
+            Popped::Chain(head) => head,
+            Popped::Stuck(_) | Popped::Bad(..) => {
+                vq.next_avail = start;
+                return None;
+            }
+        };
+        let dst = match descs[..] {
+            [d] if d.write && d.len as usize >= total => guest_range(self.mem, d.addr, total),
+            _ => None,
+        };
+        let Some(dst) = dst else {
+            vq.next_avail = start;
+            return None;
+        };
+        let mut hdr = [0u8; HDR_LEN];
+        hdr[..offload::VNET_HDR_LEN].copy_from_slice(&off.to_virtio());
+        hdr[10..].copy_from_slice(&1u16.to_le_bytes());
+        // SAFETY: `total` bytes at `dst` lie in one mapped region of guest memory (checked by
+        // `guest_range`), which `self.mem` keeps mapped; header and pieces add up to `total`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(hdr.as_ptr(), dst, HDR_LEN);
+            let mut at = dst.add(HDR_LEN);
+            for p in pieces {
+                std::ptr::copy_nonoverlapping(p.as_ptr(), at, p.len());
+                at = at.add(p.len());
+            }
+        }
+        vq.push_used(head, total as u32);
+        self.used += 1;
+        Some(true)
+    }
+}
+
 impl Egress for GuestRx<'_, '_> {
     fn send(&mut self, pieces: &[&[u8]], off: Offload) -> Result<bool, DevError> {
         let flen: usize = pieces.iter().map(|p| p.len()).sum();
@@ -1404,6 +1485,9 @@ impl Egress for GuestRx<'_, '_> {
             )));
         }
         let total = HDR_LEN + flen;
+        if let Some(sent) = self.send_in_one(pieces, off, total) {
+            return Ok(sent);
+        }
         let vq = &mut self.vq;
         let start = vq.next_avail;
         let s = &mut *self.scratch;
