@@ -3,15 +3,16 @@
 //!
 //! The protocol and the virtqueues are the rust-vmm crates' (`vhost-user-backend`,
 //! `virtio-queue`, `vm-memory`). The library runs its own threads: one that answers the front
-//! end's messages, and one worker that sleeps on the queues' kick eventfds, on the port's rx
-//! interrupt line and on a timer, and calls [`Net::handle_event`], which runs the port's
+//! end's messages, and a worker per queue pair that sleeps on its queues' kick eventfds (pair 0's
+//! also on the port's rx interrupt line) and on a timer, and calls [`Net::handle_event`], which runs the port's
 //! [`Steps`] both ways. The port's own driver thread only waits for a front end (listening at
 //! the socket, or connecting to it) and for the end of the connection or of the port.
 //!
 //! Negotiated: VERSION_1 (12-byte header), checksum and TCP segmentation offload both ways
 //! (CSUM, HOST_TSO4/6, HOST_ECN; GUEST_CSUM, GUEST_TSO4/6, GUEST_ECN), merged rx buffers
-//! (MRG_RXBUF) and the event index (EVENT_IDX: notification suppression both ways), one queue
-//! pair. What the guest acks becomes the port's offload capabilities ([`Caps`]): a TSO
+//! (MRG_RXBUF), the event index (EVENT_IDX: notification suppression both ways), queue pairs
+//! (MQ: 4 offered unless the port's `queues` says otherwise, up to 16, a library worker each),
+//! the MTU and STATUS. What the guest acks becomes the port's offload capabilities ([`Caps`]): a TSO
 //! segment crosses the switch whole toward a port that takes it, and is cut in software
 //! toward one that does not.
 //!
