@@ -557,6 +557,10 @@ impl Lookup for LearningBridge {
         self.tick(now_s);
         let mut refused = 0;
         let mut last_learnt = u64::MAX;
+        // Back-to-back frames to one host are looked up once (a miss walks a whole bucket):
+        // the last unicast destination and where it went, forgotten when a frame of the
+        // batch teaches where that address is.
+        let (mut last_dst, mut last_port) = (u64::MAX, DEST_FLOOD);
         for f in frames.iter_mut() {
             let s = f.src_mac();
             // Back-to-back frames from one host learn once.
@@ -565,12 +569,19 @@ impl Lookup for LearningBridge {
                     refused += 1;
                 }
                 last_learnt = s;
+                if s == last_dst {
+                    last_dst = u64::MAX;
+                }
             }
             let d = f.dst_mac();
             f.dst = if is_group(d) {
                 DEST_FLOOD
+            } else if d == last_dst {
+                last_port
             } else {
-                self.find(d, now_s).unwrap_or(DEST_FLOOD)
+                last_dst = d;
+                last_port = self.find(d, now_s).unwrap_or(DEST_FLOOD);
+                last_port
             };
         }
         refused
@@ -640,6 +651,25 @@ mod tests {
         );
         b.port_removed(2);
         assert_eq!(b.find(0x0b00_0000_0002, 11), None);
+    }
+
+    #[test]
+    fn a_batch_to_one_host_is_looked_up_once_and_follows_what_it_teaches() {
+        let b = LearningBridge::new(64);
+        // Port 1 sends to b (unknown) twice, then a frame from b itself, then to b again:
+        // the last goes back where b now is (port 1, which the engine drops), not flooded.
+        let ab = eth(0xb, 0xa);
+        let from_b = eth(0xc, 0xb);
+        let mut f = [frame(&ab), frame(&ab), frame(&from_b), frame(&ab)];
+        b.lookup(port(1), &mut f, 10);
+        let dsts: Vec<Dest> = f.iter().map(|x| x.dst).collect();
+        assert_eq!(dsts, [DEST_FLOOD, DEST_FLOOD, DEST_FLOOD, 1]);
+        // b moves to port 2; port 1's next batch to b follows it on every frame.
+        let mut f = [frame(&from_b)];
+        b.lookup(port(2), &mut f, 11);
+        let mut f = [frame(&ab), frame(&ab), frame(&ab)];
+        b.lookup(port(1), &mut f, 11);
+        assert!(f.iter().all(|x| x.dst == 2));
     }
 
     /// xorshift64*: deterministic random addresses.
