@@ -80,9 +80,9 @@ def vhost_window(v, out, rx, seconds, warmup):
             raise RuntimeError(f"nothing reached the receiver in 300 s:\n{rx.tail()}")
         time.sleep(0.5)
     time.sleep(warmup)
+    read = lambda: (v.ports()["vale1:vm2"]["counters"]["rx_packets"], rx.stats()["rx"])
     marks = []
     for op in ("-z", "-d"):
-        read = lambda: (v.ports()["vale1:vm2"]["counters"]["rx_packets"], rx.stats()["rx"])
         before = read()
         common.sh(["callgrind_control", op, str(v.pid)], timeout=120)
         after = read()

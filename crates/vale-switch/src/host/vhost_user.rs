@@ -3,17 +3,17 @@
 //!
 //! The protocol and the virtqueues are the rust-vmm crates' (`vhost-user-backend`,
 //! `virtio-queue`, `vm-memory`). The library runs its own threads: one that answers the front
-//! end's messages, and a worker per queue pair that sleeps on its queues' kick eventfds (pair 0's
-//! also on the port's rx interrupt line) and on a timer, and calls [`Net::handle_event`], which runs the port's
-//! [`Steps`] both ways. The port's own driver thread only waits for a front end (listening at
+//! end's messages, and a worker per queue pair that sleeps on its queues' kick eventfds (pair
+//! 0's also on the port's rx interrupt line) and on a timer, and calls [`Net::handle_event`],
+//! which runs the port's [`Steps`] both ways. The port's own driver thread only waits for a front end (listening at
 //! the socket, or connecting to it) and for the end of the connection or of the port.
 //!
 //! Negotiated: VERSION_1 (12-byte header), checksum and TCP segmentation offload both ways
 //! (CSUM, HOST_TSO4/6, HOST_ECN; GUEST_CSUM, GUEST_TSO4/6, GUEST_ECN), merged rx buffers
 //! (MRG_RXBUF), the event index (EVENT_IDX: notification suppression both ways), queue pairs
 //! (MQ: 4 offered unless the port's `queues` says otherwise, up to 16, a library worker each),
-//! the MTU and STATUS. What the guest acks becomes the port's offload capabilities ([`Caps`]): a TSO
-//! segment crosses the switch whole toward a port that takes it, and is cut in software
+//! the MTU and STATUS. What the guest acks becomes the port's offload capabilities ([`Caps`]):
+//! a TSO segment crosses the switch whole toward a port that takes it, and is cut in software
 //! toward one that does not.
 //!
 //! Guest memory is reached only through vm-memory's checked accessors: a descriptor outside
@@ -1457,9 +1457,7 @@ impl GuestRx<'_, '_> {
             vq.next_avail = start;
             return None;
         };
-        let mut hdr = [0u8; HDR_LEN];
-        hdr[..offload::VNET_HDR_LEN].copy_from_slice(&off.to_virtio());
-        hdr[10..].copy_from_slice(&1u16.to_le_bytes());
+        let hdr = rx_header(off, 1);
         // SAFETY: `total` bytes at `dst` lie in one mapped region of guest memory (checked by
         // `guest_range`), which `self.mem` keeps mapped; header and pieces add up to `total`.
         unsafe {
@@ -1540,12 +1538,12 @@ impl Egress for GuestRx<'_, '_> {
         }
         let r = match fail {
             Some(b) => Err(b),
-            None => {
-                let mut hdr = [0u8; HDR_LEN];
-                hdr[..offload::VNET_HDR_LEN].copy_from_slice(&off.to_virtio());
-                hdr[10..].copy_from_slice(&(s.chains.len() as u16).to_le_bytes());
-                copy_to_guest(self.mem, &s.descs, &hdr, pieces)
-            }
+            None => copy_to_guest(
+                self.mem,
+                &s.descs,
+                &rx_header(off, s.chains.len() as u16),
+                pieces,
+            ),
         };
         // Every chain taken goes back used: with the bytes written into it, or empty.
         let mut left = if r.is_ok() { total } else { 0 };
@@ -1578,6 +1576,15 @@ impl Egress for GuestRx<'_, '_> {
         self.used = 0;
         Ok(())
     }
+}
+
+/// The virtio-net header of a frame toward the guest: its offload fields and the number of
+/// chains it spans.
+fn rx_header(off: Offload, num_buffers: u16) -> [u8; HDR_LEN] {
+    let mut hdr = [0u8; HDR_LEN];
+    hdr[..offload::VNET_HDR_LEN].copy_from_slice(&off.to_virtio());
+    hdr[offload::VNET_HDR_LEN..].copy_from_slice(&num_buffers.to_le_bytes());
+    hdr
 }
 
 /// Writes header and frame, in order, into the writable descriptors `descs` (which hold at

@@ -79,10 +79,6 @@ pub struct Virtq<'m> {
     avail: *const u8,
     used: *mut u8,
     size: u16,
-    /// `size - 1`: ring positions are reduced with it, not with a division (a split queue's
-    /// size is a power of two, which virtio-queue enforces; with any other size the masked
-    /// position is still below `size`, so still inside the rings).
-    mask: u16,
     pub next_avail: u16,
     next_used: u16,
     /// The used index when the guest was last told (or at the start of the pass).
@@ -107,7 +103,6 @@ impl<'m> Virtq<'m> {
             avail,
             used,
             size,
-            mask: size - 1,
             next_avail: q.next_avail(),
             next_used: q.next_used(),
             told_used: q.next_used(),
@@ -118,6 +113,14 @@ impl<'m> Virtq<'m> {
 
     pub fn size(&self) -> u16 {
         self.size
+    }
+
+    /// The ring position of index `i`: masked with `size - 1`, not divided (a split queue's
+    /// size is a power of two, which virtio-queue enforces; with any other size the masked
+    /// position is still below `size`, so still inside the rings).
+    #[inline(always)]
+    fn position(&self, i: u16) -> usize {
+        (i & (self.size - 1)) as usize
     }
 
     /// Gives the queue its new position.
@@ -144,7 +147,7 @@ impl<'m> Virtq<'m> {
         }
         // The ring entry and the descriptors are read after the index.
         fence(Ordering::Acquire);
-        let head = self.avail_u16(4 + 2 * (self.next_avail & self.mask) as usize);
+        let head = self.avail_u16(4 + 2 * self.position(self.next_avail));
         self.next_avail = self.next_avail.wrapping_add(1);
         let mut i = head;
         let mut count = 0u16;
@@ -176,11 +179,11 @@ impl<'m> Virtq<'m> {
     /// Returns chain `head` with `len` bytes written into it (published by
     /// [`Virtq::publish_used`]).
     pub fn push_used(&mut self, head: u16, len: u32) {
-        let at = 4 + 8 * (self.next_used & self.mask) as usize;
+        let at = 4 + 8 * self.position(self.next_used);
         let mut e = [0u8; 8];
         e[..4].copy_from_slice(&(head as u32).to_le_bytes());
         e[4..].copy_from_slice(&len.to_le_bytes());
-        // SAFETY: element `next_used & mask` (< size) of the used ring checked in `new`.
+        // SAFETY: element `position(next_used)` (< size) of the used ring checked in `new`.
         unsafe { std::ptr::write_volatile(self.used.add(at) as *mut [u8; 8], e) };
         self.next_used = self.next_used.wrapping_add(1);
     }
