@@ -1077,6 +1077,10 @@ impl Net {
 
     /// What `vale-ctl list` shows of the connection: features, queue pairs, MTU, offloads.
     fn describe(&self) {
+        // Held while the state is read, not only while it is written: each caller changes its
+        // part before it describes, so the last to write has read every change (two threads
+        // describing at once could otherwise leave the older reading shown for good).
+        let mut shown = lock(&self.0.state.negotiated);
         let features = self.0.features.load(Relaxed);
         let names: Vec<&str> = NET_FEATURES
             .iter()
@@ -1091,7 +1095,7 @@ impl Net {
             0 => String::new(),
             m => format!("; mtu {m}"),
         };
-        *lock(&self.0.state.negotiated) = format!(
+        *shown = format!(
             "features {}; queue pairs {} in use of {}{mtu}; offloads to the guest {offloads}",
             if names.is_empty() {
                 "none".to_string()
