@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prints the results of the experiments as Markdown tables (the README's Benchmarks section).
+"""Prints the results of the experiments as Markdown tables (docs/benchmarks.md).
 
 Reads bench/results/{bound,sizes,batch,destinations,ports,scale,latency,cpu,host_ports,guests}.json,
 whichever exist, and prints one table each, with the date, the runs, the machine (CPU model,
