@@ -22,15 +22,16 @@ use vale_abi::region::{FIRST_SLOT_BUF, MAX_FRAGS, MAX_FRAME_LEN};
 use crate::capture;
 use crate::kind::{DirectSink, OutFrame, OutFrames};
 use crate::lookup::{
-    Egress, FrameMeta, Lookup, SourcePort, DEST_DROP, DEST_FLOOD, RING_ANY, VLAN_TAGGED, VLAN_VID,
+    FrameMeta, Lookup, SourcePort, Tagging, DEST_DROP, DEST_FLOOD, RING_ANY, VLAN_TAGGED, VLAN_VID,
 };
 use crate::offload::{Caps, Offload, Resolver};
 use crate::port::{add, Irq, Port};
 use crate::switch::{PortTable, Switch, MAX_BATCH, MAX_PORTS};
+use crate::wire;
 use vale_abi::capture::{DIR_RX, DIR_TX};
 use vale_abi::pipe;
 
-const ETH_HLEN: u32 = 14;
+const ETH_HLEN: u32 = wire::ETH_HLEN as u32;
 const NIL: u16 = u16::MAX;
 
 /// One fragment of a frame in the source port's memory.
@@ -139,7 +140,7 @@ static TAGS: [[u8; 4]; 4096] = {
     let mut t = [[0u8; 4]; 4096];
     let mut v = 0;
     while v < 4096 {
-        t[v] = [0x81, 0x00, (v >> 8) as u8, v as u8];
+        t[v] = wire::vlan_tag(v as u16);
         v += 1;
     }
     t
@@ -154,7 +155,7 @@ pub struct Pipeline {
     scoped: (Vec<FrameMeta>, Vec<Held>),
     /// The ports of one VLAN but the source, and how each takes it: asked of the module once
     /// per VLAN per batch.
-    members: Vec<(u16, Egress)>,
+    members: Vec<(u16, Tagging)>,
     frags: Vec<Frag>,
     /// Next frame in the same destination list (mSwitch), or NIL.
     next: Vec<u16>,
@@ -485,12 +486,12 @@ impl Pipeline {
         let mut members = std::mem::take(&mut self.members);
         // The VLAN `members` lists (a batch from an access port is all one VLAN).
         let mut members_of = u16::MAX;
-        let refresh = |members: &mut Vec<(u16, Egress)>, vid: u16| {
+        let refresh = |members: &mut Vec<(u16, Tagging)>, vid: u16| {
             members.clear();
             for p in table.iter().flatten() {
                 if p.index != src {
                     match module.egress(p.index, vid) {
-                        Egress::Skip => {}
+                        Tagging::Skip => {}
                         e => members.push((p.index, e)),
                     }
                 }
@@ -503,17 +504,17 @@ impl Pipeline {
             let f = self.frames[i];
             let vid = f.vlan & VLAN_VID;
             let tagged = f.vlan & VLAN_TAGGED != 0;
-            let as_is = |e: Egress| {
+            let as_is = |e: Tagging| {
                 !matches!(
                     (e, tagged),
-                    (Egress::Tagged, false) | (Egress::Untagged, true)
+                    (Tagging::Tagged, false) | (Tagging::Untagged, true)
                 )
             };
             let dst = if f.vlan == 0 || f.dst == DEST_DROP {
                 f.dst
             } else if f.dst != DEST_FLOOD {
                 match module.egress(f.dst, vid) {
-                    Egress::Skip => DEST_DROP,
+                    Tagging::Skip => DEST_DROP,
                     e if as_is(e) => f.dst,
                     _ => break,
                 }
@@ -546,10 +547,10 @@ impl Pipeline {
             let f = self.frames[i];
             let vid = f.vlan & VLAN_VID;
             if f.vlan == 0 || f.dst == DEST_DROP {
-                self.entry(&mut out, &mut lost, i, f.dst, Egress::Skip);
+                self.entry(&mut out, &mut lost, i, f.dst, Tagging::Skip);
             } else if f.dst != DEST_FLOOD {
                 match module.egress(f.dst, vid) {
-                    Egress::Skip => self.entry(&mut out, &mut lost, i, DEST_DROP, Egress::Skip),
+                    Tagging::Skip => self.entry(&mut out, &mut lost, i, DEST_DROP, Tagging::Skip),
                     e => self.entry(&mut out, &mut lost, i, f.dst, e),
                 }
             } else {
@@ -559,7 +560,7 @@ impl Pipeline {
                 }
                 if members.is_empty() {
                     // No other member: nowhere to go.
-                    self.entry(&mut out, &mut lost, i, DEST_DROP, Egress::Skip);
+                    self.entry(&mut out, &mut lost, i, DEST_DROP, Tagging::Skip);
                 }
                 for &(p, e) in &members {
                     self.entry(&mut out, &mut lost, i, p, e);
@@ -585,7 +586,7 @@ impl Pipeline {
         lost: &mut u64,
         i: usize,
         dst: u16,
-        e: Egress,
+        e: Tagging,
     ) {
         if out.0.len() == NIL as usize {
             *lost += 1;
@@ -594,7 +595,7 @@ impl Pipeline {
         let f = self.frames[i];
         let tagged = f.vlan & VLAN_TAGGED != 0;
         let h = match (e, tagged) {
-            (Egress::Tagged, false) | (Egress::Untagged, true) => {
+            (Tagging::Tagged, false) | (Tagging::Untagged, true) => {
                 self.edit(i, e, tagged, f.vlan & VLAN_VID)
             }
             // As it is: the common case, kept short.
@@ -607,7 +608,7 @@ impl Pipeline {
     /// Frame `i` as a port that takes its VLAN `e` gets it: its length and offload word, and
     /// its fragments, new ones (appended to `frags`) if the tag goes in or out. `Skip`: as
     /// it is.
-    fn edit(&mut self, i: usize, e: Egress, tagged: bool, vid: u16) -> Held {
+    fn edit(&mut self, i: usize, e: Tagging, tagged: bool, vid: u16) -> Held {
         let mut h = self.held[i];
         let (fs, fc) = (h.first, h.count);
         let first = self.frags[fs as usize];
@@ -619,7 +620,7 @@ impl Pipeline {
             len,
         };
         let shift: i32 = match (e, tagged) {
-            (Egress::Tagged, false) => {
+            (Tagging::Tagged, false) => {
                 self.frags.push(at(0, 12));
                 self.frags.push(Frag {
                     ptr: TAGS[vid as usize].as_ptr(),
@@ -628,7 +629,7 @@ impl Pipeline {
                 self.frags.push(at(12, first.len - 12));
                 4
             }
-            (Egress::Untagged, true) => {
+            (Tagging::Untagged, true) => {
                 self.frags.push(at(0, 12));
                 if first.len > 16 {
                     self.frags.push(at(16, first.len - 16));

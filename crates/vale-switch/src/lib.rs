@@ -4,6 +4,8 @@
 //! - [`region`]: valed's side of a port's shared memory (create, seal, map, initialise).
 //! - [`port`]: a port, its rings, eventfds, counters and knobs.
 //! - [`lookup`]: the lookup-module interface of stage 2 and the learning bridge.
+//! - [`wire`]: EtherTypes, header lengths and IP protocol numbers, written once.
+//! - [`index`]: a port's index and the switch's size (the leaf everyone imports).
 //! - [`offload`]: virtio-net checksum/segmentation offload, carried or done in software.
 //! - [`forward`]: the three-stage batched pipeline (VALE section 3.3, mSwitch lists).
 //! - [`kind`]: the seam between the core and the kinds of port (no kind named there).
@@ -18,12 +20,14 @@ pub mod engine;
 pub mod epoll;
 pub mod forward;
 pub mod host;
+pub mod index;
 pub mod kind;
 pub mod lookup;
 pub mod offload;
 pub mod port;
 pub mod region;
 pub mod switch;
+pub mod wire;
 pub mod worker;
 
 pub use access::{Caller, UserLimits};

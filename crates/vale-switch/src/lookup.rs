@@ -11,8 +11,7 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
-use crate::port::PortIndex;
-use crate::switch::MAX_PORTS;
+use crate::index::{PortIndex, MAX_PORTS};
 
 pub mod flow;
 pub mod shared;
@@ -131,7 +130,7 @@ pub struct SourcePort {
 
 /// How a port takes the frames of one VLAN (see [`Lookup::egress`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Egress {
+pub enum Tagging {
     /// Not a member: the port gets none of the VLAN's frames.
     Skip,
     /// Without the 802.1Q tag (an access port).
@@ -171,8 +170,8 @@ pub trait Lookup: Send + Sync {
         false
     }
     /// How `port` takes the frames of VLAN `vid` (modules whose [`Lookup::vlans`] is true).
-    fn egress(&self, _port: PortIndex, _vid: u16) -> Egress {
-        Egress::Untagged
+    fn egress(&self, _port: PortIndex, _vid: u16) -> Tagging {
+        Tagging::Untagged
     }
     /// The module as its own type, for control requests only one module understands (the
     /// `flow` module's rule changes). None: the module takes no such requests.

@@ -11,6 +11,8 @@
 //! Everything here is untrusted input (a container writes these frames): a header that does
 //! not add up is an [`OffloadError`] and the frame is dropped, never a panic.
 
+use crate::wire::{be16, ETH_P_8021Q, ETH_P_IPV4, ETH_P_IPV6, IPPROTO_TCP, IPPROTO_UDP};
+
 /// `VIRTIO_NET_HDR_F_NEEDS_CSUM`: the L4 checksum at `csum_start + csum_offset` holds only the
 /// pseudo-header sum; the rest is to be added from `csum_start` to the end.
 pub const F_NEEDS_CSUM: u8 = 1;
@@ -167,11 +169,6 @@ pub const MAX_SEGMENTS: usize = 1024;
 /// Headers (Ethernet to the end of the L4 header) longer than this are refused.
 const MAX_HDR: usize = 512;
 
-const ETH_P_IPV4: u16 = 0x0800;
-const ETH_P_IPV6: u16 = 0x86dd;
-const ETH_P_8021Q: u16 = 0x8100;
-const IPPROTO_TCP: u8 = 6;
-const IPPROTO_UDP: u8 = 17;
 const TCP_FIN: u8 = 0x01;
 const TCP_PSH: u8 = 0x08;
 const TCP_CWR: u8 = 0x80;
@@ -389,7 +386,7 @@ fn plan(head: &[u8], len: usize, off: Offload) -> Result<Plan, OffloadError> {
     if off.gso_size == 0 {
         return Err(OffloadError::BadGsoSize);
     }
-    let u16_at = |i: usize| u16::from_be_bytes([head[i], head[i + 1]]);
+    let u16_at = |i: usize| be16(head, i);
 
     // Ethernet, at most one 802.1Q tag.
     need(head, len, 14)?;
@@ -519,7 +516,7 @@ fn execute(src: &[u8], out: &mut [u8], plan: &Plan, mut emit: impl FnMut(&[u8]))
     };
     let hdr = &src[..s.hdr_len];
     let payload = &src[s.hdr_len..len];
-    let ip_id = if s.v4 { get16(src, s.l3 + 4) } else { 0 };
+    let ip_id = if s.v4 { be16(src, s.l3 + 4) } else { 0 };
     let (seq, tcp_flags) = if s.proto == IPPROTO_TCP {
         let seq = [src[s.l4 + 4], src[s.l4 + 5], src[s.l4 + 6], src[s.l4 + 7]];
         (u32::from_be_bytes(seq), src[s.l4 + 13])
@@ -572,10 +569,6 @@ fn execute(src: &[u8], out: &mut [u8], plan: &Plan, mut emit: impl FnMut(&[u8]))
         emit(o);
     }
     plan.count
-}
-
-fn get16(b: &[u8], at: usize) -> u16 {
-    u16::from_be_bytes([b[at], b[at + 1]])
 }
 
 fn put16(b: &mut [u8], at: usize, v: u16) {

@@ -11,8 +11,7 @@ use vale_abi::region::Layout;
 use crate::region::Region;
 use vale_abi::{eventfd, pipe};
 
-/// Index of a port in its switch's table.
-pub type PortIndex = u16;
+pub use crate::index::PortIndex;
 
 /// Counters, updated once per batch (never per packet) by whichever worker forwards.
 #[derive(Default)]

@@ -15,8 +15,7 @@ use arc_swap::{ArcSwap, Guard};
 use crate::lookup::{self, Lookup};
 use crate::port::{Port, PortIndex};
 
-/// Most ports one switch holds.
-pub const MAX_PORTS: usize = 2048;
+pub use crate::index::MAX_PORTS;
 /// Default and largest batch (frames per stage-1 gather).
 pub const DEFAULT_BATCH: u32 = 512;
 pub const MAX_BATCH: u32 = 2048;

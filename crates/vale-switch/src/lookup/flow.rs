@@ -49,8 +49,11 @@ use super::{
     check_keys, is_group, Args, FrameMeta, LearningBridge, Lookup, SourcePort, TableArgs,
     DEST_DROP, DEST_FLOOD,
 };
-use crate::port::PortIndex;
-use crate::switch::MAX_PORTS;
+use crate::index::{PortIndex, MAX_PORTS};
+use crate::wire::{
+    ETH_P_8021AD, ETH_P_8021Q, ETH_P_ARP, ETH_P_IPV4, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6,
+    IPPROTO_TCP, IPPROTO_UDP,
+};
 
 mod prefix;
 use prefix::{Field, Trie, TRACKED};
@@ -209,7 +212,7 @@ fn extract(f: &FrameMeta, in_id: u16) -> Key {
     let mut et = be16(f, 12).unwrap_or(0);
     let mut l3 = 14;
     let mut vlan = 0u64;
-    if et == 0x8100 || et == 0x88a8 {
+    if et == ETH_P_8021Q || et == ETH_P_8021AD {
         match (be16(f, 14), be16(f, 16)) {
             (Some(tci), Some(inner)) => {
                 vlan = VLAN_PRESENT | (tci & 0xfff) as u64;
@@ -222,8 +225,8 @@ fn extract(f: &FrameMeta, in_id: u16) -> Key {
     }
     let mut w0 = in_id as u64 | (et as u64) << 16 | vlan << 32;
     match et {
-        0x0800 => w0 |= ipv4(f, l3, &mut k),
-        0x86dd => w0 |= ipv6(f, l3, &mut k),
+        ETH_P_IPV4 => w0 |= ipv4(f, l3, &mut k),
+        ETH_P_IPV6 => w0 |= ipv6(f, l3, &mut k),
         _ => {}
     }
     k.0[0] = w0;
@@ -508,6 +511,20 @@ fn agree<T: PartialEq + std::fmt::Display>(
     }
 }
 
+/// The shorthands of a match, as OpenFlow's tools write them: an EtherType and maybe an IP
+/// protocol. [`parse_match`] reads them, [`render_match`] writes the first that fits.
+const SHORTHANDS: &[(&str, u16, Option<u8>)] = &[
+    ("icmp", ETH_P_IPV4, Some(IPPROTO_ICMP)),
+    ("tcp", ETH_P_IPV4, Some(IPPROTO_TCP)),
+    ("udp", ETH_P_IPV4, Some(IPPROTO_UDP)),
+    ("icmp6", ETH_P_IPV6, Some(IPPROTO_ICMPV6)),
+    ("tcp6", ETH_P_IPV6, Some(IPPROTO_TCP)),
+    ("udp6", ETH_P_IPV6, Some(IPPROTO_UDP)),
+    ("ip", ETH_P_IPV4, None),
+    ("ipv6", ETH_P_IPV6, None),
+    ("arp", ETH_P_ARP, None),
+];
+
 /// Parses a match: comma- or space-separated `FIELD=VALUE` and shorthands, with `prio=N`
 /// (`priority=N`) among them if `prio` is given somewhere to put it.
 fn parse_match(text: &str, mut prio: Option<&mut Option<u16>>) -> Result<Match, String> {
@@ -527,18 +544,10 @@ fn parse_match(text: &str, mut prio: Option<&mut Option<u16>>) -> Result<Match, 
             Some((n, v)) => (n, Some(v)),
             None => (tok, None),
         };
-        let shorthand = match name {
-            "ip" => Some((0x0800, None)),
-            "ipv6" => Some((0x86dd, None)),
-            "arp" => Some((0x0806, None)),
-            "icmp" => Some((0x0800, Some(1))),
-            "tcp" => Some((0x0800, Some(6))),
-            "udp" => Some((0x0800, Some(17))),
-            "icmp6" => Some((0x86dd, Some(58))),
-            "tcp6" => Some((0x86dd, Some(6))),
-            "udp6" => Some((0x86dd, Some(17))),
-            _ => None,
-        };
+        let shorthand = SHORTHANDS
+            .iter()
+            .find(|s| s.0 == name)
+            .map(|&(_, t, p)| (t, p));
         if let Some((t, p)) = shorthand {
             if value.is_some() {
                 return Err(format!("'{tok}': {name} takes no value"));
@@ -632,8 +641,8 @@ fn parse_match(text: &str, mut prio: Option<&mut Option<u16>>) -> Result<Match, 
         }
     }
     // Prerequisites, as in OpenFlow: a field means something only under its protocol.
-    let ip4 = dl_type == Some(0x0800);
-    let ip6 = dl_type == Some(0x86dd);
+    let ip4 = dl_type == Some(ETH_P_IPV4);
+    let ip6 = dl_type == Some(ETH_P_IPV6);
     if seen.iter().any(|f| *f == "nw_src" || *f == "nw_dst") && !ip4 {
         return Err("nw_src and nw_dst need ip (dl_type=0x0800)".into());
     }
@@ -643,7 +652,9 @@ fn parse_match(text: &str, mut prio: Option<&mut Option<u16>>) -> Result<Match, 
     if proto.is_some() && !ip4 && !ip6 {
         return Err("nw_proto needs ip or ipv6 (dl_type=0x0800 or 0x86dd)".into());
     }
-    if seen.iter().any(|f| *f == "tp_src" || *f == "tp_dst") && !matches!(proto, Some(6 | 17)) {
+    if seen.iter().any(|f| *f == "tp_src" || *f == "tp_dst")
+        && !matches!(proto, Some(IPPROTO_TCP | IPPROTO_UDP))
+    {
         return Err("tp_src and tp_dst need tcp or udp (nw_proto=6 or 17)".into());
     }
     if let Some(t) = dl_type {
@@ -687,20 +698,14 @@ pub fn render_match(m: &Match) -> String {
     let dl_type = (k.get(DL_TYPE) != 0).then(|| v.get(DL_TYPE));
     let proto = (k.get(NW_PROTO) != 0).then(|| v.get(NW_PROTO));
     let mut proto_done = true;
-    match (dl_type, proto) {
-        (Some(0x0800), Some(1)) => out.push("icmp".into()),
-        (Some(0x0800), Some(6)) => out.push("tcp".into()),
-        (Some(0x0800), Some(17)) => out.push("udp".into()),
-        (Some(0x86dd), Some(58)) => out.push("icmp6".into()),
-        (Some(0x86dd), Some(6)) => out.push("tcp6".into()),
-        (Some(0x86dd), Some(17)) => out.push("udp6".into()),
-        (Some(t), _) => {
-            out.push(match t {
-                0x0800 => "ip".into(),
-                0x86dd => "ipv6".into(),
-                0x0806 => "arp".into(),
-                t => format!("dl_type=0x{t:04x}"),
-            });
+    let with_proto = SHORTHANDS
+        .iter()
+        .find(|s| s.2.is_some() && Some(s.1 as u64) == dl_type && s.2.map(u64::from) == proto);
+    match (dl_type, with_proto) {
+        (Some(_), Some(s)) => out.push(s.0.into()),
+        (Some(t), None) => {
+            let plain = SHORTHANDS.iter().find(|s| s.2.is_none() && s.1 as u64 == t);
+            out.push(plain.map_or_else(|| format!("dl_type=0x{t:04x}"), |s| s.0.into()));
             proto_done = false;
         }
         (None, _) => proto_done = false,
@@ -724,7 +729,7 @@ pub fn render_match(m: &Match) -> String {
         VLAN_PRESENT => out.push("dl_vlan=none".into()),
         _ => out.push(format!("dl_vlan={}", v.get(VLAN) & 0xfff)),
     }
-    let v6 = dl_type == Some(0x86dd);
+    let v6 = dl_type == Some(ETH_P_IPV6 as u64);
     // A /0 prefix only asks for the IP header to be there.
     let l3_only = k.0[0] & F_L3 != 0 && proto.is_none() && (3..WORDS).all(|w| k.0[w] == 0);
     for (name, w) in [("src", 3), ("dst", 5)] {

@@ -13,8 +13,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use libloading::Library;
 
 use super::{Args, FrameMeta, Lookup, SourcePort, DEST_DROP, DEST_FLOOD, RING_ANY};
-use crate::port::PortIndex;
-use crate::switch::MAX_PORTS;
+use crate::index::{PortIndex, MAX_PORTS};
 
 /// `VALE_LOOKUP_ABI_VERSION`: the version of `vale_lookup.h` this valed speaks.
 pub const ABI_VERSION: u32 = 2;

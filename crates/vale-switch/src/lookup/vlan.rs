@@ -15,21 +15,21 @@
 //! nothing, counted as `no_vlan`).
 //!
 //! The module only decides; adding and removing tags per destination is the engine's (see
-//! [`crate::lookup::Egress`] and the pipeline's stage 2).
+//! [`crate::lookup::Tagging`] and the pipeline's stage 2).
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 use vale_abi::netmap::NS_NO_LEARN;
 
 use super::{
-    check_keys, is_group, Args, Egress, FrameMeta, LearningBridge, Lookup, SourcePort, TableArgs,
+    check_keys, is_group, Args, FrameMeta, LearningBridge, Lookup, SourcePort, TableArgs, Tagging,
     DEST_DROP, DEST_FLOOD, VLAN_TAGGED, VLAN_VID,
 };
-use crate::port::PortIndex;
-use crate::switch::MAX_PORTS;
+use crate::index::{PortIndex, MAX_PORTS};
+use crate::wire;
 
 /// The 802.1Q tag's EtherType.
-pub const TPID: u16 = 0x8100;
+pub const TPID: u16 = wire::ETH_P_8021Q;
 /// Most VLANs one configuration names (each has a learning table).
 pub const MAX_VLANS: usize = 256;
 const DEFAULT_TABLE: usize = 1024;
@@ -43,11 +43,11 @@ enum Mode {
 }
 
 impl Mode {
-    fn egress(&self, vid: u16) -> Egress {
+    fn egress(&self, vid: u16) -> Tagging {
         match self {
-            Mode::Access(v) if *v == vid => Egress::Untagged,
-            Mode::Trunk(set) if has(set, vid) => Egress::Tagged,
-            _ => Egress::Skip,
+            Mode::Access(v) if *v == vid => Tagging::Untagged,
+            Mode::Trunk(set) if has(set, vid) => Tagging::Tagged,
+            _ => Tagging::Skip,
         }
     }
 }
@@ -296,8 +296,8 @@ impl Lookup for Vlan {
         true
     }
 
-    fn egress(&self, port: PortIndex, vid: u16) -> Egress {
-        self.mode(port).map_or(Egress::Skip, |m| m.egress(vid))
+    fn egress(&self, port: PortIndex, vid: u16) -> Tagging {
+        self.mode(port).map_or(Tagging::Skip, |m| m.egress(vid))
     }
 
     fn port_added(&self, port: PortIndex, name: &str) {
@@ -450,13 +450,13 @@ mod tests {
     #[test]
     fn egress_says_who_takes_a_vlan_and_how() {
         let v = bridge();
-        assert_eq!(v.egress(0, 10), Egress::Untagged);
-        assert_eq!(v.egress(0, 20), Egress::Skip);
-        assert_eq!(v.egress(2, 20), Egress::Untagged);
-        assert_eq!(v.egress(3, 10), Egress::Tagged);
-        assert_eq!(v.egress(3, 30), Egress::Skip);
-        assert_eq!(v.egress(4, 1), Egress::Untagged);
-        assert_eq!(v.egress(9, 1), Egress::Skip, "not on the switch");
+        assert_eq!(v.egress(0, 10), Tagging::Untagged);
+        assert_eq!(v.egress(0, 20), Tagging::Skip);
+        assert_eq!(v.egress(2, 20), Tagging::Untagged);
+        assert_eq!(v.egress(3, 10), Tagging::Tagged);
+        assert_eq!(v.egress(3, 30), Tagging::Skip);
+        assert_eq!(v.egress(4, 1), Tagging::Untagged);
+        assert_eq!(v.egress(9, 1), Tagging::Skip, "not on the switch");
         assert_eq!(10 | VLAN_TAGGED & VLAN_VID, 10);
     }
 
@@ -487,6 +487,6 @@ mod tests {
         let v = Vlan::new(&args(&[("default", "none")])).unwrap();
         v.port_added(0, "vale0:x");
         assert_eq!(decide(&v, 0, &bcast(1)).0, DEST_DROP);
-        assert_eq!(v.egress(0, 1), Egress::Skip);
+        assert_eq!(v.egress(0, 1), Tagging::Skip);
     }
 }
