@@ -1,0 +1,275 @@
+//! Stage 1, gather (VALE section 3.3): read each slot of a batch once, check it, collect
+//! the frame's fragments and prefetch the payload; and the entry points that start a batch
+//! (a ring of a native port, or frames a host kind puts in one by one).
+
+use super::*;
+
+impl Pipeline {
+    /// Forwards one batch from tx ring `ring` of `src`. Returns the number of slots consumed;
+    /// 0 when the client's `head` showed nothing new to take.
+    pub fn forward(&mut self, sw: &Switch, src: &Arc<Port>, ring: u32) -> u32 {
+        let Some(att) = &src.attachment else { return 0 };
+        let Some(txr) = att.tx.get(ring as usize) else {
+            return 0;
+        };
+        let reg = &att.region;
+        let l = reg.layout();
+        let n = l.params.slots;
+        let mask = n - 1;
+        let buf_size = l.params.buf_size;
+        let num_bufs = l.num_bufs;
+        let atok = reg.atok(ring);
+        let ktoa = reg.ktoa(ring);
+
+        // The client's head, read once. Acquire pairs with the client's release store, so the
+        // slots before it are complete when we read them.
+        let head = atok.head.load(Acquire);
+        let seen = txr.seen_head.swap(head, Relaxed);
+        if head >= n {
+            if head != seen {
+                add(&src.stats().bad_input, 1);
+                src.note_bad_input(format_args!("tx ring {ring} head {head} >= {n} slots"));
+            }
+            return 0;
+        }
+        let hwcur = txr.hwcur.load(Relaxed);
+        if head == hwcur {
+            return 0;
+        }
+
+        // Stage 1: gather.
+        let batch = sw.batch.load(Relaxed) as usize;
+        self.frames.clear();
+        self.held.clear();
+        let mut sent_bytes = 0u64;
+        self.frags.clear();
+        let mut bad = 0u64;
+        let mut cur = hwcur;
+        let mut dropping = txr.dropping_chain.load(Relaxed);
+        while cur != head && self.frames.len() < batch {
+            if dropping {
+                // SAFETY: as below.
+                let flags = unsafe { ptr::read_volatile(&(*reg.slot(ring, cur)).flags) };
+                cur = (cur + 1) & mask;
+                dropping = flags & NS_MOREFRAG != 0;
+                continue;
+            }
+            // The common case first: a frame in one slot, with no flag that needs a look.
+            // SAFETY: `cur` < n; read once, volatile (the client may be writing it). The
+            // general path below reads the slot again and checks everything it reads.
+            let slot: NetmapSlot = unsafe { ptr::read_volatile(reg.slot(ring, cur)) };
+            let len = slot.len as u32;
+            if slot.flags & (NS_MOREFRAG | NS_INDIRECT | NS_OFFLOAD) == 0
+                && (FIRST_SLOT_BUF..num_bufs).contains(&slot.buf_idx)
+                && (ETH_HLEN..=buf_size).contains(&len)
+            {
+                cur = (cur + 1) & mask;
+                let ptr = reg.buf(slot.buf_idx);
+                prefetch(ptr);
+                self.held.push(Held {
+                    first: self.frags.len() as u32,
+                    count: 1,
+                    len,
+                    offload: 0,
+                });
+                self.frags.push(Frag { ptr, len });
+                self.frames.push(FrameMeta::new(ptr, len, len, slot.flags));
+                sent_bytes += len as u64;
+                continue;
+            }
+            let chain_start = cur;
+            let frag_start = self.frags.len();
+            let mut total = 0u32;
+            let mut count = 0u32;
+            let mut ok = true;
+            let mut first_flags = 0u16;
+            let mut offload = 0u64;
+            let complete = loop {
+                // SAFETY: `cur` < n, so the slot is inside the region; read once, volatile,
+                // because the client may be writing it.
+                let slot: NetmapSlot = unsafe { ptr::read_volatile(reg.slot(ring, cur)) };
+                cur = (cur + 1) & mask;
+                if count == 0 {
+                    first_flags = slot.flags;
+                    // Only valed's own ports (a device's header, checked as it was read)
+                    // bring offload work; a native client's NS_OFFLOAD is ignored.
+                    if slot.flags & NS_OFFLOAD != 0 && att.host.is_some() {
+                        offload = slot.ptr;
+                    }
+                }
+                count += 1;
+                let len = slot.len as u32;
+                if slot.buf_idx < FIRST_SLOT_BUF
+                    || slot.buf_idx >= num_bufs
+                    || len > buf_size
+                    || slot.flags & NS_INDIRECT != 0
+                    || count > MAX_FRAGS
+                    || total + len > MAX_FRAME_LEN
+                {
+                    ok = false;
+                } else if ok {
+                    total += len;
+                    self.frags.push(Frag {
+                        ptr: reg.buf(slot.buf_idx),
+                        len,
+                    });
+                }
+                if slot.flags & NS_MOREFRAG == 0 {
+                    break true;
+                }
+                if cur == head {
+                    break false;
+                }
+            };
+            if !complete && ok && count < n - 1 {
+                // The rest of the chain is not published yet: take it next time.
+                cur = chain_start;
+                self.frags.truncate(frag_start);
+                break;
+            }
+            if !ok || !complete || self.frags[frag_start].len < ETH_HLEN {
+                // A bad slot, a chain that can never complete, or no Ethernet header in the
+                // first slot: the frame is dropped and counted against its sender. If the
+                // chain's end is still to come, its remaining slots are skipped when they are.
+                bad += 1;
+                self.frags.truncate(frag_start);
+                dropping = !complete;
+                continue;
+            }
+            let first = self.frags[frag_start];
+            prefetch(first.ptr);
+            self.frames
+                .push(FrameMeta::new(first.ptr, first.len, total, first_flags));
+            self.held.push(Held {
+                first: frag_start as u32,
+                count,
+                len: total,
+                offload,
+            });
+            sent_bytes += total as u64;
+        }
+        txr.dropping_chain.store(dropping, Relaxed);
+        if bad != 0 {
+            add(&src.stats().bad_input, bad);
+            src.note_bad_input(format_args!("{bad} bad slot chain(s) on tx ring {ring}"));
+        }
+        if cur == hwcur {
+            return 0;
+        }
+
+        self.shared_source = false;
+        self.lookup_and_deliver(sw, src, ring, sent_bytes);
+
+        // Give the consumed slots back: every slot but one between hwcur and the new hwtail
+        // is the client's again.
+        txr.hwcur.store(cur, Relaxed);
+        ktoa.hwcur.store(cur, Relaxed);
+        ktoa.hwtail.store((cur + n - 1) & mask, Release);
+        // Store hwtail, full fence, then load appl_need_kick: the client stores the flag,
+        // fences, then re-reads hwtail, so one of us sees the other (no lost wake-up).
+        fence(SeqCst);
+        if atok.appl_need_kick.load(Relaxed) != 0 {
+            self.notifier.raise(src, IrqLine::Tx(ring));
+        }
+        (cur.wrapping_sub(hwcur)) & mask
+    }
+
+    /// Stages 2 and 3 for the frames gathered; `sent_bytes`: their bytes.
+    pub(super) fn lookup_and_deliver(
+        &mut self,
+        sw: &Switch,
+        src: &Arc<Port>,
+        ring: u32,
+        sent_bytes: u64,
+    ) {
+        if self.frames.is_empty() {
+            return;
+        }
+        // Stage 2: lookup, once for the batch.
+        let now_s = (self.notifier.now_ns() / 1_000_000_000) as u32;
+        let from = SourcePort {
+            index: src.index,
+            ring: ring as u16,
+            learn_limit: src.shared.learn_limit.load(Relaxed),
+        };
+        // One module for the whole batch, held until it is delivered (a swap waits).
+        let module = sw.lookup();
+        let sent = (self.frames.len() as u64, sent_bytes);
+        if src.shared.captures.on() {
+            self.capture_tx(src);
+        }
+        let refused = module.lookup(from, &mut self.frames, now_s);
+        add(&src.stats().learn_refused, refused);
+        if module.vlans() {
+            let lost = self.scope(&***module, &sw.ports(), src.index);
+            add(&src.stats().tx_drops, lost);
+        }
+        // Stage 3: deliver.
+        self.deliver_batch(sw, src, ring, sent);
+        drop(module);
+    }
+
+    /// Starts a batch of frames that stay where their source keeps them (a guest's transmit
+    /// buffers) instead of a tx ring: [`Pipeline::add_piece`] and [`Pipeline::end_frame`] for
+    /// each frame, then [`Pipeline::forward_batch`]. The switch's one copy reads them there.
+    pub fn start_batch(&mut self) {
+        self.frames.clear();
+        self.held.clear();
+        self.frags.clear();
+    }
+
+    /// Frames in the batch.
+    pub fn batch_len(&self) -> usize {
+        self.frames.len()
+    }
+
+    /// Appends `len` bytes at `ptr` to the frame being gathered.
+    ///
+    /// # Safety
+    /// The bytes stay mapped until [`Pipeline::forward_batch`] returns; their writer may change
+    /// them meanwhile (they are read exactly, once per use, never trusted).
+    pub unsafe fn add_piece(&mut self, ptr: *const u8, len: u32) {
+        if len != 0 {
+            self.frags.push(Frag { ptr, len });
+        }
+    }
+
+    /// Ends the frame whose pieces were added since the last one ended, with its checked
+    /// offload request. False, and the frame forgotten, when it cannot cross the switch: no
+    /// whole Ethernet header in its first piece, more than `MAX_FRAGS` pieces, longer than
+    /// `MAX_FRAME_LEN`; the caller counts it.
+    pub fn end_frame(&mut self, offload: Option<Offload>) -> bool {
+        let start = self.held.last().map_or(0, |h| (h.first + h.count) as usize);
+        let pieces = &self.frags[start..];
+        let len: u64 = pieces.iter().map(|g| g.len as u64).sum();
+        let ok = !pieces.is_empty()
+            && pieces[0].len >= ETH_HLEN
+            && pieces.len() <= MAX_FRAGS as usize
+            && len <= MAX_FRAME_LEN as u64
+            && self.frames.len() < MAX_BATCH as usize;
+        if !ok {
+            self.frags.truncate(start);
+            return false;
+        }
+        let first = pieces[0];
+        prefetch(first.ptr);
+        self.frames
+            .push(FrameMeta::new(first.ptr, first.len, len as u32, 0));
+        self.held.push(Held {
+            first: start as u32,
+            count: (self.frags.len() - start) as u32,
+            len: len as u32,
+            offload: offload.map_or(0, Offload::to_word),
+        });
+        true
+    }
+
+    /// Forwards the batch gathered since [`Pipeline::start_batch`] as frames of `src`'s tx
+    /// ring `ring` (which picks the destinations' rx ring, as for ring sources).
+    pub fn forward_batch(&mut self, sw: &Switch, src: &Arc<Port>, ring: u32) {
+        self.shared_source = true;
+        let bytes = self.held.iter().map(|h| h.len as u64).sum();
+        self.lookup_and_deliver(sw, src, ring, bytes);
+        self.start_batch();
+    }
+}
