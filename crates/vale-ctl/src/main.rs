@@ -703,6 +703,7 @@ fn run(cli: &Cli) -> Result<(), Failure> {
             },
             FlowOp::Dump => Request::FlowDump {
                 switch: switch.clone(),
+                after: Some(0),
             },
         }),
         _ => None,
@@ -843,7 +844,10 @@ fn run(cli: &Cli) -> Result<(), Failure> {
                 ) if rule.is_empty() => Some(p),
                 _ => None,
             };
-            let reply = ask(&sock, &req).map_err(|e| in_file(e, file))?;
+            let reply = match req {
+                Request::FlowDump { .. } => dump_flows(&sock, req)?,
+                _ => ask(&sock, &req).map_err(|e| in_file(e, file))?,
+            };
             match reply {
                 Reply::Flows { flows } if cli.json => {
                     let text =
@@ -953,6 +957,30 @@ fn ask(sock: &UnixStream, req: &Request) -> Result<Reply, Failure> {
         Some((reply, _fds)) => Ok(reply),
         None => Err(anyhow!("valed closed the connection without replying").into()),
     }
+}
+
+/// Asks for a flow table page by page (valed sends at most `FLOW_DUMP_PAGE` rules a reply)
+/// and returns it whole, as one reply.
+fn dump_flows(sock: &UnixStream, mut req: Request) -> Result<Reply, Failure> {
+    let mut all: Option<FlowTable> = None;
+    loop {
+        let page = match ask(sock, &req)? {
+            Reply::Flows { flows } => flows,
+            other => return Err(unexpected(&other)),
+        };
+        let next = page.next;
+        match &mut all {
+            None => all = Some(page),
+            Some(t) => t.rules.extend(page.rules),
+        }
+        match (next, &mut req) {
+            (Some(n), Request::FlowDump { after, .. }) => *after = Some(n),
+            _ => break,
+        }
+    }
+    let mut flows = all.expect("one page at least");
+    flows.next = None;
+    Ok(Reply::Flows { flows })
 }
 
 fn unexpected(reply: &Reply) -> Failure {

@@ -171,6 +171,9 @@ fn run() -> anyhow::Result<()> {
         );
         return Ok(());
     }
+    if let Some(path) = &args.config {
+        config::remove_stale_temporaries(path);
+    }
     persist::set_file(args.config.clone());
     let nofile = raise_descriptor_limit();
     let run_dir = args.run_dir.clone().unwrap_or_else(default_run_dir);

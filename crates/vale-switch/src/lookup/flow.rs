@@ -1320,6 +1320,32 @@ impl Flow {
         }
     }
 
+    /// A page of [`Flow::dump`]: at most `max` rules (at least one), in the order they are
+    /// tried, starting after the rule at position `after` (0: from the first). `next` is the
+    /// position of the page's last rule when more follow. Each page costs one pass over the
+    /// table under its lock (no sort of the whole table), so a dump page by page never holds
+    /// the control plane for long, nor more than a page in memory.
+    pub fn dump_page(&self, switch: &str, after: u64, max: usize) -> FlowTable {
+        let t = self.lock();
+        let mut page: Vec<&Entry> = t
+            .rules
+            .iter()
+            .filter(|e| after == 0 || e.rank() < after)
+            .collect();
+        let max = max.max(1);
+        let more = page.len() > max;
+        if more {
+            page.select_nth_unstable_by_key(max - 1, |e| std::cmp::Reverse(e.rank()));
+            page.truncate(max);
+        }
+        page.sort_by_key(|e| std::cmp::Reverse(e.rank()));
+        FlowTable {
+            next: page.last().filter(|_| more).map(|e| e.rank()),
+            rules: page.into_iter().map(view).collect(),
+            ..self.summary(switch)
+        }
+    }
+
     /// The table's default and misses, without its rules.
     pub fn summary(&self, switch: &str) -> FlowTable {
         FlowTable {
@@ -1327,6 +1353,7 @@ impl Flow {
             default: self.current.load().default_text.clone(),
             missed: self.missed.load(Relaxed),
             rules: Vec::new(),
+            next: None,
         }
     }
 
@@ -2213,6 +2240,29 @@ mod tests {
         assert!(e.contains("limit of 200000"), "{e}");
         assert_eq!(t.counters()[1], ("masks".to_string(), 1));
         assert!(parse_rules(&"udp actions=drop\n".repeat(MAX_RULES + 1)).is_err());
+    }
+
+    #[test]
+    fn a_dump_page_by_page_is_the_dump() {
+        let t = Flow::new(&[]).unwrap();
+        let text: String = (0..1000)
+            .map(|i| format!("prio={} udp,tp_dst={i} actions=drop\n", i % 7))
+            .collect();
+        t.add_text(&text).unwrap();
+        let whole = t.dump("vale0").rules;
+        for max in [1, 7, 999, 1000, 5000] {
+            let (mut pages, mut after) = (Vec::new(), 0);
+            loop {
+                let p = t.dump_page("vale0", after, max);
+                assert!(p.rules.len() <= max);
+                pages.extend(p.rules);
+                match p.next {
+                    Some(n) => after = n,
+                    None => break,
+                }
+            }
+            assert_eq!(pages, whole, "pages of {max}");
+        }
     }
 }
 
