@@ -605,7 +605,12 @@ impl Engine {
     /// A page of switch `switch`'s flow table ([`lookup::flow::Flow::dump_page`]): what a
     /// client's dump asks for, so that no reply and no pass under the lock is larger than a
     /// page. Open to anyone, as `flow_dump` is.
-    pub fn flow_dump_page(&self, switch: &str, after: u64, max: usize) -> Result<FlowTable, String> {
+    pub fn flow_dump_page(
+        &self,
+        switch: &str,
+        after: u64,
+        max: usize,
+    ) -> Result<FlowTable, String> {
         let sws = self.lock();
         let sw = flow_switch(&sws, switch)?;
         let m = sw.lookup();

@@ -356,7 +356,11 @@ const MAX_CONFIG: u64 = 16 << 20;
 
 /// Flow rule `i` as saved: every rule the same length, less one byte if `short`.
 fn wide_rule(i: usize, short: bool) -> String {
-    let port = if short { 1000 + i % 9000 } else { 10000 + i % 55000 };
+    let port = if short {
+        1000 + i % 9000
+    } else {
+        10000 + i % 55000
+    };
     format!(
         "prio=100 dl_src=02:00:00:00:00:01,dl_dst=02:00:00:00:00:02,udp,nw_src=10.{}.{}.{},\
          nw_dst=10.200.200.200,tp_src=12345,tp_dst={port} actions=drop",
@@ -399,7 +403,11 @@ fn what_save_writes_valed_reads_up_to_the_byte() {
     let short = (rest + n as u64 * per_rule - MAX_CONFIG) as usize;
     load_rules(&v, (0..n).map(|i| wide_rule(i, i < short)));
     v.ctl_ok(&["save"]);
-    assert_eq!(size(&cfg), MAX_CONFIG, "{n} rules of {per_rule} bytes, {short} short");
+    assert_eq!(
+        size(&cfg),
+        MAX_CONFIG,
+        "{n} rules of {per_rule} bytes, {short} short"
+    );
     let out = valed_refusing(&cfg_dir.0, &["--config", cfg_s, "--check-config"]);
     assert_exit(&out, "a file at the limit", 0, "");
 
@@ -417,7 +425,10 @@ fn what_save_writes_valed_reads_up_to_the_byte() {
             MAX_CONFIG + 1
         ),
     );
-    assert!(std::fs::read(&cfg).unwrap() == saved, "the saved file changed");
+    assert!(
+        std::fs::read(&cfg).unwrap() == saved,
+        "the saved file changed"
+    );
     let left: Vec<_> = std::fs::read_dir(&cfg_dir.0)
         .unwrap()
         .map(|e| e.unwrap().file_name())
@@ -444,7 +455,9 @@ fn valed_removes_the_temporaries_of_saves_that_did_not_finish() {
     // A valed killed while saving leaves `.valed.toml.tmpPID`; its pid may since be free, or
     // be another program's.
     let dead = cfg_dir.0.join(".valed.toml.tmp4194305");
-    let reused = cfg_dir.0.join(format!(".valed.toml.tmp{}", std::process::id()));
+    let reused = cfg_dir
+        .0
+        .join(format!(".valed.toml.tmp{}", std::process::id()));
     let others = [".valed.toml.tmpx", ".other.toml.tmp1", "valed.toml.tmp1"];
     for f in [&dead, &reused] {
         write_config(f, "[[switch]]\nname = \"vale0\"\n", 0o644);
@@ -455,6 +468,9 @@ fn valed_removes_the_temporaries_of_saves_that_did_not_finish() {
     let v = Valed::start_with(&["--config", cfg.to_str().unwrap()]);
     assert!(!dead.exists() && !reused.exists(), "{}", v.log());
     for f in others {
-        assert!(cfg_dir.0.join(f).exists(), "{f} is not a temporary of valed.toml");
+        assert!(
+            cfg_dir.0.join(f).exists(),
+            "{f} is not a temporary of valed.toml"
+        );
     }
 }

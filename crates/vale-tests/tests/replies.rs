@@ -117,7 +117,10 @@ fn flood_beside_root(v: &Valed, conns: u32) -> serde_json::Value {
     );
     let r = report(&flood.finish(T), "control-flood");
     assert_eq!(r["connected"], conns, "{r}");
-    let (answered, errors) = (r["answered"].as_u64().unwrap(), r["errors"].as_u64().unwrap());
+    let (answered, errors) = (
+        r["answered"].as_u64().unwrap(),
+        r["errors"].as_u64().unwrap(),
+    );
     assert_eq!(answered + errors, conns as u64, "{r}");
     r
 }
@@ -145,7 +148,10 @@ fn past_its_bound_a_user_s_requests_get_an_error_until_it_reads() {
     let r = flood_beside_root(&v, 64);
     // Some pages were built, then the user's unread replies reached the bound.
     assert!(r["answered"].as_u64().unwrap() > 0, "{r}");
-    assert!(r["errors"].as_u64().unwrap() > 0, "every page was built: {r}");
+    assert!(
+        r["errors"].as_u64().unwrap() > 0,
+        "every page was built: {r}"
+    );
     let e = r["error"].as_str().unwrap();
     assert!(
         e.contains("uid 65534") && e.contains(&format!("({USER_REPLY_BYTES})")),
@@ -153,7 +159,12 @@ fn past_its_bound_a_user_s_requests_get_an_error_until_it_reads() {
     );
     // Once read, the user is answered again.
     let out = run_bounded(
-        &mut v.tool_as(NOBODY, 1024, "vale-ctl", &["--json", "flow", "vale0", "dump"]),
+        &mut v.tool_as(
+            NOBODY,
+            1024,
+            "vale-ctl",
+            &["--json", "flow", "vale0", "dump"],
+        ),
         T,
     );
     let t: vale_abi::control::FlowTable =
@@ -174,10 +185,18 @@ fn a_large_flow_table_is_dumped_page_by_page() {
         "control-flood",
     );
     let e = r["error"].as_str().unwrap();
-    assert!(e.contains("1024 rules") && e.contains("page by page"), "{r}");
+    assert!(
+        e.contains("1024 rules") && e.contains("page by page"),
+        "{r}"
+    );
     // vale-ctl asks page by page: every rule, once, in the order they are tried.
     let out = run_bounded(
-        &mut v.tool_as(NOBODY, 1024, "vale-ctl", &["--json", "flow", "vale0", "dump"]),
+        &mut v.tool_as(
+            NOBODY,
+            1024,
+            "vale-ctl",
+            &["--json", "flow", "vale0", "dump"],
+        ),
         Duration::from_secs(60),
     );
     let t: vale_abi::control::FlowTable =

@@ -33,8 +33,9 @@ use vale_abi::control::ModuleArg;
 use vale_switch::{Caller, Engine};
 
 /// Largest configuration file valed reads, and so the largest `vale-ctl save` writes: room
-/// for a large flow table (about 120000 rules of two addresses and two ports each; a full
-/// table of 200000 such rules does not fit, and `save` says so).
+/// for a large flow table (about 108000 rules that match two MAC addresses, two IPv4
+/// addresses and two ports, 155 bytes each in the file; a full table of 200000 rules does not
+/// fit, and `save` says so).
 pub const MAX_CONFIG: u64 = 16 << 20;
 
 /// The whole file.

@@ -25,9 +25,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 
-use vale_abi::control::{
-    self, Reply, Request, FLOW_DUMP_PAGE, MAX_ADMIN_REQUEST, MAX_REQUEST,
-};
+use vale_abi::control::{self, Reply, Request, FLOW_DUMP_PAGE, MAX_ADMIN_REQUEST, MAX_REQUEST};
 use vale_abi::region::VALE_ABI_VERSION;
 use vale_switch::port::Port;
 use vale_switch::{epoll, Caller, Engine};
