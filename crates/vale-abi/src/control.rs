@@ -20,8 +20,9 @@ use crate::region::PortParams;
 pub const SOCKET_NAME: &str = "valed.sock";
 /// Run directory when neither `--run-dir` nor `VALE_RUN_DIR` says otherwise.
 pub const DEFAULT_RUN_DIR: &str = "/run/vale";
-/// Largest control message a client accepts (a reply: a `List` of many ports, or the dump of
-/// a full flow table, is the largest).
+/// Largest control message either way: an administrator's request carrying a flow table's
+/// rules, or a reply (a `List` of many ports, the rules a `FlowAdd` added). A client accepts
+/// replies up to this size.
 pub const MAX_MESSAGE: usize = 64 << 20;
 /// Largest request valed accepts from a user that is not an administrator: requests are
 /// names and a few numbers, so valed never holds more than this for such a connection's
@@ -31,6 +32,10 @@ pub const MAX_REQUEST: usize = 64 << 10;
 /// (`vale-ctl lookup valeX flow --rules FILE`, `vale-ctl flow valeX add`), and only
 /// administrators may send them.
 pub const MAX_ADMIN_REQUEST: usize = MAX_MESSAGE;
+/// Most rules one [`Reply::Flows`] to a [`Request::FlowDump`] carries: a larger table is
+/// dumped page by page (`after`), so that no reply of a dump is larger than about this many
+/// rules (about 200 bytes each).
+pub const FLOW_DUMP_PAGE: usize = 1024;
 /// Most descriptors one message carries (`SCM_MAX_FD` is 253).
 pub const MAX_FDS: usize = 128;
 
@@ -97,9 +102,16 @@ pub enum Request {
     /// that match (and that priority). At least one rule must go. An administrator's. The
     /// reply is [`Reply::Flows`] with the rules deleted.
     FlowDel { switch: String, selector: String },
-    /// Every rule of switch `switch`'s flow table, in the order they are tried, with hit
-    /// counters. The reply is [`Reply::Flows`].
-    FlowDump { switch: String },
+    /// The rules of switch `switch`'s flow table, in the order they are tried, with hit
+    /// counters, at most [`FLOW_DUMP_PAGE`] of them. The reply is [`Reply::Flows`]. Without
+    /// `after`, every rule, or an error if there are more than a page holds; with `after`, a
+    /// page: `0` for the first, then the [`FlowTable::next`] of the page before. Each page is
+    /// read at once; rules added or deleted between pages may be missed or seen.
+    FlowDump {
+        switch: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        after: Option<u64>,
+    },
     /// Capture the frames of `port` in directions `dirs` (`capture::DIR_TX` | `DIR_RX`), at
     /// most `snaplen` bytes of each, into a buffer of about `bytes` bytes. The reply is
     /// [`Reply::Capture`] with the capture's memfd ([`crate::capture`]). The capture runs
@@ -192,6 +204,10 @@ pub struct FlowTable {
     pub missed: u64,
     /// Highest priority first; among equal priorities, first added first.
     pub rules: Vec<FlowRule>,
+    /// A page of a [`Request::FlowDump`] with more rules after it: the `after` that asks for
+    /// the next page (an opaque position). Absent on the last page and in other replies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<u64>,
 }
 
 /// One rule of a flow table.

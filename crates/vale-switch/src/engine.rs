@@ -602,6 +602,22 @@ impl Engine {
         Ok(flow.dump(switch))
     }
 
+    /// A page of switch `switch`'s flow table ([`lookup::flow::Flow::dump_page`]): what a
+    /// client's dump asks for, so that no reply and no pass under the lock is larger than a
+    /// page. Open to anyone, as `flow_dump` is.
+    pub fn flow_dump_page(
+        &self,
+        switch: &str,
+        after: u64,
+        max: usize,
+    ) -> Result<FlowTable, String> {
+        let sws = self.lock();
+        let sw = flow_switch(&sws, switch)?;
+        let m = sw.lookup();
+        let flow = as_flow(&m).ok_or_else(|| not_flow(switch, &m))?;
+        Ok(flow.dump_page(switch, after, max))
+    }
+
     /// The lookup module of switch `switch`.
     pub fn lookup_info(&self, switch: &str) -> Result<LookupInfo, String> {
         let sws = self.lock();

@@ -350,3 +350,127 @@ fn a_nic_port_is_bound_again_after_a_restart() {
         p.mode.unwrap_or_default()
     );
 }
+
+/// Largest configuration valed reads (`MAX_CONFIG`), and so the largest `save` writes.
+const MAX_CONFIG: u64 = 16 << 20;
+
+/// Flow rule `i` as saved: every rule the same length, less one byte if `short`.
+fn wide_rule(i: usize, short: bool) -> String {
+    let port = if short {
+        1000 + i % 9000
+    } else {
+        10000 + i % 55000
+    };
+    format!(
+        "prio=100 dl_src=02:00:00:00:00:01,dl_dst=02:00:00:00:00:02,udp,nw_src=10.{}.{}.{},\
+         nw_dst=10.200.200.200,tp_src=12345,tp_dst={port} actions=drop",
+        100 + i / (156 * 156),
+        100 + (i / 156) % 156,
+        100 + i % 156
+    )
+}
+
+/// Makes `rules` the flow table of vale0 (through a rules file).
+fn load_rules(v: &Valed, rules: impl Iterator<Item = String>) {
+    let text: String = rules.map(|r| r + "\n").collect();
+    let file = v.run_dir().join("rules.txt");
+    std::fs::write(&file, text).expect("write rules");
+    v.ctl_ok(&["lookup", "vale0", "flow", "--rules", file.to_str().unwrap()]);
+}
+
+fn size(path: &Path) -> u64 {
+    std::fs::metadata(path).expect("saved file").len()
+}
+
+#[test]
+fn what_save_writes_valed_reads_up_to_the_byte() {
+    let cfg_dir = TempDir::new("cfg");
+    let cfg = cfg_dir.0.join("valed.toml");
+    let cfg_s = cfg.to_str().unwrap();
+    let mut v = Valed::start_with(&["--config", cfg_s]);
+    v.ctl_ok(&["create", "vale0:p"]);
+    // What one rule costs in the file, and what the rest does.
+    let n0 = 1000;
+    load_rules(&v, (0..n0).map(|i| wide_rule(i, false)));
+    v.ctl_ok(&["save"]);
+    let s0 = size(&cfg);
+    v.ctl_ok(&["flow", "vale0", "add", &wide_rule(n0, false)]);
+    v.ctl_ok(&["save"]);
+    let per_rule = size(&cfg) - s0;
+    let rest = s0 - n0 as u64 * per_rule;
+    // A table whose file is MAX_CONFIG bytes exactly: `short` rules a byte shorter.
+    let n = (MAX_CONFIG - rest).div_ceil(per_rule) as usize;
+    let short = (rest + n as u64 * per_rule - MAX_CONFIG) as usize;
+    load_rules(&v, (0..n).map(|i| wide_rule(i, i < short)));
+    v.ctl_ok(&["save"]);
+    assert_eq!(
+        size(&cfg),
+        MAX_CONFIG,
+        "{n} rules of {per_rule} bytes, {short} short"
+    );
+    let out = valed_refusing(&cfg_dir.0, &["--config", cfg_s, "--check-config"]);
+    assert_exit(&out, "a file at the limit", 0, "");
+
+    // One byte more is refused by save, with the old file left whole and nothing beside it.
+    let saved = std::fs::read(&cfg).unwrap();
+    v.ctl_ok(&["flow", "vale0", "del", "1"]);
+    let longer = wide_rule(0, false).replace("prio=100 ", "prio=1000 ");
+    v.ctl_ok(&["flow", "vale0", "add", &longer]);
+    v.ctl_fails(
+        &["save"],
+        1,
+        &format!(
+            "would be {} bytes, more than the {MAX_CONFIG} bytes valed reads at start \
+             (switch 'vale0' has {n} flow rules): not saved",
+            MAX_CONFIG + 1
+        ),
+    );
+    assert!(
+        std::fs::read(&cfg).unwrap() == saved,
+        "the saved file changed"
+    );
+    let left: Vec<_> = std::fs::read_dir(&cfg_dir.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|f| f != "valed.toml")
+        .collect();
+    assert!(left.is_empty(), "beside the saved file: {left:?}");
+
+    // And what was saved comes back.
+    v.restart_with(&["--config", cfg_s]);
+    let l = json(&v, &["lookup", "vale0"]);
+    let rules = l["counters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "rules")
+        .map(|c| c["value"].clone());
+    assert_eq!(rules, Some(serde_json::json!(n)), "{l}");
+}
+
+#[test]
+fn valed_removes_the_temporaries_of_saves_that_did_not_finish() {
+    let cfg_dir = TempDir::new("cfg");
+    let cfg = cfg_dir.0.join("valed.toml");
+    // A valed killed while saving leaves `.valed.toml.tmpPID`; its pid may since be free, or
+    // be another program's.
+    let dead = cfg_dir.0.join(".valed.toml.tmp4194305");
+    let reused = cfg_dir
+        .0
+        .join(format!(".valed.toml.tmp{}", std::process::id()));
+    let others = [".valed.toml.tmpx", ".other.toml.tmp1", "valed.toml.tmp1"];
+    for f in [&dead, &reused] {
+        write_config(f, "[[switch]]\nname = \"vale0\"\n", 0o644);
+    }
+    for f in others {
+        write_config(&cfg_dir.0.join(f), "", 0o644);
+    }
+    let v = Valed::start_with(&["--config", cfg.to_str().unwrap()]);
+    assert!(!dead.exists() && !reused.exists(), "{}", v.log());
+    for f in others {
+        assert!(
+            cfg_dir.0.join(f).exists(),
+            "{f} is not a temporary of valed.toml"
+        );
+    }
+}

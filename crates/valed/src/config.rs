@@ -32,7 +32,10 @@ use serde::{Deserialize, Serialize};
 use vale_abi::control::ModuleArg;
 use vale_switch::{Caller, Engine};
 
-/// Largest configuration file valed reads: room for a large flow table.
+/// Largest configuration file valed reads, and so the largest `vale-ctl save` writes: room
+/// for a large flow table (about 108000 rules that match two MAC addresses, two IPv4
+/// addresses and two ports, 155 bytes each in the file; a full table of 200000 rules does not
+/// fit, and `save` says so).
 pub const MAX_CONFIG: u64 = 16 << 20;
 
 /// The whole file.
@@ -595,22 +598,29 @@ pub fn render(cfg: &Config) -> Result<String, String> {
 }
 
 /// Writes `cfg` to `path` atomically: a new file beside it (mode 0644, valed's own), synced,
-/// renamed over the old one, and the directory synced.
+/// renamed over the old one, and the directory synced. A configuration larger than
+/// [`MAX_CONFIG`], which valed would refuse at its next start, is not written: the old file
+/// stays as it was.
 pub fn save(path: &Path, cfg: &Config) -> Result<(), String> {
     let text = render(cfg)?;
     let shown = path.display();
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let file_name = path
-        .file_name()
-        .ok_or_else(|| format!("configuration path {shown} names no file"))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp{}",
-        file_name.to_string_lossy(),
-        std::process::id()
-    ));
+    if text.len() as u64 > MAX_CONFIG {
+        let rules = cfg
+            .switches
+            .iter()
+            .filter_map(|s| s.lookup.as_ref().map(|l| (l.rules.len(), &s.name)))
+            .max()
+            .filter(|(n, _)| *n > 0)
+            .map(|(n, sw)| format!(" (switch '{sw}' has {n} flow rules)"))
+            .unwrap_or_default();
+        return Err(format!(
+            "the configuration would be {} bytes, more than the {MAX_CONFIG} bytes valed reads \
+             at start{rules}: not saved, {shown} is as it was",
+            text.len()
+        ));
+    }
+    let (dir, prefix) = temporaries(path)?;
+    let tmp = dir.join(format!("{prefix}{}", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
     let write = || -> std::io::Result<()> {
         let mut f = OpenOptions::new()
@@ -632,6 +642,61 @@ pub fn save(path: &Path, cfg: &Config) -> Result<(), String> {
         let _ = std::fs::remove_file(&tmp);
         format!("cannot write configuration {shown}: {e}")
     })
+}
+
+/// Where [`save`] writes before renaming: the directory of `path`, and the name of its
+/// temporary files less the saving valed's pid (`.NAME.tmp`).
+fn temporaries(path: &Path) -> Result<(PathBuf, String), String> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let file_name = path
+        .file_name()
+        .ok_or_else(|| format!("configuration path {} names no file", path.display()))?;
+    Ok((dir, format!(".{}.tmp", file_name.to_string_lossy())))
+}
+
+/// Removes the temporary files of [`save`] that a valed killed while saving left beside
+/// `path` (`.NAME.tmpPID`): those of every pid that is not a live valed's. Returns how many
+/// went.
+pub fn remove_stale_temporaries(path: &Path) -> usize {
+    let Ok((dir, prefix)) = temporaries(path) else {
+        return 0;
+    };
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(prefix.as_str()))
+            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() || is_valed(pid) {
+            continue;
+        }
+        match std::fs::remove_file(e.path()) {
+            Ok(()) => {
+                tracing::info!(file = %e.path().display(), "removed the temporary file of a \
+                    save that did not finish");
+                removed += 1;
+            }
+            Err(err) => tracing::warn!(file = %e.path().display(),
+                "cannot remove the temporary file of a save that did not finish: {err}"),
+        }
+    }
+    removed
+}
+
+/// Whether `pid` is a live valed (which may be saving to its temporary file now).
+fn is_valed(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == "valed")
 }
 
 #[cfg(test)]

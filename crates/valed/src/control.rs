@@ -8,6 +8,13 @@
 //! a bounded number of connections; root and the administrators always get through, even when
 //! valed is out of descriptors (one is kept spare to accept them).
 //!
+//! Replies are bounded per user as well: while the replies that one user's connections have
+//! not read add up to [`USER_REPLY_BYTES`] or more, that user's next requests are answered
+//! with an error instead of a reply, so a user who asks on every connection and never reads
+//! holds at most that much and one more reply. No reply is large or slow to build for a
+//! user: a flow table is dumped a page of [`FLOW_DUMP_PAGE`] rules at a time, each page taken
+//! in one pass over the table, never the whole table at once.
+//!
 //! A connection that opened ports owns them: when it ends, however the client ended, its ports
 //! are freed.
 
@@ -18,7 +25,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 
-use vale_abi::control::{self, Reply, Request, MAX_ADMIN_REQUEST, MAX_REQUEST};
+use vale_abi::control::{self, Reply, Request, FLOW_DUMP_PAGE, MAX_ADMIN_REQUEST, MAX_REQUEST};
 use vale_abi::region::VALE_ABI_VERSION;
 use vale_switch::port::Port;
 use vale_switch::{epoll, Caller, Engine};
@@ -36,6 +43,11 @@ pub struct Policy {
     pub conns_total: usize,
 }
 
+/// Bytes of replies that the connections of one user who is not an administrator may leave
+/// unread before valed answers that user's further requests with an error (the reply that
+/// crosses the line is still sent whole).
+pub const USER_REPLY_BYTES: usize = 4 << 20;
+
 const LISTENER: u64 = u64::MAX;
 
 /// Serves `listener` for ever.
@@ -51,6 +63,7 @@ pub fn serve(listener: UnixListener, engine: Arc<Engine>, policy: Policy) -> io:
         conns: Vec::new(),
         free: Vec::new(),
         per_user: HashMap::new(),
+        unsent: HashMap::new(),
         capped: 0,
         spare: File::open("/dev/null").ok(),
         listening: true,
@@ -68,6 +81,8 @@ struct Server {
     free: Vec<usize>,
     /// Connections of each user that is not an administrator.
     per_user: HashMap<u32, usize>,
+    /// Bytes of the replies those connections hold unsent, by user ([`USER_REPLY_BYTES`]).
+    unsent: HashMap<u32, usize>,
     /// Their sum.
     capped: usize,
     /// Kept open so that one more connection can be accepted when valed has no descriptor
@@ -227,7 +242,16 @@ impl Server {
         let Some(Some(conn)) = self.conns.get_mut(token) else {
             return;
         };
-        let done = match conn.pump(&self.engine) {
+        let (uid, capped, held) = (conn.caller.uid, !conn.caller.admin, conn.held());
+        let others = capped.then(|| self.unsent.get(&uid).copied().unwrap_or(0) - held);
+        let r = conn.pump(&self.engine, others);
+        if let Some(others) = others {
+            match others + conn.held() {
+                0 => self.unsent.remove(&uid),
+                n => self.unsent.insert(uid, n),
+            };
+        }
+        let done = match r {
             Ok(()) => conn.closing && conn.output.is_none(),
             Err(_) => true,
         };
@@ -261,6 +285,12 @@ impl Server {
                 }
             }
             self.capped -= 1;
+            if let Some(n) = self.unsent.get_mut(&conn.caller.uid) {
+                *n -= conn.held();
+                if *n == 0 {
+                    self.unsent.remove(&conn.caller.uid);
+                }
+            }
         }
         // Closing the socket takes it out of the epoll set.
         drop(conn.stream);
@@ -288,10 +318,17 @@ impl Server {
 }
 
 impl Conn {
+    /// Bytes of the reply this connection holds unsent.
+    fn held(&self) -> usize {
+        self.output.as_ref().map_or(0, |o| o.bytes.len())
+    }
+
     /// Sends what is pending, then reads and answers requests while replies go out at once:
     /// at most a few per wake-up, so one busy client cannot starve the others (what is left
-    /// stays readable and epoll reports it again).
-    fn pump(&mut self, engine: &Engine) -> io::Result<()> {
+    /// stays readable and epoll reports it again). `others`: for a user who is not an
+    /// administrator, the bytes of replies the user's other connections hold unsent; at
+    /// [`USER_REPLY_BYTES`] a request gets an error instead of its reply.
+    fn pump(&mut self, engine: &Engine, others: Option<usize>) -> io::Result<()> {
         self.flush()?;
         for _ in 0..16 {
             if self.output.is_some() || self.closing {
@@ -301,7 +338,21 @@ impl Conn {
                 break;
             };
             let mut fd = None;
+            let refusal = others.filter(|&n| n >= USER_REPLY_BYTES).map(|n| {
+                format!(
+                    "uid {} has {n} bytes of replies from valed unread on its other \
+                     connections, the most valed keeps for a user ({USER_REPLY_BYTES}): read \
+                     them before asking more",
+                    self.caller.uid
+                )
+            });
             let (reply, fds_of) = match control::decode::<Request>(&body) {
+                Ok(_) if refusal.is_some() => (
+                    Reply::Error {
+                        message: refusal.unwrap_or_default(),
+                    },
+                    None,
+                ),
                 Ok(Request::Capture {
                     port,
                     dirs,
@@ -452,6 +503,20 @@ fn flows(r: Result<vale_abi::control::FlowTable, String>) -> Reply {
     }
 }
 
+/// A flow dump: the page after `after`, or the whole table if it fits in one page.
+fn flow_dump(engine: &Engine, switch: &str, after: Option<u64>) -> Reply {
+    match engine.flow_dump_page(switch, after.unwrap_or(0), FLOW_DUMP_PAGE) {
+        Ok(t) if after.is_none() && t.next.is_some() => Reply::Error {
+            message: format!(
+                "the flow table of switch '{switch}' has more than the {FLOW_DUMP_PAGE} rules \
+                 one reply carries: ask for it page by page ('after', as vale-ctl flow \
+                 {switch} dump does)"
+            ),
+        },
+        r => flows(r),
+    }
+}
+
 /// Carries out one request for `caller`; the reply, and the port whose descriptors go with it.
 fn handle(engine: &Engine, caller: &Caller, req: Request) -> (Reply, Option<Arc<Port>>) {
     let done = |r: Result<(), String>| match r {
@@ -513,7 +578,7 @@ fn handle(engine: &Engine, caller: &Caller, req: Request) -> (Reply, Option<Arc<
         },
         Request::FlowAdd { switch, rules } => flows(engine.flow_add(&switch, &rules, caller)),
         Request::FlowDel { switch, selector } => flows(engine.flow_del(&switch, &selector, caller)),
-        Request::FlowDump { switch } => flows(engine.flow_dump(&switch)),
+        Request::FlowDump { switch, after } => flow_dump(engine, &switch, after),
         Request::Save => crate::persist::save_request(engine, caller),
         Request::Capture { .. } => Reply::Error {
             message: "capture is served by the connection".into(),

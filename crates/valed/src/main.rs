@@ -53,7 +53,9 @@ name (in namespace NS, under /run/netns, if given), a NIC bound again. An item t
 be applied (a missing interface, a module that fails to load, a bad value) is logged with\n  \
 its name and why, and the rest applied. The file is refused, and valed exits, if it does not\n  \
 parse (the line is named), is over 16 MiB or a symbolic link, or if anyone but root or\n  \
-valed's user owns it or others may write it: it may name shared objects valed loads.\n\n\
+valed's user owns it or others may write it: it may name shared objects valed loads.\n  \
+'vale-ctl save' writes no file over 16 MiB (it says so and the old file stays). At start\n  \
+valed removes the .FILE.tmpPID files that a valed killed while saving left beside it.\n\n\
 EXAMPLES:\n  valed --run-dir /tmp/v &\n  valed --workers 2 --busy-poll-us 50\n  \
 valed --metrics 127.0.0.1:9781   Prometheus scrapes http://127.0.0.1:9781/metrics\n  \
 valed --config /etc/vale/valed.toml   then 'vale-ctl save' keeps what runs for the next start\n\n\
@@ -170,6 +172,9 @@ fn run() -> anyhow::Result<()> {
             }
         );
         return Ok(());
+    }
+    if let Some(path) = &args.config {
+        config::remove_stale_temporaries(path);
     }
     persist::set_file(args.config.clone());
     let nofile = raise_descriptor_limit();

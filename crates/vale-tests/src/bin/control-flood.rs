@@ -6,11 +6,15 @@
 //! control-flood SOCKET announce N LEN [HOLD_MS]  N connections, each announcing a LEN-byte
 //!                                                request and sending none of it
 //! control-flood SOCKET open NAME...              one connection opening each port in turn
+//! control-flood SOCKET ask N HOLD_MS JSON         N connections, each sending request JSON
+//!                                                and reading nothing for HOLD_MS
 //! ```
 //!
 //! `conns` and `announce` print `{"connected": .., "refused": .., "failed": ..}`: refused
 //! connections are those valed closed (or answered with an error) by the end of the hold.
-//! `open` prints `{"opened": .., "errors": [messages]}`.
+//! `open` prints `{"opened": .., "errors": [messages]}`. `ask` reads, after the hold, the one
+//! reply of each connection and prints `{"connected": .., "answered": .., "errors": ..,
+//! "error": first message, "bytes": bytes of the replies that were not errors}`.
 
 use std::io::Write;
 use std::os::fd::AsRawFd;
@@ -23,7 +27,10 @@ use vale_abi::region::{PortParams, VALE_ABI_VERSION};
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let usage = || -> ! {
-        eprintln!("usage: control-flood SOCKET conns N [HOLD_MS] | announce N LEN [HOLD_MS] | open NAME...");
+        eprintln!(
+            "usage: control-flood SOCKET conns N [HOLD_MS] | announce N LEN [HOLD_MS] | \
+             open NAME... | ask N HOLD_MS JSON"
+        );
         std::process::exit(2)
     };
     if args.len() < 3 {
@@ -40,6 +47,7 @@ fn main() {
         "conns" => flood(sock, num(2), None, num(3)),
         "announce" => flood(sock, num(2), Some(num(3) as u32), num(4)),
         "open" => open(sock, &args[2..]),
+        "ask" => ask(sock, num(2), num(3), args.get(4).unwrap_or_else(|| usage())),
         _ => usage(),
     }
 }
@@ -75,6 +83,44 @@ fn flood(sock: &str, n: u64, announce: Option<u32>, hold_ms: u64) {
     println!(
         "{{\"connected\": {}, \"refused\": {refused}, \"failed\": {failed}}}",
         held.len()
+    );
+}
+
+fn ask(sock: &str, n: u64, hold_ms: u64, json: &str) {
+    let mut frame = (json.len() as u32).to_le_bytes().to_vec();
+    frame.extend_from_slice(json.as_bytes());
+    let mut held = Vec::new();
+    for _ in 0..n {
+        let Ok(mut s) = UnixStream::connect(sock) else {
+            break;
+        };
+        if s.write_all(&frame).is_ok() {
+            held.push(s);
+        }
+    }
+    std::thread::sleep(Duration::from_millis(hold_ms));
+    let (mut answered, mut errors, mut bytes) = (0, 0, 0);
+    let mut first = String::new();
+    for s in &held {
+        let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+        match control::recv::<serde_json::Value>(s) {
+            Ok(Some((v, _))) if v["reply"] == "error" => {
+                errors += 1;
+                if first.is_empty() {
+                    first = v["message"].as_str().unwrap_or_default().to_string();
+                }
+            }
+            Ok(Some((v, _))) => {
+                answered += 1;
+                bytes += v.to_string().len();
+            }
+            _ => {}
+        }
+    }
+    println!(
+        "{}",
+        serde_json::json!({"connected": held.len(), "answered": answered, "errors": errors,
+                           "error": first, "bytes": bytes})
     );
 }
 

@@ -286,6 +286,32 @@ impl Flow {
         }
     }
 
+    /// A page of [`Flow::dump`]: at most `max` rules (at least one), in the order they are
+    /// tried, starting after the rule at position `after` (0: from the first). `next` is the
+    /// position of the page's last rule when more follow. Each page costs one pass over the
+    /// table under its lock (no sort of the whole table), so a dump page by page never holds
+    /// the control plane for long, nor more than a page in memory.
+    pub fn dump_page(&self, switch: &str, after: u64, max: usize) -> FlowTable {
+        let t = self.lock();
+        let mut page: Vec<&Entry> = t
+            .rules
+            .iter()
+            .filter(|e| after == 0 || e.rank() < after)
+            .collect();
+        let max = max.max(1);
+        let more = page.len() > max;
+        if more {
+            page.select_nth_unstable_by_key(max - 1, |e| std::cmp::Reverse(e.rank()));
+            page.truncate(max);
+        }
+        page.sort_by_key(|e| std::cmp::Reverse(e.rank()));
+        FlowTable {
+            next: page.last().filter(|_| more).map(|e| e.rank()),
+            rules: page.into_iter().map(view).collect(),
+            ..self.summary(switch)
+        }
+    }
+
     /// The table's default and misses, without its rules.
     pub fn summary(&self, switch: &str) -> FlowTable {
         FlowTable {
@@ -293,6 +319,7 @@ impl Flow {
             default: self.current.load().default_text.clone(),
             missed: self.missed.load(Relaxed),
             rules: Vec::new(),
+            next: None,
         }
     }
 

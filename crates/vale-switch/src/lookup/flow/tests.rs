@@ -704,3 +704,26 @@ fn the_table_is_bounded() {
     assert_eq!(t.counters()[1], ("masks".to_string(), 1));
     assert!(parse_rules(&"udp actions=drop\n".repeat(MAX_RULES + 1)).is_err());
 }
+
+#[test]
+fn a_dump_page_by_page_is_the_dump() {
+    let t = Flow::new(&[]).unwrap();
+    let text: String = (0..1000)
+        .map(|i| format!("prio={} udp,tp_dst={i} actions=drop\n", i % 7))
+        .collect();
+    t.add_text(&text).unwrap();
+    let whole = t.dump("vale0").rules;
+    for max in [1, 7, 999, 1000, 5000] {
+        let (mut pages, mut after) = (Vec::new(), 0);
+        loop {
+            let p = t.dump_page("vale0", after, max);
+            assert!(p.rules.len() <= max);
+            pages.extend(p.rules);
+            match p.next {
+                Some(n) => after = n,
+                None => break,
+            }
+        }
+        assert_eq!(pages, whole, "pages of {max}");
+    }
+}
