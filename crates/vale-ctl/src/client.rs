@@ -1,0 +1,84 @@
+//! The conversation with valed: connecting, one request and its reply, flow dumps page by
+//! page, and how a failure becomes an exit status.
+
+use super::*;
+
+/// Why vale-ctl failed.
+pub(crate) enum Failure {
+    /// No valed answers at the socket.
+    NoDaemon(PathBuf, io::Error),
+    /// A refusal, from valed or from the client-side checks of its answer.
+    Refused(String),
+    /// Anything else: the conversation with valed broke.
+    Other(anyhow::Error),
+    /// A usage error clap could not see.
+    Usage(String),
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(e: anyhow::Error) -> Self {
+        Failure::Other(e)
+    }
+}
+
+pub(crate) fn connect(run_dir: &Path) -> Result<UnixStream, Failure> {
+    UnixStream::connect(run_dir.join(SOCKET_NAME))
+        .map_err(|e| Failure::NoDaemon(run_dir.to_path_buf(), e))
+}
+
+/// Sends one request and returns valed's reply; `Reply::Error` becomes a refusal.
+pub(crate) fn ask(sock: &UnixStream, req: &Request) -> Result<Reply, Failure> {
+    match control::exchange(sock, req).context("cannot exchange a request with valed")? {
+        Some((Reply::Error { message }, _)) => Err(Failure::Refused(message)),
+        Some((reply, _fds)) => Ok(reply),
+        None => Err(anyhow!("valed closed the connection without replying").into()),
+    }
+}
+
+/// Asks for a flow table page by page (valed sends at most `FLOW_DUMP_PAGE` rules a reply)
+/// and returns it whole, as one reply.
+pub(crate) fn dump_flows(sock: &UnixStream, mut req: Request) -> Result<Reply, Failure> {
+    let mut all: Option<FlowTable> = None;
+    loop {
+        let page = match ask(sock, &req)? {
+            Reply::Flows { flows } => flows,
+            other => return Err(unexpected(&other)),
+        };
+        let next = page.next;
+        match &mut all {
+            None => all = Some(page),
+            Some(t) => t.rules.extend(page.rules),
+        }
+        match (next, &mut req) {
+            (Some(n), Request::FlowDump { after, .. }) => *after = Some(n),
+            _ => break,
+        }
+    }
+    let mut flows = all.expect("one page at least");
+    flows.next = None;
+    Ok(Reply::Flows { flows })
+}
+
+pub(crate) fn unexpected(reply: &Reply) -> Failure {
+    anyhow!("unexpected reply from valed: {reply:?}").into()
+}
+
+/// Finishes a command whose success is `Reply::Ok`: quiet, or `{"ok":true}` with `--json`.
+pub(crate) fn done(cli: &Cli, reply: Reply) -> Result<(), Failure> {
+    match reply {
+        Reply::Ok if cli.json => output("{\"ok\":true}\n"),
+        Reply::Ok => Ok(()),
+        other => Err(unexpected(&other)),
+    }
+}
+
+/// Writes to stdout; a reader that went away (`vale-ctl list | head`) is not an error.
+pub(crate) fn output(text: &str) -> Result<(), Failure> {
+    let mut out = io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != io::ErrorKind::BrokenPipe => {
+            Err(anyhow!("cannot write output: {e}").into())
+        }
+        _ => Ok(()),
+    }
+}
