@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use vale_abi::control::{self, Reply, Request};
@@ -365,6 +367,110 @@ fn hostile_http_clients_cost_nothing_but_their_own_connection() {
     );
     let mut v = v;
     assert!(v.alive(), "{}", v.log());
+}
+
+/// Idle and slowloris clients (20 of each), each reopened as soon as valed hangs up on it,
+/// stop no scrape: 40 scrapes in a row over more than two of their 5-second lifetimes are each
+/// answered, and within 5 s (Prometheus gives up after 10 s by default).
+#[test]
+fn idle_and_slowloris_connections_stop_no_scrape() {
+    let _s = serial();
+    let (v, addr) = valed_with_metrics();
+    v.ctl_ok(&["create", "vale0:a"]);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ready_tx, ready) = std::sync::mpsc::channel();
+    let stop2 = stop.clone();
+    let pests = std::thread::spawn(move || {
+        // A request head that never ends, a byte at a time: a header line after the other.
+        const LINE: &[u8] = b"GET /metrics HTTP/1.1\r\n";
+        const MORE: &[u8] = b"X-Slow: 1\r\n";
+        let byte = |k: usize| match LINE.get(k) {
+            Some(b) => *b,
+            None => MORE[(k - LINE.len()) % MORE.len()],
+        };
+        let open = || TcpStream::connect(addr).expect("connect to metrics");
+        let mut idle: Vec<TcpStream> = (0..20).map(|_| open()).collect();
+        let mut slow: Vec<(TcpStream, usize)> = (0..20).map(|_| (open(), 0)).collect();
+        let _ = ready_tx.send(());
+        let mut reopened = 0;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !stop2.load(Relaxed) && Instant::now() < deadline {
+            for s in &mut idle {
+                if hung_up(s) {
+                    *s = open();
+                    reopened += 1;
+                }
+            }
+            for (s, at) in &mut slow {
+                if hung_up(s) || s.write_all(&[byte(*at)]).is_err() {
+                    (*s, *at) = (open(), 0);
+                    reopened += 1;
+                    continue;
+                }
+                *at += 1;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        reopened
+    });
+    ready.recv().expect("the pests connected");
+    let start = Instant::now();
+    let mut slowest = Duration::ZERO;
+    for i in 0..40 {
+        let t = Instant::now();
+        let (status, head, _) = get(addr, "/metrics");
+        let took = t.elapsed();
+        slowest = slowest.max(took);
+        assert_eq!(status, 200, "scrape {i}, {took:?} after it began: {head:?}");
+        assert!(took < Duration::from_secs(5), "scrape {i} took {took:?}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let spent = start.elapsed();
+    stop.store(true, Relaxed);
+    let reopened = pests.join().expect("pests");
+    eprintln!("40 scrapes in {spent:?}, slowest {slowest:?}; pests reopened {reopened} times");
+    // valed did hang up on them (after 5 s each), and they came back.
+    assert!(reopened >= 40, "{reopened}");
+    let mut v = v;
+    assert!(v.alive(), "{}", v.log());
+}
+
+/// Whether valed closed `s` (end of file or an error), without waiting.
+fn hung_up(s: &mut TcpStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let mut b = [0u8; 64];
+    let gone = match s.read(&mut b) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    };
+    s.set_nonblocking(false).unwrap();
+    gone
+}
+
+/// A flood of connections that send nothing: valed holds a bounded number of them (the
+/// newest), and a scrape in the middle of the flood is answered.
+#[test]
+fn a_flood_of_idle_connections_is_bounded_and_scrapes_go_on() {
+    let _s = serial();
+    let (v, addr) = valed_with_metrics();
+    get(addr, "/metrics");
+    let base = v.fd_count();
+    let mut flood: Vec<TcpStream> = (0..300)
+        .filter_map(|_| TcpStream::connect(addr).ok())
+        .collect();
+    assert!(flood.len() >= 200, "{}", flood.len());
+    for round in 0..5 {
+        let t = Instant::now();
+        let (status, head, _) = get(addr, "/metrics");
+        assert_eq!(status, 200, "round {round}: {head:?}");
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        // At most 64 connections held, and nothing else grows.
+        let held = v.fd_count().saturating_sub(base);
+        assert!(held <= 64 + 2, "round {round}: valed holds {held} more descriptors");
+        flood.extend((0..100).filter_map(|_| TcpStream::connect(addr).ok()));
+    }
+    drop(flood);
 }
 
 /// A port of the kernel's choosing on loopback, free now.

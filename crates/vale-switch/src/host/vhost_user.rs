@@ -52,6 +52,7 @@ use vmm_sys_util::event::{
 use vale_abi::eventfd;
 
 use super::guard::{self, Guarded};
+use super::socket::SocketName;
 use super::virtq::{
     guest_piece, guest_range, read_guest, write_guest, Desc, Popped, Virtq, VirtqError,
 };
@@ -228,8 +229,9 @@ pub struct VhostUser {
     client: bool,
     /// Queue pairs offered.
     pairs: usize,
-    /// Server mode: bound at attach time, so a bad path fails the attach.
-    listener: Option<Listener>,
+    /// Server mode: bound at attach time, so a bad path fails the attach; and its name,
+    /// removed at detach if it is still the socket bound (see [`super::socket`]).
+    listener: Option<(Listener, SocketName)>,
     sink: Arc<RxSink>,
 }
 
@@ -262,14 +264,17 @@ impl VhostUser {
         if path.is_empty() || path.contains('\0') {
             return Err(format!("bad vhost-user socket path '{path}'"));
         }
+        // Client mode creates and removes nothing at `path`; server mode binds only a free
+        // name or a stale socket, and never replaces anything else (see [`super::socket`]).
         let listener = if client {
             None
         } else {
-            let l =
-                Listener::new(path, true).map_err(|e| format!("cannot listen at '{path}': {e}"))?;
+            let (l, name) = super::socket::listen(std::path::Path::new(path))?;
             l.set_nonblocking(true)
                 .map_err(|e| format!("cannot listen at '{path}': {e}"))?;
-            Some(l)
+            // The library's listener, without a name of its own: it would remove whatever
+            // is at `path` when dropped.
+            Some((Listener::from(l), name))
         };
         Ok(VhostUser {
             path: path.to_string(),
@@ -308,7 +313,7 @@ struct Session {
     path: String,
     pairs: usize,
     /// None: client mode.
-    listener: Option<Listener>,
+    listener: Option<(Listener, SocketName)>,
     sink: Arc<RxSink>,
 }
 
@@ -323,7 +328,7 @@ impl Driver for Session {
     ) -> io::Result<std::thread::JoinHandle<()>> {
         let ep = epoll::new()?;
         epoll::add(&ep, state.stop.as_raw_fd(), TOKEN_STOP)?;
-        if let Some(l) = &self.listener {
+        if let Some((l, _)) = &self.listener {
             epoll::add(&ep, l.as_raw_fd(), TOKEN_OTHER)?;
         }
         // No front end yet.
@@ -415,7 +420,7 @@ impl Session {
                     return;
                 }
                 match &mut self.listener {
-                    Some(l) => {
+                    Some((l, _)) => {
                         if wait_stop(&ep, -1, &state) {
                             return;
                         }
