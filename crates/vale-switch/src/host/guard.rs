@@ -84,6 +84,15 @@ pub fn hits() -> u64 {
     HITS.load(Acquire)
 }
 
+/// Whether a registered range holds `addr`.
+#[cfg(test)]
+pub fn covers(addr: usize) -> bool {
+    RANGES.iter().any(|s| {
+        let end = s.end.load(Acquire);
+        end != 0 && (s.start.load(Relaxed)..end).contains(&addr)
+    })
+}
+
 impl Drop for Guarded {
     fn drop(&mut self) {
         for &i in &self.slots {
