@@ -331,8 +331,8 @@ fn hostile_http_clients_cost_nothing_but_their_own_connection() {
     );
     let took = start.elapsed();
     assert!(took >= Duration::from_secs(4), "closed too early: {took:?}");
-    // Many connections at once: those past the bound are closed at once; valed keeps
-    // serving its control socket, and metrics once the idle ones are gone.
+    // Many connections at once: past the bound the oldest are closed; valed keeps serving
+    // its control socket, and lets every idle one go after the request time.
     let base = v.fd_count();
     let many: Vec<TcpStream> = (0..300)
         .filter_map(|_| TcpStream::connect(addr).ok())
@@ -467,7 +467,10 @@ fn a_flood_of_idle_connections_is_bounded_and_scrapes_go_on() {
         assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
         // At most 64 connections held, and nothing else grows.
         let held = v.fd_count().saturating_sub(base);
-        assert!(held <= 64 + 2, "round {round}: valed holds {held} more descriptors");
+        assert!(
+            held <= 64 + 2,
+            "round {round}: valed holds {held} more descriptors"
+        );
         flood.extend((0..100).filter_map(|_| TcpStream::connect(addr).ok()));
     }
     drop(flood);

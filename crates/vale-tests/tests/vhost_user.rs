@@ -107,7 +107,10 @@ fn attach_replaces_nothing_but_a_stale_socket() {
     assert_eq!(std::fs::read(&img).unwrap(), b"precious");
     let out = v.ctl(&["attach", "vale0:vm", "--vhost-user", &s(&img)]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains(&s(&img)) && err.contains("a regular file"), "{err}");
+    assert!(
+        err.contains(&s(&img)) && err.contains("a regular file"),
+        "{err}"
+    );
     assert!(v.port("vale0:vm").is_none_or(|p| p.kind != "vhost-user"));
 
     let sub = at("sub");
@@ -163,7 +166,13 @@ fn attach_replaces_nothing_but_a_stale_socket() {
     // Client mode connects, and never makes or removes a name.
     v.ctl_ok(&["attach", "vale0:vm", "--vhost-user", &s(&img), "--client"]);
     let nothing = at("nothing.sock");
-    v.ctl_ok(&["attach", "vale0:vm2", "--vhost-user", &s(&nothing), "--client"]);
+    v.ctl_ok(&[
+        "attach",
+        "vale0:vm2",
+        "--vhost-user",
+        &s(&nothing),
+        "--client",
+    ]);
     std::thread::sleep(Duration::from_millis(500));
     v.ctl_ok(&["detach", "vale0:vm"]);
     v.ctl_ok(&["detach", "vale0:vm2"]);

@@ -15,9 +15,8 @@
 //! sixteen clients that send nothing hold every place for 5 s at a time, and a scraper came
 //! in between only by luck; here nothing a client does or fails to do delays another's
 //! reply: a scrape is read as its bytes come and answered at once. A crate (`tiny_http`,
-//! `hyper`) would bring a thread pool or an async runtime for what Prometheus needs, a GET
-//! and a body; `tiny_http` serves each connection from a pool of threads, so a few idle
-//! clients stop it in the same way.
+//! `hyper`) would bring threads of its own or an async runtime for what Prometheus needs, a
+//! GET and a body, and the bounds below would still have to be set around it.
 //!
 //! Anyone who can reach ADDR may connect, so the listener is hostile-input code, and what it
 //! holds is bounded:
@@ -331,12 +330,7 @@ fn answer(head: &[u8], registry: &Registry) -> Vec<u8> {
     let path = target.split('?').next().unwrap_or("");
     let head_only = method == "HEAD";
     if method != "GET" && !head_only {
-        return message(
-            "405 Method Not Allowed",
-            "text/plain",
-            b"only GET\n",
-            false,
-        );
+        return message("405 Method Not Allowed", "text/plain", b"only GET\n", false);
     }
     if path != "/metrics" {
         return message(

@@ -31,9 +31,8 @@ pub struct SocketName {
 
 impl Drop for SocketName {
     fn drop(&mut self) {
-        let ours = std::fs::symlink_metadata(&self.path).is_ok_and(|m| {
-            m.file_type().is_socket() && m.dev() == self.dev && m.ino() == self.ino
-        });
+        let ours = std::fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| m.file_type().is_socket() && m.dev() == self.dev && m.ino() == self.ino);
         if ours {
             let _ = std::fs::remove_file(&self.path);
         }
@@ -129,7 +128,13 @@ enum Probe {
 /// Whether someone listens at the stream socket `path`: a connection that does not wait.
 fn probe(path: &Path) -> Probe {
     // SAFETY: socket has no memory preconditions; the descriptor is owned at once.
-    let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC, 0) };
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
     if fd < 0 {
         return Probe::Other(io::Error::last_os_error());
     }
@@ -183,7 +188,10 @@ mod tests {
         let file = d.join("disk.img");
         std::fs::write(&file, b"precious").unwrap();
         let e = listen(&file).unwrap_err();
-        assert!(e.contains("File exists") && e.contains("a regular file"), "{e}");
+        assert!(
+            e.contains("File exists") && e.contains("a regular file"),
+            "{e}"
+        );
         assert_eq!(std::fs::read(&file).unwrap(), b"precious");
         // A directory, a symbolic link (to the file, and dangling).
         let sub = d.join("sub");
@@ -204,7 +212,10 @@ mod tests {
         let busy = d.join("busy.sock");
         let theirs = UnixListener::bind(&busy).unwrap();
         let e = listen(&busy).unwrap_err();
-        assert!(e.contains("Address already in use") && e.contains("listens"), "{e}");
+        assert!(
+            e.contains("Address already in use") && e.contains("listens"),
+            "{e}"
+        );
         std::os::unix::net::UnixStream::connect(&busy).expect("their socket works");
         drop(theirs.accept().unwrap());
         // A datagram socket: not of this kind.

@@ -1195,7 +1195,10 @@ fn an_old_memory_table_is_guarded_only_while_mapped() {
                 libc::munmap(x, LEN / 2);
                 libc::munmap(y, LEN / 2);
             }
-            assert_eq!(seen, 0x77, "the guard of an unmapped table zeroed another mapping");
+            assert_eq!(
+                seen, 0x77,
+                "the guard of an unmapped table zeroed another mapping"
+            );
         }
     }
 
