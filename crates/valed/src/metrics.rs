@@ -26,10 +26,18 @@
 //!   a flood must open [`MAX_CONNS`] connections in those few milliseconds to push it out);
 //! - a request head is at most [`MAX_REQUEST`] bytes (`431` past it) and must arrive within
 //!   [`REQUEST_TIME`] of the connection;
+//! - a connection's send buffer is [`SEND_BUFFER`] (the kernel's own would grow to megabytes
+//!   for a client that does not read): what the client has not taken stays in its reply;
 //! - at most [`MAX_REPLIES`] replies are held at once, each a reply's bytes; one more
 //!   abandons the reply that started first, and a reply not taken within [`REPLY_TIME`] is
-//!   abandoned. So valed holds at most `MAX_CONNS × MAX_REQUEST` bytes of requests and
-//!   `MAX_REPLIES` replies (about 850 bytes a port each), and [`MAX_CONNS`] + 1 descriptors.
+//!   abandoned. An abandoned connection is reset, so that the kernel drops what it still
+//!   held for it at once. So valed holds at most `MAX_CONNS × MAX_REQUEST` bytes of requests,
+//!   `MAX_REPLIES` replies (about 850 bytes a port each), [`MAX_CONNS`] send buffers in the
+//!   kernel and [`MAX_CONNS`] + 1 descriptors.
+//!
+//! A connection whose reply is all written has its write side shut and waits (within the
+//! reply's time) for the client to close: closing first would reset the connection if the
+//! client sent anything more, and the client could lose the reply's tail.
 
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -58,6 +66,8 @@ pub const MAX_REQUEST: usize = 8 << 10;
 pub const REQUEST_TIME: Duration = Duration::from_secs(5);
 /// Time a client has to take the reply.
 pub const REPLY_TIME: Duration = Duration::from_secs(10);
+/// The send buffer of a connection, bytes (the kernel doubles it for its bookkeeping).
+const SEND_BUFFER: usize = 64 << 10;
 /// Connections taken from the listener per wake-up, before the others get their turn.
 const ACCEPT_BURST: usize = 16;
 /// How long the listener is left alone after an accept failed for want of descriptors.
@@ -98,8 +108,11 @@ struct Conn {
 enum State {
     /// Its request head so far.
     Reading(Vec<u8>),
-    /// The reply (head and body) and how much of it the client took.
+    /// The reply (head and body) and how much of it the kernel took.
     Replying(Vec<u8>, usize),
+    /// The whole reply is with the kernel and the write side shut: waiting for the client to
+    /// close (what it still sends is read and dropped).
+    Sent,
 }
 
 /// What a step on a connection left of it.
@@ -112,8 +125,46 @@ impl Conn {
     fn deadline(&self) -> Instant {
         match self.state {
             State::Reading(_) => self.since + REQUEST_TIME,
-            State::Replying(..) => self.since + REPLY_TIME,
+            State::Replying(..) | State::Sent => self.since + REPLY_TIME,
         }
+    }
+
+    /// What to wait for on its socket.
+    fn events(&self) -> libc::c_short {
+        match self.state {
+            State::Replying(..) => libc::POLLOUT,
+            State::Reading(_) | State::Sent => libc::POLLIN,
+        }
+    }
+
+    /// Serves what its socket is ready for.
+    fn step(&mut self, registry: &Registry) -> Step {
+        match self.state {
+            State::Reading(_) => self.read(registry),
+            State::Replying(..) => self.write(),
+            State::Sent => self.drain(),
+        }
+    }
+
+    /// Closes it with a reset, for a client that let its deadline pass or was pushed out: the
+    /// kernel lets go at once of what it still held for it (a reply not taken), instead of
+    /// trying to deliver it for minutes after the close.
+    fn abort(&mut self) {
+        let l = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: setsockopt on our own socket with a live linger of the size given.
+        unsafe {
+            libc::setsockopt(
+                self.stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&raw const l).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            );
+        }
+        self.closed = true;
     }
 
     fn replying(&self) -> bool {
@@ -167,10 +218,28 @@ impl Conn {
                 Err(_) => return Step::Close,
             }
         }
-        // What the client may still send (a body, pipelined requests) is not read: shut the
-        // write side so that it sees the end of the reply, then close.
+        // Shut the write side so that the client sees the end of the reply, and wait for it
+        // to close: closing first would reset the connection, and the client could lose the
+        // reply's tail, if it sent anything more (a body, pipelined requests).
         let _ = self.stream.shutdown(std::net::Shutdown::Write);
-        Step::Close
+        self.state = State::Sent;
+        Step::Keep
+    }
+
+    /// Reads and drops what the client still sends, until it closes.
+    fn drain(&mut self) -> Step {
+        let mut chunk = [0u8; 1024];
+        // Bounded, so that a client that sends without end does not keep the thread.
+        for _ in 0..64 {
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return Step::Close,
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Step::Keep,
+                Err(_) => return Step::Close,
+            }
+        }
+        Step::Keep
     }
 }
 
@@ -198,7 +267,12 @@ impl Server {
         loop {
             let now = Instant::now();
             // Past their deadline: hung up on (a request head too slow, a reply not taken).
-            self.conns.retain(|c| c.deadline() > now);
+            for c in &mut self.conns {
+                if c.deadline() <= now {
+                    c.abort();
+                }
+            }
+            self.conns.retain(|c| !c.closed);
             if self.paused_until.is_some_and(|t| t <= now) {
                 self.paused_until = None;
             }
@@ -225,11 +299,7 @@ impl Server {
             });
             fds.extend(self.conns.iter().map(|c| libc::pollfd {
                 fd: c.stream.as_raw_fd(),
-                events: if c.replying() {
-                    libc::POLLOUT
-                } else {
-                    libc::POLLIN
-                },
+                events: c.events(),
                 revents: 0,
             }));
             // SAFETY: `fds` is a live array of `fds.len()` pollfds.
@@ -241,12 +311,7 @@ impl Server {
                 if fd.revents == 0 {
                     continue;
                 }
-                let step = if c.replying() {
-                    c.write()
-                } else {
-                    c.read(&self.registry)
-                };
-                c.closed = matches!(step, Step::Close);
+                c.closed = matches!(c.step(&self.registry), Step::Close);
             }
             self.bound_replies();
             self.conns.retain(|c| !c.closed);
@@ -269,7 +334,7 @@ impl Server {
         tracing::debug!("metrics: more than {MAX_REPLIES} replies held: the oldest abandoned");
         for c in &mut self.conns {
             if c.replying() && c.since < cut {
-                c.closed = true;
+                c.abort();
             }
         }
     }
@@ -295,8 +360,23 @@ impl Server {
             if stream.set_nonblocking(true).is_err() {
                 continue;
             }
+            // A fixed send buffer (the kernel's own grows to megabytes for a client that
+            // does not read): what the client has not taken stays in the reply, which the
+            // bound on replies holds.
+            let size: libc::c_int = SEND_BUFFER as libc::c_int;
+            // SAFETY: setsockopt on our own socket with a live int of the size given.
+            unsafe {
+                libc::setsockopt(
+                    stream.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    libc::SO_SNDBUF,
+                    (&raw const size).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                );
+            }
             if self.conns.len() >= MAX_CONNS {
-                // Full: the connection that has waited longest for its request goes.
+                // Full: the connection that has waited longest for its request (or, its reply
+                // sent, for the client to close) goes.
                 let oldest = self
                     .conns
                     .iter()
@@ -306,6 +386,7 @@ impl Server {
                     .map(|(i, _)| i);
                 match oldest {
                     Some(i) => {
+                        self.conns[i].abort();
                         self.conns.remove(i);
                     }
                     // Only replies held (not with MAX_REPLIES < MAX_CONNS): the new one goes.
