@@ -643,7 +643,8 @@ struct NetInner {
 /// out again: another guest's memory, another port's rings), and a SIGBUS in any file mapping
 /// that then lies in it made the handler map zero pages over the whole old range, over what
 /// lives there now. So each table is held here with its guard, and let go (the guard first,
-/// then the mapping) only once nobody else holds it.
+/// then the mapping) once nobody else holds it, as seen at the next table change or at the
+/// connection's end: an old table may stay mapped until then, which costs only addresses.
 #[derive(Default)]
 pub(super) struct Tables(Mutex<Vec<Table>>);
 
