@@ -230,9 +230,12 @@ valed tries them in that order and keeps the first that binds; 'vale-ctl list' s
 While attached, the interface's received frames go to the switch instead of the kernel.\n\n\
 --vhost-user PATH makes valed the virtio-net device of a virtual machine (QEMU's \
 '-netdev vhost-user', any vhost-user front end) through the Unix socket PATH: valed listens \
-there, and serves one front end after the other (QEMU '-chardev socket,path=PATH,reconnect=1'); \
-with --client valed connects to a front end listening there instead (QEMU \
-'server=on,wait=off'), again after each disconnection. The guest's RAM must be shared memory \
+there, and serves one front end after the other (QEMU '-chardev socket,path=PATH,reconnect=1'). \
+PATH must be free or hold a stale socket (one nobody listens at), which valed replaces; \
+anything else there (a file, a directory, a socket in use) is refused and left as it is, and \
+detach removes PATH only while it is still valed's socket. With --client valed connects to a \
+front end listening there instead (QEMU 'server=on,wait=off'), again after each \
+disconnection, and makes or removes nothing at PATH. The guest's RAM must be shared memory \
 ('-object memory-backend-memfd,...,share=on'). The port is down while no front end is connected. \
 The port offers --queues queue pairs (QEMU '-netdev vhost-user,queues=N' with \
 '-device virtio-net-pci,mq=on', up to as many); each pair has a thread of its own in valed, \

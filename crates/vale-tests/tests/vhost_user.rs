@@ -85,3 +85,98 @@ fn steady_fd_count(v: &Valed) -> usize {
     assert!(steady, "valed's descriptors keep changing");
     last
 }
+
+/// `vale-ctl attach --vhost-user PATH` takes only a free name or a stale socket: a regular
+/// file (a disk image, say), a directory, a symbolic link or a socket another program
+/// listens at are refused by name and left as they are; `--client` makes and removes
+/// nothing; detach removes the name only while it is still the socket valed made.
+#[test]
+fn attach_replaces_nothing_but_a_stale_socket() {
+    let v = Valed::start();
+    let dir = TempDir::new("vhost-user-names");
+    let at = |name: &str| dir.0.join(name);
+    let s = |p: &std::path::Path| p.to_str().unwrap().to_string();
+
+    let img = at("disk.img");
+    std::fs::write(&img, b"precious").unwrap();
+    v.ctl_fails(
+        &["attach", "vale0:vm", "--vhost-user", &s(&img)],
+        1,
+        "File exists",
+    );
+    assert_eq!(std::fs::read(&img).unwrap(), b"precious");
+    let out = v.ctl(&["attach", "vale0:vm", "--vhost-user", &s(&img)]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&s(&img)) && err.contains("a regular file"),
+        "{err}"
+    );
+    assert!(v.port("vale0:vm").is_none_or(|p| p.kind != "vhost-user"));
+
+    let sub = at("sub");
+    std::fs::create_dir(&sub).unwrap();
+    v.ctl_fails(
+        &["attach", "vale0:vm", "--vhost-user", &s(&sub)],
+        1,
+        "a directory",
+    );
+    assert!(sub.is_dir());
+    let link = at("link");
+    std::os::unix::fs::symlink(&img, &link).unwrap();
+    v.ctl_fails(
+        &["attach", "vale0:vm", "--vhost-user", &s(&link)],
+        1,
+        "a symbolic link",
+    );
+    assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+    assert_eq!(std::fs::read(&img).unwrap(), b"precious");
+
+    // A socket another program listens at: refused, and still theirs.
+    let busy = at("busy.sock");
+    let theirs = std::os::unix::net::UnixListener::bind(&busy).unwrap();
+    v.ctl_fails(
+        &["attach", "vale0:vm", "--vhost-user", &s(&busy)],
+        1,
+        "Address already in use",
+    );
+    UnixStream::connect(&busy).expect("their socket still answers");
+    drop(theirs);
+
+    // A stale socket (what a killed valed leaves): taken over, served, removed at detach.
+    let stale = at("stale.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
+    v.ctl_ok(&["attach", "vale0:vm", "--vhost-user", &s(&stale)]);
+    get_features(&stale);
+    v.ctl_ok(&["detach", "vale0:vm"]);
+    assert!(
+        wait_until(T, || !stale.exists()),
+        "the socket valed made is left at detach"
+    );
+
+    // A name someone made again after the attach is theirs: left at detach.
+    let again = at("again.sock");
+    v.ctl_ok(&["attach", "vale0:vm", "--vhost-user", &s(&again)]);
+    get_features(&again);
+    std::fs::remove_file(&again).unwrap();
+    std::fs::write(&again, b"theirs").unwrap();
+    v.ctl_ok(&["detach", "vale0:vm"]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(std::fs::read(&again).unwrap(), b"theirs");
+
+    // Client mode connects, and never makes or removes a name.
+    v.ctl_ok(&["attach", "vale0:vm", "--vhost-user", &s(&img), "--client"]);
+    let nothing = at("nothing.sock");
+    v.ctl_ok(&[
+        "attach",
+        "vale0:vm2",
+        "--vhost-user",
+        &s(&nothing),
+        "--client",
+    ]);
+    std::thread::sleep(Duration::from_millis(500));
+    v.ctl_ok(&["detach", "vale0:vm"]);
+    v.ctl_ok(&["detach", "vale0:vm2"]);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(std::fs::read(&img).unwrap(), b"precious");
+    assert!(std::fs::symlink_metadata(&nothing).is_err());
+}

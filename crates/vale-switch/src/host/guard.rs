@@ -14,8 +14,11 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Once;
 
-/// Ranges registered at once, in all of valed (a connection has at most two memory tables,
-/// of at most 32 regions each, registered).
+/// Ranges registered at once, in all of valed (a connection has its current memory table
+/// registered, and the older ones a pass still held when they were replaced, until they are
+/// unmapped: usually one or two tables of at most 32 regions each). A range must be
+/// unregistered before it is unmapped: a stale range would cover whatever is mapped there
+/// next.
 const SLOTS: usize = 2048;
 
 struct Slot {
@@ -82,6 +85,15 @@ impl Guarded {
 /// no [`Guarded::hit`] has either.
 pub fn hits() -> u64 {
     HITS.load(Acquire)
+}
+
+/// Whether a registered range holds `addr`.
+#[cfg(test)]
+pub fn covers(addr: usize) -> bool {
+    RANGES.iter().any(|s| {
+        let end = s.end.load(Acquire);
+        end != 0 && (s.start.load(Relaxed)..end).contains(&addr)
+    })
 }
 
 impl Drop for Guarded {

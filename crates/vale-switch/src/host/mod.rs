@@ -13,6 +13,7 @@
 
 mod guard;
 pub mod nic;
+mod socket;
 pub mod tap;
 pub mod vhost_user;
 mod virtq;

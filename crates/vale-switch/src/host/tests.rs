@@ -1103,6 +1103,115 @@ fn vhost_user_guest_memory_shrunk_under_valed() {
     }
 }
 
+/// A memory file of `len` bytes, filled with `byte`, and a vm-memory region mapping it.
+fn memfd_region(len: usize, byte: u8) -> (std::fs::File, vm_memory::GuestRegionMmap) {
+    use std::io::Write;
+    // SAFETY: a NUL-terminated name; the descriptor is owned at once.
+    let fd = unsafe { libc::memfd_create(c"vale-test-table".as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0);
+    // SAFETY: a fresh descriptor of ours.
+    let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+    f.write_all(&vec![byte; len]).unwrap();
+    let fo = vm_memory::FileOffset::new(f.try_clone().unwrap(), 0);
+    let map = vm_memory::MmapRegion::from_file(fo, len).unwrap();
+    let r = vm_memory::GuestRegionMmap::new(map, vm_memory::GuestAddress(0)).unwrap();
+    (f, r)
+}
+
+/// Whether `addr` lies in a mapping of this process.
+fn mapped(addr: usize) -> bool {
+    let mut v = 0u8;
+    // SAFETY: mincore writes one byte for one page; it fails with ENOMEM where nothing is mapped.
+    unsafe { libc::mincore(addr as *mut libc::c_void, 1, &mut v) == 0 }
+}
+
+/// A guest memory table that the front end replaced while a worker was in the middle of a
+/// pass over it stays guarded while mapped, and mapped while guarded: its range is never left
+/// registered after it is unmapped, where a SIGBUS in whatever mapping comes there next (a
+/// shrunk memory file of another front end) would make the guard map zero pages over it,
+/// over another port's memory.
+#[test]
+fn an_old_memory_table_is_guarded_only_while_mapped() {
+    use vm_memory::{
+        GuestAddressSpace, GuestMemoryAtomic, GuestMemoryMmap, GuestMemoryRegion,
+        MemoryRegionAddress,
+    };
+    const LEN: usize = 4 << 20;
+    let (_fa, ra) = memfd_region(LEN, 0xa);
+    let a = ra.get_host_address(MemoryRegionAddress(0)).unwrap() as usize;
+    let table_a = GuestMemoryMmap::from_regions(vec![ra]).unwrap();
+    let mem = GuestMemoryAtomic::new(table_a);
+    let tables = super::vhost_user::Tables::default();
+    tables.track(&mem);
+    assert!(super::guard::covers(a) && mapped(a));
+
+    // A worker's pass holds table A while the library takes table B (SET_MEM_TABLE).
+    let pass = mem.memory();
+    let (_fb, rb) = memfd_region(LEN, 0xb);
+    mem.lock()
+        .unwrap()
+        .replace(GuestMemoryMmap::from_regions(vec![rb]).unwrap());
+    tables.track(&mem);
+    drop(pass);
+    // The pass is over: A is held by the list alone. Guarded and mapped, or neither.
+    assert_eq!(
+        super::guard::covers(a),
+        mapped(a),
+        "table A guarded {}, mapped {}",
+        super::guard::covers(a),
+        mapped(a)
+    );
+
+    if !mapped(a) {
+        // What the stale guard does: two mappings where A was, one that will fault (a
+        // memory file shrunk to nothing) and, above it, another port's memory.
+        let (fx, _) = memfd_region(LEN / 2, 0);
+        let (fy, _) = memfd_region(LEN / 2, 0);
+        let at = |addr: usize, f: &std::fs::File| {
+            // SAFETY: a shared mapping of our own file at addresses nothing holds (NOREPLACE).
+            unsafe {
+                libc::mmap(
+                    addr as *mut libc::c_void,
+                    LEN / 2,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE,
+                    f.as_raw_fd(),
+                    0,
+                )
+            }
+        };
+        let x = at(a, &fx);
+        let y = at(a + LEN / 2, &fy);
+        if x as usize == a && y as usize == a + LEN / 2 {
+            // SAFETY: y maps LEN / 2 bytes of our own file.
+            unsafe { std::ptr::write_volatile(y as *mut u8, 0x77) };
+            fx.set_len(0).unwrap();
+            // SAFETY: past the end of its file: SIGBUS, which the guard catches.
+            let _ = unsafe { std::ptr::read_volatile(x as *const u8) };
+            // SAFETY: still our mapping of y, unless the guard mapped zeros over it.
+            let seen = unsafe { std::ptr::read_volatile(y as *const u8) };
+            // SAFETY: our own mappings.
+            unsafe {
+                libc::munmap(x, LEN / 2);
+                libc::munmap(y, LEN / 2);
+            }
+            assert_eq!(
+                seen, 0x77,
+                "the guard of an unmapped table zeroed another mapping"
+            );
+        }
+    }
+
+    // Once the library lets B go too, and the next table comes, A goes: unguarded, unmapped.
+    let (_fc, rc) = memfd_region(4096, 0xc);
+    mem.lock()
+        .unwrap()
+        .replace(GuestMemoryMmap::from_regions(vec![rc]).unwrap());
+    tables.track(&mem);
+    assert_eq!(tables.len(), 1);
+    assert!(!super::guard::covers(a));
+}
+
 /// Frames toward a guest with several queue pairs: each flow (source port and ring) to one
 /// pair, only pairs the guest enabled, flows spread over them.
 #[test]

@@ -52,6 +52,7 @@ use vmm_sys_util::event::{
 use vale_abi::eventfd;
 
 use super::guard::{self, Guarded};
+use super::socket::SocketName;
 use super::virtq::{
     guest_piece, guest_range, read_guest, write_guest, Desc, Popped, Virtq, VirtqError,
 };
@@ -228,8 +229,9 @@ pub struct VhostUser {
     client: bool,
     /// Queue pairs offered.
     pairs: usize,
-    /// Server mode: bound at attach time, so a bad path fails the attach.
-    listener: Option<Listener>,
+    /// Server mode: bound at attach time, so a bad path fails the attach; and its name,
+    /// removed at detach if it is still the socket bound (see [`super::socket`]).
+    listener: Option<(Listener, SocketName)>,
     sink: Arc<RxSink>,
 }
 
@@ -262,14 +264,17 @@ impl VhostUser {
         if path.is_empty() || path.contains('\0') {
             return Err(format!("bad vhost-user socket path '{path}'"));
         }
+        // Client mode creates and removes nothing at `path`; server mode binds only a free
+        // name or a stale socket, and never replaces anything else (see [`super::socket`]).
         let listener = if client {
             None
         } else {
-            let l =
-                Listener::new(path, true).map_err(|e| format!("cannot listen at '{path}': {e}"))?;
+            let (l, name) = super::socket::listen(std::path::Path::new(path))?;
             l.set_nonblocking(true)
                 .map_err(|e| format!("cannot listen at '{path}': {e}"))?;
-            Some(l)
+            // The library's listener, without a name of its own: it would remove whatever
+            // is at `path` when dropped.
+            Some((Listener::from(l), name))
         };
         Ok(VhostUser {
             path: path.to_string(),
@@ -308,7 +313,7 @@ struct Session {
     path: String,
     pairs: usize,
     /// None: client mode.
-    listener: Option<Listener>,
+    listener: Option<(Listener, SocketName)>,
     sink: Arc<RxSink>,
 }
 
@@ -323,7 +328,7 @@ impl Driver for Session {
     ) -> io::Result<std::thread::JoinHandle<()>> {
         let ep = epoll::new()?;
         epoll::add(&ep, state.stop.as_raw_fd(), TOKEN_STOP)?;
-        if let Some(l) = &self.listener {
+        if let Some((l, _)) = &self.listener {
             epoll::add(&ep, l.as_raw_fd(), TOKEN_OTHER)?;
         }
         // No front end yet.
@@ -415,7 +420,7 @@ impl Session {
                     return;
                 }
                 match &mut self.listener {
-                    Some(l) => {
+                    Some((l, _)) => {
                         if wait_stop(&ep, -1, &state) {
                             return;
                         }
@@ -614,9 +619,9 @@ struct NetInner {
     guest_timer: OwnedFd,
     /// Descriptors the library takes over and never closes (see `exit_event`).
     forgotten: Mutex<Vec<RawFd>>,
-    /// The mappings of the guest's memory tables that are still alive, guarded against the
-    /// front end shrinking them (see [`super::guard`]).
-    guarded: Mutex<Vec<(std::sync::Weak<GuestMemoryMmap>, Guarded)>>,
+    /// The mappings of the guest's memory tables, guarded against the front end shrinking
+    /// them (see [`super::guard`]) for as long as they are mapped.
+    guarded: Tables,
     /// [`guard::hits`] when last looked at.
     hits_seen: AtomicU64,
     /// The front end shrank the guest's memory: nothing more is read or written there.
@@ -627,6 +632,55 @@ struct NetInner {
     handlers: Mutex<Vec<std::sync::Weak<VringEpollHandler<Net>>>>,
     /// The front end's kick eventfd of each queue (see `take_kick`).
     kicks: Mutex<Vec<Option<OwnedFd>>>,
+}
+
+/// The guest memory tables of a connection that valed maps, each guarded (see
+/// [`super::guard`]) for exactly as long as it is mapped.
+///
+/// A table is mapped while anyone holds it: the library's current table, a worker in the
+/// middle of a pass over an older one. Its guard must go before its mapping: a range left
+/// registered after it was unmapped is soon another mapping's (mmap hands the same addresses
+/// out again: another guest's memory, another port's rings), and a SIGBUS in any file mapping
+/// that then lies in it made the handler map zero pages over the whole old range, over what
+/// lives there now. So each table is held here with its guard, and let go (the guard first,
+/// then the mapping) once nobody else holds it, as seen at the next table change or at the
+/// connection's end: an old table may stay mapped until then, which costs only addresses.
+#[derive(Default)]
+pub(super) struct Tables(Mutex<Vec<Table>>);
+
+/// A memory table and the guard of its ranges; the guard is dropped first (field order).
+struct Table {
+    guard: Guarded,
+    mem: Arc<GuestMemoryMmap>,
+}
+
+impl Tables {
+    /// Guards the table `mem` has now (once); lets go of those only this list still holds.
+    pub(super) fn track(&self, mem: &Mem) {
+        let now = mem.memory().into_inner();
+        let mut list = lock(&self.0);
+        list.retain(|t| Arc::strong_count(&t.mem) > 1);
+        if list.iter().any(|t| Arc::ptr_eq(&t.mem, &now)) {
+            return;
+        }
+        let ranges = now.iter().filter_map(|r| {
+            let p = r.get_host_address(MemoryRegionAddress(0)).ok()?;
+            Some((p as usize, r.len() as usize))
+        });
+        let guard = Guarded::new(ranges);
+        list.push(Table { guard, mem: now });
+    }
+
+    /// Whether the handler found one of the tables' ranges shrunk.
+    pub(super) fn hit(&self) -> bool {
+        lock(&self.0).iter().any(|t| t.guard.hit())
+    }
+
+    /// How many tables are held.
+    #[cfg(test)]
+    pub(super) fn len(&self) -> usize {
+        lock(&self.0).len()
+    }
 }
 
 /// A queue pair's own: what its worker forwards with, and scratch space.
@@ -694,7 +748,7 @@ impl Net {
             epoch: std::time::Instant::now(),
             guest_timer: epoll::new_timer()?,
             forgotten: Mutex::new(Vec::new()),
-            guarded: Mutex::new(Vec::new()),
+            guarded: Tables::default(),
             hits_seen: AtomicU64::new(guard::hits()),
             broken: AtomicBool::new(false),
             front: Mutex::new(None),
@@ -814,18 +868,9 @@ impl Net {
         }
     }
 
-    /// Guards the mappings of the memory table the library has now; forgets those no longer
-    /// mapped.
+    /// Guards the mappings of the memory table the library has now.
     fn guard_memory(&self) {
-        let now = self.0.mem.memory().into_inner();
-        let ranges = now.iter().filter_map(|r| {
-            let p = r.get_host_address(MemoryRegionAddress(0)).ok()?;
-            Some((p as usize, r.len() as usize))
-        });
-        let g = Guarded::new(ranges);
-        let mut list = lock(&self.0.guarded);
-        list.retain(|(m, _)| m.strong_count() != 0);
-        list.push((Arc::downgrade(&now), g));
+        self.0.guarded.track(&self.0.mem);
     }
 
     /// Whether the front end shrank the guest's memory under valed; the first time it is
@@ -838,7 +883,7 @@ impl Net {
         if self.0.hits_seen.swap(hits, Relaxed) == hits {
             return false;
         }
-        if !lock(&self.0.guarded).iter().any(|(_, g)| g.hit()) {
+        if !self.0.guarded.hit() {
             return false;
         }
         if !self.0.broken.swap(true, Relaxed) {

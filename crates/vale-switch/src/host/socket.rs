@@ -1,0 +1,243 @@
+//! The Unix socket a port listens at (vhost-user in server mode): made at attach, removed at
+//! detach, and nothing else touched.
+//!
+//! A name valed is told to listen at may hold anything: a disk image, a directory, another
+//! program's socket. [`listen`] binds only a free name, or one that holds a *stale* stream
+//! socket: a socket nobody listens at any more (a connection to it is refused), which is
+//! what a valed that was killed leaves behind. Anything else is refused with its errno
+//! (`EEXIST`: not a socket; `EADDRINUSE`: a socket someone listens at; `EPROTOTYPE`: a socket
+//! of another type) and left as it is. To tell a stale socket from a live one valed connects
+//! to it (without waiting) and closes at once: a program listening there sees one connection
+//! that ends before it says anything.
+//!
+//! The [`SocketName`] that [`listen`] returns removes the name when dropped, only if it is
+//! still the socket valed bound (the same device and inode): a name that someone has removed
+//! and made again meanwhile (a new socket, a file) is theirs.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+
+/// The name a listening socket was bound at, with its identity then; removed when dropped
+/// if it still names that socket.
+#[derive(Debug)]
+pub struct SocketName {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+}
+
+impl Drop for SocketName {
+    fn drop(&mut self) {
+        let ours = std::fs::symlink_metadata(&self.path)
+            .is_ok_and(|m| m.file_type().is_socket() && m.dev() == self.dev && m.ino() == self.ino);
+        if ours {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Listens at `path`: a free name, or one that holds a stale stream socket (removed first).
+/// Anything else at `path` is refused and left as it is; the message names the path, what is
+/// there and the errno.
+pub fn listen(path: &Path) -> Result<(UnixListener, SocketName), String> {
+    let shown = path.display();
+    let fail = |e: io::Error, why: &str| format!("cannot listen at '{shown}': {e}{why}");
+    // A stale socket is removed once; a name that comes back busy then is refused.
+    for _ in 0..2 {
+        match UnixListener::bind(path) {
+            Ok(l) => {
+                let m = std::fs::symlink_metadata(path).map_err(|e| fail(e, ""))?;
+                let name = SocketName {
+                    path: path.to_path_buf(),
+                    dev: m.dev(),
+                    ino: m.ino(),
+                };
+                return Ok((l, name));
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => {}
+            Err(e) => return Err(fail(e, "")),
+        }
+        let m = match std::fs::symlink_metadata(path) {
+            Ok(m) => m,
+            // Gone in between: try again.
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(fail(e, "")),
+        };
+        let t = m.file_type();
+        if !t.is_socket() {
+            let what = if t.is_file() {
+                "a regular file"
+            } else if t.is_dir() {
+                "a directory"
+            } else if t.is_symlink() {
+                "a symbolic link"
+            } else {
+                "a special file"
+            };
+            return Err(fail(
+                io::Error::from_raw_os_error(libc::EEXIST),
+                &format!(" ({what} is there; valed replaces only a stale socket)"),
+            ));
+        }
+        match probe(path) {
+            Probe::Stale => {
+                // Removed only if it is still the socket looked at.
+                let same = std::fs::symlink_metadata(path)
+                    .is_ok_and(|n| n.dev() == m.dev() && n.ino() == m.ino());
+                if same {
+                    std::fs::remove_file(path).map_err(|e| {
+                        fail(e, " (a stale socket is there, which valed cannot remove)")
+                    })?;
+                }
+            }
+            Probe::Gone => {}
+            Probe::Listening => {
+                return Err(fail(
+                    io::Error::from_raw_os_error(libc::EADDRINUSE),
+                    " (a program listens at that socket)",
+                ))
+            }
+            Probe::Other(e) => {
+                return Err(fail(
+                    e,
+                    " (a socket of another kind is there, or one valed cannot tell is stale)",
+                ));
+            }
+        }
+    }
+    Err(fail(
+        io::Error::from_raw_os_error(libc::EADDRINUSE),
+        " (a socket came back there as valed replaced a stale one)",
+    ))
+}
+
+enum Probe {
+    /// Nobody listens there.
+    Stale,
+    /// The name went away.
+    Gone,
+    /// Someone listens there (or its queue of connections is full).
+    Listening,
+    /// Another kind of socket, or no way to tell.
+    Other(io::Error),
+}
+
+/// Whether someone listens at the stream socket `path`: a connection that does not wait.
+fn probe(path: &Path) -> Probe {
+    // SAFETY: socket has no memory preconditions; the descriptor is owned at once.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Probe::Other(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor of ours.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let bytes = std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str());
+    // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    if bytes.len() >= addr.sun_path.len() {
+        return Probe::Other(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: `addr` is a live sockaddr_un of the size given.
+    let r = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            (&raw const addr).cast(),
+            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        return Probe::Listening;
+    }
+    let e = io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::ECONNREFUSED) => Probe::Stale,
+        Some(libc::ENOENT) => Probe::Gone,
+        Some(libc::EAGAIN | libc::EINPROGRESS) => Probe::Listening,
+        _ => Probe::Other(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("vale-socket-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn only_a_free_name_or_a_stale_socket_is_taken() {
+        let d = dir("take");
+        // A regular file: refused, untouched.
+        let file = d.join("disk.img");
+        std::fs::write(&file, b"precious").unwrap();
+        let e = listen(&file).unwrap_err();
+        assert!(
+            e.contains("File exists") && e.contains("a regular file"),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(&file).unwrap(), b"precious");
+        // A directory, a symbolic link (to the file, and dangling).
+        let sub = d.join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        let e = listen(&sub).unwrap_err();
+        assert!(e.contains("a directory"), "{e}");
+        assert!(sub.is_dir());
+        let link = d.join("link");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        let e = listen(&link).unwrap_err();
+        assert!(e.contains("a symbolic link"), "{e}");
+        let dangling = d.join("dangling");
+        std::os::unix::fs::symlink(d.join("nothing"), &dangling).unwrap();
+        assert!(listen(&dangling).is_err());
+        assert!(std::fs::symlink_metadata(&dangling).unwrap().is_symlink());
+        assert!(!d.join("nothing").exists());
+        // A socket someone listens at: refused, still theirs.
+        let busy = d.join("busy.sock");
+        let theirs = UnixListener::bind(&busy).unwrap();
+        let e = listen(&busy).unwrap_err();
+        assert!(
+            e.contains("Address already in use") && e.contains("listens"),
+            "{e}"
+        );
+        std::os::unix::net::UnixStream::connect(&busy).expect("their socket works");
+        drop(theirs.accept().unwrap());
+        // A datagram socket: not of this kind.
+        let dgram = d.join("dgram.sock");
+        let _dg = std::os::unix::net::UnixDatagram::bind(&dgram).unwrap();
+        let e = listen(&dgram).unwrap_err();
+        assert!(e.contains("stale"), "{e}");
+        assert!(dgram.exists());
+        // A stale socket: taken, and removed when the name is dropped.
+        let stale = d.join("stale.sock");
+        drop(UnixListener::bind(&stale).unwrap());
+        let (l, name) = listen(&stale).expect("a stale socket is replaced");
+        std::os::unix::net::UnixStream::connect(&stale).expect("ours now");
+        drop((l, name));
+        assert!(!stale.exists());
+        // A name made again by someone else after the bind is theirs: not removed.
+        let again = d.join("again.sock");
+        let (l, name) = listen(&again).unwrap();
+        std::fs::remove_file(&again).unwrap();
+        std::fs::write(&again, b"theirs").unwrap();
+        drop((l, name));
+        assert_eq!(std::fs::read(&again).unwrap(), b"theirs");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
