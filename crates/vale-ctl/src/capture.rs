@@ -352,9 +352,7 @@ pub fn run(sock: &UnixStream, a: &CaptureArgs) -> Result<(), Failure> {
     }
     if !a.quiet {
         let budget = if over_budget != 0 {
-            format!(
-                " ({ring_full} with the buffer full, {over_budget} over valed's filter budget)"
-            )
+            format!(" ({ring_full} with the buffer full, {over_budget} over valed's filter budget)")
         } else {
             String::new()
         };

@@ -23,9 +23,9 @@
 //! `--max-port-memory-per-user` (the engine checks it before making the buffer); it is given
 //! back when the capture leaves its port.
 
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::OwnedFd;
-use std::collections::HashMap;
 use std::ptr::{self, NonNull};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -372,10 +372,9 @@ impl FilterBudget {
         }
         let full = FILTER_BUDGET_BURST * FILTER_NS_PER_INSN;
         let mut b = self.bucket.lock().unwrap_or_else(|e| e.into_inner());
-        b.0 = b
-            .0
-            .saturating_add(n.saturating_mul(FILTER_NS_PER_INSN))
-            .min(full);
+        b.0 =
+            b.0.saturating_add(n.saturating_mul(FILTER_NS_PER_INSN))
+                .min(full);
     }
 }
 

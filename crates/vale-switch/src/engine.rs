@@ -476,7 +476,12 @@ impl Engine {
             name, caller.uid, dirs, snaplen, bytes, filter,
         )?);
         p.shared.captures.add(ring.clone())?;
-        tracing::info!(port = name, uid = caller.uid, bytes = size, "capture started");
+        tracing::info!(
+            port = name,
+            uid = caller.uid,
+            bytes = size,
+            "capture started"
+        );
         Ok((p.shared.clone(), ring))
     }
 
