@@ -11,9 +11,10 @@
 //! that user's [`FilterBudget`], a token bucket that fills at one instruction every
 //! [`FILTER_NS_PER_INSN`] ns up to [`FILTER_BUDGET_BURST`], shared by all of that user's
 //! captures on every worker. A batch takes from it what its frames could cost at most (frames
-//! times the filter's length: classic BPF only jumps forward, so a run costs at most its
-//! length), once, and gives back what it did not use; the interpreter counts each instruction
-//! it runs against that allowance. A frame met when the allowance is spent is not captured and
+//! times the filter's length, classic BPF only jumping forward so that a run costs at most its
+//! length, plus the copy the filter reads, one instruction per 64 bytes), once, and gives back
+//! what it did not use; the copy and each instruction the interpreter runs are counted against
+//! that allowance. A frame met when the allowance is spent is not captured and
 //! counts as a budget drop (`over_budget`, apart from the ring's `drops`): the capture loses
 //! frames, never the traffic, and all of one user's filters together take at most about
 //! 1/`FILTER_NS_PER_INSN` of a CPU's instructions per ns, whatever the number of its captures,
@@ -193,13 +194,15 @@ impl CaptureRing {
         // The reader's tail, read once: anything but 0..=records behind head reads as full.
         let used = head.wrapping_sub(h.tail.load(Acquire));
         let room = self.records.saturating_sub(used);
-        // The most the batch's filter runs can cost, if the owner's budget holds that much.
+        // The most the batch's filter runs can cost (frames a full ring drops cost nothing:
+        // rejected frames take no room, so any other may be copied and run), if the owner's
+        // budget holds that much.
         let fuel = match &self.filter {
-            Some((f, budget)) => {
-                let most = (frames.min(room as usize) * f.len()) as u64;
-                budget.take(ts_ns, most)
+            Some((f, budget)) if room != 0 => {
+                let one = copy_cost(self.snaplen as usize) + f.len() as u64;
+                budget.take(ts_ns, frames as u64 * one)
             }
-            None => 0,
+            _ => 0,
         };
         Writer {
             ring: self,
@@ -252,10 +255,16 @@ impl Writer<'_> {
             return;
         }
         let r = self.ring;
-        if r.filter.is_some() && self.fuel == 0 {
-            // Not even copied: the owner's filters have had their share.
-            self.over_budget += 1;
-            return;
+        let mut left = (len.min(r.snaplen)) as usize;
+        if r.filter.is_some() {
+            // The copy the filter reads is its work too: charged first, and a frame the
+            // allowance cannot pay for is not even copied.
+            let copy = copy_cost(left);
+            if self.fuel < copy {
+                self.over_budget += 1;
+                return;
+            }
+            self.fuel -= copy;
         }
         let idx = (self.head % r.records) as usize;
         let rec = r
@@ -263,7 +272,6 @@ impl Writer<'_> {
             .as_ptr()
             .add(CAPTURE_RECORDS_OFFSET + idx * r.rec_size);
         let mut data = rec.add(vale_abi::capture::RECORD_HEADER);
-        let mut left = (len.min(r.snaplen)) as usize;
         let cap_len = left as u32;
         for (p, n) in pieces {
             if left == 0 {
@@ -321,6 +329,12 @@ impl Drop for Writer<'_> {
             }
         }
     }
+}
+
+/// What copying `bytes` of a frame for its filter costs, in filter instructions: one per 64
+/// bytes begun (a frame's copy is read by the filter, and made even when it rejects it).
+pub fn copy_cost(bytes: usize) -> u64 {
+    bytes.div_ceil(64) as u64
 }
 
 /// Filter instructions a user's captures may run: one every this many ns (about 15.6
@@ -774,7 +788,8 @@ mod tests {
         let (keep, reject) = (ring(true), ring(false));
         let frame = [0u8; 60];
         let frames = 64usize;
-        let runs = FILTER_BUDGET_BURST as usize / len;
+        // Each frame costs its copy (60 bytes: 1) and the run.
+        let runs = FILTER_BUDGET_BURST as usize / (len + 1);
         for r in [&keep, &reject] {
             let mut w = r.batch(DIR_TX, 0, frames);
             for _ in 0..frames {
@@ -791,7 +806,7 @@ mod tests {
         assert_eq!(reject.over_budget() as usize, frames);
         assert_eq!(reject.header().head.load(Relaxed), 0);
         // What was taken and not run went back: less than one run's worth.
-        assert!(budget.take(0, u64::MAX) < len as u64);
+        assert!(budget.take(0, u64::MAX) < len as u64 + 1);
         // With time the budget is back, and so are captured frames.
         let later = FILTER_BUDGET_BURST * FILTER_NS_PER_INSN;
         let mut w = keep.batch(DIR_TX, later, 1);
