@@ -2,7 +2,8 @@
 //! traffic on native ports and of pings through a port of each host kind (a TAP port, a NIC
 //! port, a guest's vhost-user port); a reader that stops costs capture drops, never a frame of
 //! the port; a capture of a port that goes away ends cleanly; only the port's owner or an
-//! administrator may capture. Needs tcpdump and tshark (the README's test command installs
+//! administrator may capture; capture filters run on their owner's budget, never another
+//! stream's frames; capture buffers count in their user's port memory. Needs tcpdump and tshark (the README's test command installs
 //! them); the TAP, NIC and rights tests need root, the vhost-user test QEMU and a guest kernel
 //! too. Without them, tests say so and pass.
 
