@@ -14,11 +14,11 @@
 //! times the filter's length, classic BPF only jumping forward so that a run costs at most its
 //! length, plus the copy the filter reads, one instruction per 64 bytes), once, and gives back
 //! what it did not use; the copy and each instruction the interpreter runs are counted against
-//! that allowance. A frame met when the allowance is spent is not captured and
-//! counts as a budget drop (`over_budget`, apart from the ring's `drops`): the capture loses
-//! frames, never the traffic, and all of one user's filters together take at most about
-//! 1/`FILTER_NS_PER_INSN` of a CPU's instructions per ns, whatever the number of its captures,
-//! ports and workers.
+//! that allowance. A frame met when the allowance is spent is not captured and counts as a
+//! budget drop (`over_budget`, apart from the ring's `drops`): the capture loses frames, never
+//! the traffic. All of one user's filters together run one instruction per
+//! [`FILTER_NS_PER_INSN`] ns on average, and at most [`FILTER_BUDGET_BURST`] at once, whatever
+//! the number of its captures, ports and workers.
 //!
 //! A capture's buffer is charged to the uid that started it, with its ports' memory, against
 //! `--max-port-memory-per-user` (the engine checks it before making the buffer); it is given
@@ -102,8 +102,9 @@ impl Geometry {
 }
 
 impl CaptureRing {
-    /// A ring of geometry `g` (see [`Geometry::new`]) of records of `snaplen` bytes, capturing
-    /// `dirs`, started by `owner_uid`; its filter, if any, runs on `budget`.
+    /// A ring of about `bytes` bytes of records of `snaplen` bytes (see [`Geometry::new`]),
+    /// capturing `dirs`, started by `owner_uid`; its filter, if any, runs on the budget given
+    /// with it.
     pub fn new(
         name: &str,
         owner_uid: u32,
