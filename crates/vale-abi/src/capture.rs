@@ -8,6 +8,8 @@
 //! valed counts the frame in `drops` and goes on: a slow or stopped reader never slows the
 //! switch down nor costs the port a frame. valed reads `tail` once per batch and never trusts
 //! it: a `tail` that does not lie within `records` behind `head` reads as a full ring.
+//! Frames that valed's budget for the capture owner's filters left unfiltered are counted apart,
+//! in `over_budget` (a field older valeds leave at 0).
 
 use std::sync::atomic::{AtomicU32, AtomicU64};
 
@@ -50,6 +52,10 @@ pub struct CaptureHeader {
     pub drops: AtomicU64,
     /// 1 once valed has ended the capture: the port went away (nothing more will come).
     pub ended: AtomicU32,
+    _pad3: u32,
+    /// Frames not captured because the filter budget of the capture's owner was spent (see
+    /// valed's `vale_switch::capture`): the filter did not run on them.
+    pub over_budget: AtomicU64,
 }
 
 /// The start of every record.
@@ -76,6 +82,7 @@ const _: () = assert!(std::mem::size_of::<RecordHeader>() == RECORD_HEADER);
 const _: () = assert!(std::mem::offset_of!(CaptureHeader, head) == 64);
 const _: () = assert!(std::mem::offset_of!(CaptureHeader, tail) == 128);
 const _: () = assert!(std::mem::offset_of!(CaptureHeader, drops) == 192);
+const _: () = assert!(std::mem::offset_of!(CaptureHeader, over_budget) == 208);
 
 /// One classic BPF instruction (`struct bpf_insn`), of a capture filter.
 #[repr(C)]

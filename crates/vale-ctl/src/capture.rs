@@ -340,7 +340,8 @@ pub fn run(sock: &UnixStream, a: &CaptureArgs) -> Result<(), Failure> {
             }
         }
     })();
-    let drops = h.drops.load(Relaxed);
+    let (ring_full, over_budget) = (h.drops.load(Relaxed), h.over_budget.load(Relaxed));
+    let drops = ring_full + over_budget;
     let end = result
         .and_then(|()| out.stats(now_ns(), got, drops))
         .and_then(|()| out.w.flush());
@@ -350,8 +351,13 @@ pub fn run(sock: &UnixStream, a: &CaptureArgs) -> Result<(), Failure> {
         Ok(()) => {}
     }
     if !a.quiet {
+        let budget = if over_budget != 0 {
+            format!(" ({ring_full} with the buffer full, {over_budget} over valed's filter budget)")
+        } else {
+            String::new()
+        };
         eprintln!(
-            "vale-ctl: {got} frames captured on {}, {drops} dropped by the capture{}",
+            "vale-ctl: {got} frames captured on {}, {drops} dropped by the capture{budget}{}",
             a.port,
             if ended_by_port {
                 " (the port went away)"

@@ -98,14 +98,19 @@ detached and not persistent, its client gone), or when valed stops; the output i
 complete. It prints how many frames it captured and dropped on standard error.\n\n\
 Capturing a port reads its traffic: only the port's owner (the uid in 'vale-ctl list') or \
 an administrator may, as only they may tune it. A user that is not an administrator gets at \
-most 64 MiB of buffer; a port has at most 8 captures at once.\n\n\
+most 64 MiB of buffer, and the buffer counts in its port memory (valed \
+--max-port-memory-per-user) until the capture ends; a port has at most 8 captures at once.\n\n\
 EXPRESSION, in tcpdump's language (pcap-filter(7): 'icmp', 'tcp port 22', 'not arp', \
 'ether host 02:00:00:00:00:01'), picks the frames captured: vale-ctl compiles it with \
 libpcap's pcap_compile (libpcap is loaded only then) into a classic BPF program, which valed \
 checks (known instructions, forward jumps inside the program, a return at the end) and runs \
 on each frame's captured bytes (the first --snaplen). Frames it does not accept are neither \
 captured nor counted; a frame that finds the buffer full is counted as a capture drop before \
-the filter sees it.",
+the filter sees it. Filters run on the workers every port shares, so each user's filters \
+together run on a budget (about 15 million instructions a second, all of that user's \
+captures and workers together): a frame met when it is spent is not filtered nor captured \
+and is counted as a capture drop too, shown apart ('over valed's filter budget'). A short \
+filter, a smaller --snaplen or a quieter port keep within it.",
         after_help = "EXAMPLES:\n  \
 vale-ctl capture vale0:a -w a.pcapng -c 1000      both directions, until 1000 frames\n  \
 vale-ctl capture vale0:a --dir rx -w - | tcpdump -nr -    live, what vale0:a receives\n  \

@@ -61,7 +61,8 @@ impl Caller {
 pub struct UserLimits {
     /// Ports (held, or persistent and free) belonging to the user.
     pub ports: usize,
-    /// Bytes of port memory (the regions of the user's held ports) together.
+    /// Bytes of port memory (the regions of the user's held ports and the buffers of the
+    /// captures it started) together.
     pub port_memory: u64,
     /// Descriptors valed holds for the user's held ports together (see
     /// [`crate::port::descriptors_for`]).
@@ -108,15 +109,7 @@ impl UserLimits {
                 caller.uid, now.ports
             ));
         }
-        if now.port_memory + memory > self.port_memory {
-            return Err(format!(
-                "uid {} would have {} MiB of port memory, more than the {} MiB a user may have \
-                 (valed --max-port-memory-per-user)",
-                caller.uid,
-                (now.port_memory + memory) >> 20,
-                self.port_memory >> 20
-            ));
-        }
+        self.check_memory(caller, now.port_memory, memory, "a port")?;
         if now.descriptors + more.descriptors > self.descriptors {
             return Err(format!(
                 "uid {} would have ports holding {} descriptors of valed, more than the {} a \
@@ -127,5 +120,28 @@ impl UserLimits {
             ));
         }
         Ok(())
+    }
+
+    /// Fails if `caller` (not an administrator), holding `now` bytes of port memory, would go
+    /// past its limit by taking `more` bytes for `what` (a port, a capture buffer).
+    pub fn check_memory(
+        &self,
+        caller: &Caller,
+        now: u64,
+        more: u64,
+        what: &str,
+    ) -> Result<(), String> {
+        if caller.admin || now.saturating_add(more) <= self.port_memory {
+            return Ok(());
+        }
+        Err(format!(
+            "port memory limit reached: uid {} holds {} MiB of port memory (ports and capture \
+             buffers) and {what} of {} MiB would take it past the {} MiB a user may have \
+             (valed --max-port-memory-per-user)",
+            caller.uid,
+            now >> 20,
+            more.div_ceil(1 << 20),
+            self.port_memory >> 20
+        ))
     }
 }

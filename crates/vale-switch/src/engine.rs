@@ -57,6 +57,8 @@ pub struct Engine {
     switches: Mutex<Switches>,
     workers: Vec<Arc<Worker>>,
     next_worker: AtomicUsize,
+    /// Each user's budget of capture filter instructions.
+    filter_budgets: crate::capture::FilterBudgets,
 }
 
 type Switches = BTreeMap<String, Arc<Switch>>;
@@ -107,6 +109,7 @@ impl Engine {
             switches: Mutex::new(BTreeMap::new()),
             workers,
             next_worker: AtomicUsize::new(0),
+            filter_budgets: Default::default(),
         }))
     }
 
@@ -430,8 +433,10 @@ impl Engine {
     /// Starts a capture of port `name`'s frames in directions `dirs` ([`vale_abi::capture`]).
     /// Reading a port's traffic is the port owner's right, as tuning it is: the owner or an
     /// administrator. A user that is not an administrator gets at most
-    /// [`USER_CAPTURE_BYTES`] of buffer. The caller removes the capture from the port when
-    /// it is done with it; it ends by itself when the port goes away.
+    /// [`USER_CAPTURE_BYTES`] of buffer, and the buffer counts in its port memory. The
+    /// filter runs on the caller's budget ([`crate::capture::FilterBudget`]). The caller
+    /// removes the capture from the port when it is done with it; it ends by itself when the
+    /// port goes away.
     pub fn capture(
         &self,
         name: &str,
@@ -456,14 +461,27 @@ impl Engine {
                 USER_CAPTURE_BYTES >> 20
             ));
         }
+        let size = crate::capture::Geometry::new(dirs, snaplen, bytes)?.size as u64;
+        let (now, _) = usage(&sws, caller.uid);
+        self.cfg
+            .user_limits
+            .check_memory(caller, now.port_memory, size, "a capture buffer")?;
         let filter = if filter.is_empty() {
             None
         } else {
-            Some(crate::capture::Filter::new(filter)?)
+            let f = crate::capture::Filter::new(filter)?;
+            Some((f, self.filter_budgets.of(caller.uid)))
         };
-        let ring = Arc::new(CaptureRing::new(name, dirs, snaplen, bytes, filter)?);
+        let ring = Arc::new(CaptureRing::new(
+            name, caller.uid, dirs, snaplen, bytes, filter,
+        )?);
         p.shared.captures.add(ring.clone())?;
-        tracing::info!(port = name, uid = caller.uid, "capture started");
+        tracing::info!(
+            port = name,
+            uid = caller.uid,
+            bytes = size,
+            "capture started"
+        );
         Ok((p.shared.clone(), ring))
     }
 
@@ -714,6 +732,18 @@ fn usage(sws: &Switches, uid: u32) -> (Usage, Usage) {
             if p.shared.owner_uid == uid {
                 mine.add(port);
             }
+            // Capture buffers count in the port memory of whoever started them.
+            let dirs = vale_abi::capture::DIR_TX | vale_abi::capture::DIR_RX;
+            p.shared.captures.each(dirs, |c| {
+                let buffer = Usage {
+                    port_memory: c.size() as u64,
+                    ..Usage::default()
+                };
+                all.add(buffer);
+                if c.owner_uid() == uid {
+                    mine.add(buffer);
+                }
+            });
         }
     }
     (mine, all)

@@ -2,7 +2,8 @@
 //! traffic on native ports and of pings through a port of each host kind (a TAP port, a NIC
 //! port, a guest's vhost-user port); a reader that stops costs capture drops, never a frame of
 //! the port; a capture of a port that goes away ends cleanly; only the port's owner or an
-//! administrator may capture. Needs tcpdump and tshark (the README's test command installs
+//! administrator may capture; capture filters run on their owner's budget, never another
+//! stream's frames; capture buffers count in their user's port memory. Needs tcpdump and tshark (the README's test command installs
 //! them); the TAP, NIC and rights tests need root, the vhost-user test QEMU and a guest kernel
 //! too. Without them, tests say so and pass.
 
@@ -524,4 +525,241 @@ fn a_hostile_capture_reader_cannot_hurt_valed() {
     assert!(v.port("vale0:b").is_some(), "valed answers");
     // SAFETY: the mapping made above.
     unsafe { libc::munmap(base as *mut libc::c_void, size) };
+}
+
+/// valed's budget of capture filter instructions per user (`vale_switch::capture`): one
+/// instruction every this many ns, and at most this many held.
+const FILTER_NS_PER_INSN: u64 = 64;
+const FILTER_BUDGET_BURST: u64 = 16 * 4096;
+
+/// A capture request sent by the test itself, with a raw filter; the reply's memfd mapped.
+struct RawCapture {
+    base: *mut u8,
+    size: usize,
+}
+
+impl RawCapture {
+    fn start(sock: &std::os::unix::net::UnixStream, req: &vale_abi::control::Request) -> Self {
+        use std::os::fd::AsRawFd;
+        use vale_abi::control::{self, Reply};
+        let (size, fd) = match control::exchange(sock, req).unwrap() {
+            Some((Reply::Capture { size, .. }, mut fds)) => (size as usize, fds.remove(0)),
+            other => panic!("no capture: {other:?}"),
+        };
+        // SAFETY: maps the memfd valed sent, of the size it said; read only through atomics.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                size,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        RawCapture {
+            base: base as *mut u8,
+            size,
+        }
+    }
+
+    fn header(&self) -> &vale_abi::capture::CaptureHeader {
+        // SAFETY: page 0 of the live mapping; its shared fields are atomics.
+        unsafe { &*(self.base as *const vale_abi::capture::CaptureHeader) }
+    }
+}
+
+impl Drop for RawCapture {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `start`.
+        unsafe { libc::munmap(self.base as *mut libc::c_void, self.size) };
+    }
+}
+
+/// A user's capture filters cost only that user: 8 captures of a port, each with a filter of
+/// 1,900 instructions that all run and reject every frame, while the port sends as fast as
+/// the test can. Their filters run no more instructions than the user's budget held over the
+/// test (the frames they could not filter are counted as budget drops, apart from ring-full
+/// drops), and another port's stream through the same worker gets every frame.
+#[test]
+fn capture_filters_run_on_their_owners_budget_never_the_traffic() {
+    use std::os::unix::net::UnixStream;
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    use vale_abi::capture::{BpfInsn, DIR_TX};
+    use vale_abi::control::Request;
+
+    let _s = serial();
+    let v = Valed::start();
+    v.ctl_ok(&["create", "vale0:a"]);
+    v.ctl_ok(&["create", "vale0:b"]);
+    let x = v.open("vale1:x");
+    let len = 1900usize;
+    let mut filter = vec![
+        BpfInsn {
+            code: 0x00, // ld #7
+            jt: 0,
+            jf: 0,
+            k: 7,
+        };
+        len - 1
+    ];
+    filter.push(BpfInsn {
+        code: 0x06, // ret #0
+        jt: 0,
+        jf: 0,
+        k: 0,
+    });
+    let req = Request::Capture {
+        port: "vale1:x".into(),
+        dirs: DIR_TX,
+        snaplen: 64,
+        bytes: 1 << 20,
+        filter,
+    };
+    let t0 = Instant::now();
+    let sock = UnixStream::connect(v.run_dir().join("valed.sock")).unwrap();
+    let caps: Vec<RawCapture> = (0..8).map(|_| RawCapture::start(&sock, &req)).collect();
+
+    let count = 20_000u64;
+    let rx = v.spawn_client(
+        v.pktgen(&[
+            "-i",
+            "vale0:b",
+            "-f",
+            "rx",
+            "-T",
+            "60",
+            "-n",
+            &count.to_string(),
+            "--json",
+        ]),
+        "vale-pktgen rx",
+        "vale0:b",
+    );
+    let stop = AtomicBool::new(false);
+    let sent = std::thread::scope(|s| {
+        let attack = s.spawn(|| {
+            let frame = test_frame(60, [2, 0, 0, 0, 0, 9], [2, 0, 0, 0, 0, 8], 0);
+            let mut sent = 0u64;
+            let end = Instant::now() + T;
+            while !stop.load(Relaxed) && Instant::now() < end {
+                for _ in 0..64 {
+                    if !send_frame(&x, &frame) {
+                        break;
+                    }
+                    sent += 1;
+                }
+                x.txsync(0).expect("txsync");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            wait_tx_drained(&x, 0);
+            sent
+        });
+        let tx = v.pktgen(&[
+            "-i",
+            "vale0:a",
+            "-f",
+            "tx",
+            "-n",
+            &count.to_string(),
+            "-R",
+            "20000",
+            "--json",
+        ]);
+        report(
+            &Kid::spawn(tx, "vale-pktgen tx").finish(T * 2),
+            "vale-pktgen tx",
+        );
+        stop.store(true, Relaxed);
+        attack.join().expect("the attacking thread")
+    });
+    let r = report(&rx.finish(T), "vale-pktgen rx");
+    assert!(
+        wait_until(T, || v.counters("vale1:x").tx_packets >= sent),
+        "valed took every frame of x: {:?}",
+        v.counters("vale1:x")
+    );
+    let elapsed = t0.elapsed();
+    assert_eq!(
+        r["packets"], count,
+        "every frame of the other stream arrives: {r}"
+    );
+    let c = v.counters("vale0:b");
+    assert_eq!((c.rx_packets, c.rx_drops), (count, 0), "{c:?}");
+
+    // Each frame x sent met each capture: captured (none: the filter rejects all), dropped
+    // with the ring full (none: nothing fills it), over budget, or filtered by a full run.
+    let (mut runs, mut over) = (0u64, 0u64);
+    for c in &caps {
+        let h = c.header();
+        let (got, full, ob) = (
+            h.head.load(Relaxed),
+            h.drops.load(Relaxed),
+            h.over_budget.load(Relaxed),
+        );
+        assert_eq!((got, full), (0, 0), "nothing captured, no ring-full drops");
+        assert!(ob <= sent, "{ob} budget drops of {sent} frames");
+        over += ob;
+        runs += sent - ob;
+    }
+    let budget = FILTER_BUDGET_BURST + elapsed.as_nanos() as u64 / FILTER_NS_PER_INSN;
+    eprintln!(
+        "x sent {sent} frames in {elapsed:.1?}: {runs} filter runs of {len} instructions, \
+         {over} budget drops; the budget held at most {budget} instructions"
+    );
+    assert!(
+        over > 0,
+        "frames past the budget are counted as budget drops"
+    );
+    // Each run also paid for the frame's copy: one instruction per 64 bytes.
+    let spent = runs * (len as u64 + 1);
+    assert!(
+        spent <= budget,
+        "the filters ran {spent} instructions, more than the {budget} of the budget"
+    );
+    drop(sock);
+    assert!(v.port("vale1:x").is_some(), "valed answers");
+}
+
+/// A capture's buffer counts in its user's port memory: a user with a small
+/// `--max-port-memory-per-user` is refused a capture that would take it past the limit, with
+/// the limit named; the memory comes back when the capture ends.
+#[test]
+fn capture_buffers_count_in_the_users_port_memory() {
+    if !root() {
+        return;
+    }
+    let _s = serial();
+    let v = Valed::start_with(&["--socket-mode", "666", "--max-port-memory-per-user", "24"]);
+    let nobody = |args: &[&str]| v.tool_as(65534, 1024, "vale-ctl", args);
+    let out = run_bounded(&mut nobody(&["create", "vale0:n"]), T);
+    assert_exit(&out, "create as nobody", 0, "");
+    let limit = "port memory limit reached";
+    let refused = |what: &str, args: &[&str]| {
+        let out = run_bounded(&mut nobody(args), T);
+        assert_exit(&out, what, 1, limit);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("the 24 MiB") && err.contains("--max-port-memory-per-user"),
+            "{what}: {err}"
+        );
+    };
+    let one = ["capture", "vale0:n", "-B", "16", "-w", "/dev/null"];
+    let run_one = [&one[..], &["--duration", "1"]].concat();
+    refused(
+        "a 32 MiB capture",
+        &["capture", "vale0:n", "-B", "32", "-w", "/dev/null"],
+    );
+    let first = Kid::spawn(nobody(&one), "nobody's first capture");
+    captures_started(&v, 1);
+    refused("a second capture of 16 MiB", &run_one);
+    // An administrator is not bound by it.
+    let out = run_bounded(&mut tool("vale-ctl", v.run_dir(), &run_one), T);
+    assert_exit(&out, "root's capture", 0, "frames captured");
+    // The first ends: its memory is the user's again.
+    first.signal(libc::SIGINT);
+    captured(&first.finish(T));
+    let out = run_bounded(&mut nobody(&run_one), T);
+    assert_exit(&out, "a capture once the first ended", 0, "frames captured");
 }

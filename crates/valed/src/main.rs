@@ -95,7 +95,8 @@ struct Args {
     /// Ports (held, or persistent and free) one user (not an administrator) may have
     #[arg(long, default_value_t = 256, value_name = "N")]
     max_ports_per_user: u32,
-    /// Port memory one user (not an administrator) may hold, MiB
+    /// Port memory one user (not an administrator) may hold, MiB: its held ports' regions and
+    /// the buffers of the captures it started
     #[arg(long, default_value_t = 4096, value_name = "MIB")]
     max_port_memory_per_user: u64,
     /// Descriptors of valed that one user's (not an administrator's) ports may hold: 1 per

@@ -9,7 +9,7 @@ impl Pipeline {
     pub(super) fn capture_tx(&self, src: &Port) {
         let ts = capture::now_ns();
         src.shared.captures.each(DIR_TX, |c| {
-            let mut w = c.batch(DIR_TX, ts);
+            let mut w = c.batch(DIR_TX, ts, self.held.len());
             for h in &self.held {
                 let frags = &self.frags[h.first as usize..(h.first + h.count) as usize];
                 // SAFETY: the batch's fragments stay readable until the batch is done.
@@ -23,8 +23,9 @@ impl Pipeline {
     #[cold]
     pub(super) fn capture_rx(&self, dst: &Port, a: u16, b: u16) {
         let ts = capture::now_ns();
+        let frames = count_lists(&self.next, a, b) as usize;
         dst.shared.captures.each(DIR_RX, |c| {
-            let mut w = c.batch(DIR_RX, ts);
+            let mut w = c.batch(DIR_RX, ts, frames);
             let (mut a, mut b) = (a, b);
             while a != NIL || b != NIL {
                 let h = &self.held[take_next(&self.next, &mut a, &mut b) as usize];
