@@ -1,0 +1,415 @@
+//! The guest's receive queues: frames written by the switch straight into the guest's buffers,
+//! or held in the port's rx ring while the guest has none.
+
+use super::*;
+
+/// The rx queue as the way out of the egress step and of the direct sink, for one pass.
+pub(super) struct GuestRx<'a, 'm> {
+    pub(super) vq: Virtq<'m>,
+    pub(super) mem: &'m GuestMemoryMmap,
+    /// A frame may span several chains (their count is in its header's `num_buffers`).
+    pub(super) mrg_rxbuf: bool,
+    /// Longer frames without segmentation are not the guest's to take (see [`Acked`]).
+    pub(super) max_frame: usize,
+    pub(super) scratch: &'a mut Scratch,
+    pub(super) used: usize,
+    pub(super) bad: u64,
+    pub(super) why: Bad,
+}
+
+impl GuestRx<'_, '_> {
+    /// The common case, header and frame (`total` bytes) into the next chain when it is one
+    /// writable descriptor that holds them, in one region of guest memory: one translation and
+    /// no lists. Some(false) when the guest has no buffers now; None (nothing taken) when the
+    /// chain is of another shape, or broken, for the general path to deal with.
+    #[inline]
+    pub(super) fn send_in_one(
+        &mut self,
+        pieces: &[&[u8]],
+        off: Offload,
+        total: usize,
+    ) -> Option<bool> {
+        let vq = &mut self.vq;
+        let start = vq.next_avail;
+        let descs = &mut self.scratch.descs;
+        descs.clear();
+        let head = match vq.pop(descs) {
+            Popped::Empty => return Some(false),
+            Popped::Chain(head) => head,
+            Popped::Stuck(_) | Popped::Bad(..) => {
+                vq.next_avail = start;
+                return None;
+            }
+        };
+        let dst = match descs[..] {
+            [d] if d.write && d.len as usize >= total => guest_range(self.mem, d.addr, total),
+            _ => None,
+        };
+        let Some(dst) = dst else {
+            vq.next_avail = start;
+            return None;
+        };
+        let hdr = rx_header(off, 1);
+        // SAFETY: `total` bytes at `dst` lie in one mapped region of guest memory (checked by
+        // `guest_range`), which `self.mem` keeps mapped; header and pieces add up to `total`.
+        unsafe {
+            std::ptr::copy_nonoverlapping(hdr.as_ptr(), dst, HDR_LEN);
+            let mut at = dst.add(HDR_LEN);
+            for p in pieces {
+                std::ptr::copy_nonoverlapping(p.as_ptr(), at, p.len());
+                at = at.add(p.len());
+            }
+        }
+        vq.push_used(head, total as u32);
+        self.used += 1;
+        Some(true)
+    }
+}
+
+impl Egress for GuestRx<'_, '_> {
+    fn send(&mut self, pieces: &[&[u8]], off: Offload) -> Result<bool, DevError> {
+        let flen: usize = pieces.iter().map(|p| p.len()).sum();
+        if flen > self.max_frame && off.gso_type == offload::GSO_NONE {
+            // Over the guest's MTU: a drop of the port's, the guest did nothing wrong.
+            return Err(DevError::Frame(io::Error::from_raw_os_error(
+                libc::EMSGSIZE,
+            )));
+        }
+        let total = HDR_LEN + flen;
+        if let Some(sent) = self.send_in_one(pieces, off, total) {
+            return Ok(sent);
+        }
+        let vq = &mut self.vq;
+        let start = vq.next_avail;
+        let s = &mut *self.scratch;
+        s.chains.clear();
+        s.descs.clear();
+        // Gather chains until the frame fits: one without merged buffers, as many as needed
+        // (never more than the queue holds) with them.
+        let mut room = 0usize;
+        let mut fail = None;
+        while room < total {
+            if s.chains.len() >= vq.size() as usize {
+                fail = Some(Bad::TooSmall(flen));
+                break;
+            }
+            let first = s.descs.len();
+            let head = match vq.pop(&mut s.descs) {
+                Popped::Empty => {
+                    // Too few buffers now: the frame waits, and the chains stay the guest's.
+                    vq.next_avail = start;
+                    return Ok(false);
+                }
+                Popped::Stuck(e) => {
+                    vq.next_avail = start;
+                    self.bad += 1;
+                    self.why = Bad::Queue(e);
+                    return Ok(false);
+                }
+                Popped::Bad(head, e) => {
+                    s.descs.truncate(first);
+                    s.chains.push((head, 0));
+                    fail = Some(Bad::Queue(e));
+                    break;
+                }
+                Popped::Chain(head) => head,
+            };
+            s.chains.push((head, s.descs.len() - first));
+            if s.descs[first..].iter().any(|d| !d.write) {
+                fail = Some(Bad::Direction);
+                break;
+            }
+            room += s.descs[first..]
+                .iter()
+                .map(|d| d.len as usize)
+                .sum::<usize>();
+            if !self.mrg_rxbuf && room < total {
+                fail = Some(Bad::TooSmall(flen));
+                break;
+            }
+        }
+        let r = match fail {
+            Some(b) => Err(b),
+            None => copy_to_guest(
+                self.mem,
+                &s.descs,
+                &rx_header(off, s.chains.len() as u16),
+                pieces,
+            ),
+        };
+        // Every chain taken goes back used: with the bytes written into it, or empty.
+        let mut left = if r.is_ok() { total } else { 0 };
+        let mut d = 0;
+        for &(head, n) in &s.chains {
+            let room: usize = s.descs[d..d + n].iter().map(|x| x.len as usize).sum();
+            d += n;
+            let written = room.min(left);
+            left -= written;
+            vq.push_used(head, written as u32);
+            self.used += 1;
+        }
+        match r {
+            Ok(()) => Ok(true),
+            Err(b) => {
+                self.bad += 1;
+                self.why = b;
+                Err(DevError::Frame(io::Error::from_raw_os_error(
+                    libc::EMSGSIZE,
+                )))
+            }
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), DevError> {
+        // The caller interrupts the guest (it holds the queue's call eventfd).
+        if self.used != 0 {
+            self.vq.publish_used();
+        }
+        self.used = 0;
+        Ok(())
+    }
+}
+
+/// The virtio-net header of a frame toward the guest: its offload fields and the number of
+/// chains it spans.
+pub(super) fn rx_header(off: Offload, num_buffers: u16) -> [u8; HDR_LEN] {
+    let mut hdr = [0u8; HDR_LEN];
+    hdr[..offload::VNET_HDR_LEN].copy_from_slice(&off.to_virtio());
+    hdr[offload::VNET_HDR_LEN..].copy_from_slice(&num_buffers.to_le_bytes());
+    hdr
+}
+
+/// Writes header and frame, in order, into the writable descriptors `descs` (which hold at
+/// least that many bytes).
+pub(super) fn copy_to_guest(
+    mem: &GuestMemoryMmap,
+    descs: &[Desc],
+    hdr: &[u8],
+    pieces: &[&[u8]],
+) -> Result<(), Bad> {
+    let mut srcs = std::iter::once(hdr).chain(pieces.iter().copied());
+    let mut src: &[u8] = srcs.next().unwrap_or(&[]);
+    for d in descs {
+        let (mut addr, mut room) = (d.addr, d.len as usize);
+        while room != 0 {
+            while src.is_empty() {
+                match srcs.next() {
+                    Some(p) => src = p,
+                    None => return Ok(()),
+                }
+            }
+            let n = room.min(src.len());
+            if !write_guest(mem, &src[..n], addr) {
+                return Err(Bad::Memory);
+            }
+            addr = addr.checked_add(n as u64).ok_or(Bad::Memory)?;
+            src = &src[n..];
+            room -= n;
+        }
+    }
+    // The caller gathered room for the whole frame.
+    Ok(())
+}
+
+impl Net {
+    /// The pair whose receive queue takes frames of `flow` (see [`pair_of`]).
+    pub(super) fn rx_pair(&self, flow: u32) -> usize {
+        pair_of(flow, self.0.enabled.load(Relaxed))
+    }
+
+    /// A forwarding thread's batch for the guest, straight into its rx buffers (of the queue
+    /// of `flow`). Declines the rest when the guest has no buffers there now: those frames
+    /// wait in the port's rx ring, and pair 0's worker sends them once the guest adds buffers
+    /// (it kicks).
+    pub(super) fn deliver(&self, frames: &mut dyn OutFrames, flow: u32) -> Delivered {
+        let mut d = Delivered::default();
+        if self.shrank() {
+            while frames.next_frame().is_some() {
+                d.dropped += 1;
+            }
+            return d;
+        }
+        let p = self.rx_pair(flow);
+        let Some([vring, _]) = self.0.pairs[p].queues.get() else {
+            // No queues yet: the ring keeps the frames for the guest.
+            d.declined = true;
+            return d;
+        };
+        let ready = {
+            let st = vring.get_ref();
+            st.is_enabled() && st.get_queue().ready()
+        };
+        if !ready {
+            if p != 0 && self.0.enabled.fetch_and(!(1 << p), Relaxed) & 1 << p != 0 {
+                // The guest gave this pair up (fewer CPUs, `ethtool -L`): flows go to the
+                // pairs it still uses from the next batch on.
+                self.describe();
+            }
+            d.declined = true;
+            return d;
+        }
+        let mem = self.0.mem.memory();
+        let acked = self.acked_now();
+        let pass = self.rx_pass(p, &mut vring.get_mut(), &mem, &acked, |out| {
+            let mut pieces: Vec<&[u8]> = std::mem::take(&mut out.scratch.pieces);
+            while let Some(f) = frames.next_frame() {
+                pieces.clear();
+                // SAFETY: the pipeline's iovecs point at live frame pieces of their length.
+                pieces.extend(f.iov[1..].iter().map(|v| unsafe {
+                    std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
+                }));
+                let len = f.len as u64;
+                match out.send(&pieces, f.offload) {
+                    Ok(true) => {
+                        d.frames += 1;
+                        d.bytes += len;
+                    }
+                    Ok(false) => {
+                        frames.put_back();
+                        d.declined = true;
+                        break;
+                    }
+                    Err(_) => d.dropped += 1,
+                }
+            }
+            out.scratch.pieces = crate::forward::recycle(pieces);
+        });
+        match pass {
+            Some(((), bad, why)) => {
+                d.bad_input = bad;
+                if bad != 0 {
+                    self.report(&why);
+                }
+            }
+            None => {
+                self.report(&Bad::Rings);
+                d.declined = true;
+            }
+        }
+        // A fault in the guest's memory during the pass was mended with zeros.
+        self.shrank();
+        d
+    }
+
+    /// One pass over the receive queue of pair `p` (locked in `st`): `f` sends through a
+    /// [`GuestRx`]; then the used chains are published and the guest interrupted if it asks
+    /// to be, and the queue gets its new position. What `f` returned, and the bad chains met
+    /// with the last reason; None when the queue's rings are not in guest memory.
+    pub(super) fn rx_pass<R>(
+        &self,
+        p: usize,
+        st: &mut std::sync::MutexGuard<'_, VringState<Mem>>,
+        mem: &GuestMemoryMmap,
+        acked: &Acked,
+        f: impl FnOnce(&mut GuestRx) -> R,
+    ) -> Option<(R, u64, Bad)> {
+        let vq = Virtq::new(st.get_queue(), mem)?;
+        let mut scratch = lock(&self.0.pairs[p].scratch);
+        let mut out = GuestRx {
+            vq,
+            mem,
+            mrg_rxbuf: acked.mrg_rxbuf,
+            max_frame: acked.max_frame,
+            scratch: &mut scratch,
+            used: 0,
+            bad: 0,
+            why: Bad::None,
+        };
+        let r = f(&mut out);
+        // Chains returned for dropped frames are published too.
+        let _ = out.flush();
+        let mut vq = out.vq;
+        if vq.needs_interrupt() {
+            self.interrupt(st, rxq(p));
+        }
+        vq.finish(st.get_queue_mut());
+        Some((r, out.bad, out.why))
+    }
+
+    /// Pair `p`'s worker: its transmit queue (and for pair 0 the port's rx ring toward the
+    /// guest's receive queue 0) until nothing moves; then the guest's notifications are asked
+    /// for again: on the transmit queue always, on receive queue 0 only while frames wait
+    /// for buffers.
+    pub(super) fn pump(&self, p: usize, [rx, tx]: &[Vring; 2]) {
+        if self.shrank() {
+            return;
+        }
+        let pair = &self.0.pairs[p];
+        let mut steps = lock(&pair.steps);
+        let mem = self.0.mem.memory();
+        let acked = self.acked_now();
+        let busy_poll = steps.busy_poll;
+        let rx = (p == 0).then_some(rx);
+        self.note_enabled(p, tx);
+        loop {
+            notify(tx, false);
+            if let Some(rx) = rx {
+                notify(rx, false);
+            }
+            let mut rx_blocked = false;
+            let mut tx_stuck;
+            // With busy-polling, a dry guest is looked at again until the interval passes
+            // since the last frame, before its notifications are turned on and the thread
+            // sleeps (a kick and a wake-up less per burst, for a core kept busy).
+            let mut dry_since: Option<std::time::Instant> = None;
+            loop {
+                let moved_in;
+                (moved_in, tx_stuck) = self.guest_tx(p, &mut steps, tx, &mem, &acked);
+                let mut moved_out = 0;
+                if let Some(rx) = rx {
+                    (moved_out, rx_blocked) = self.guest_rx(&mut steps, rx, &mem, &acked);
+                }
+                if moved_in + moved_out != 0 {
+                    dry_since = None;
+                    continue;
+                }
+                let since = *dry_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() >= busy_poll {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+            // A chain the guest made available meanwhile is served now, not left for a
+            // notification that will not come. An avail index that cannot be right waits
+            // for the guest's next kick (looking again at once would spin for as long as
+            // the guest leaves it so); memory the front end shrank ends the connection.
+            let more_tx = notify(tx, true) && !tx_stuck;
+            let more_rx = rx_blocked && rx.is_some_and(|rx| notify(rx, true));
+            if self.shrank() || (!more_tx && !more_rx) {
+                break;
+            }
+        }
+        if let Some(ns) = steps.fire_due() {
+            // At least 1 µs: a moderation deadline due now is served by the next event anyway.
+            epoll::arm_timer(&pair.timer, ns.max(1000));
+        }
+    }
+
+    /// Guest receive: what the switch delivered to the port's rx ring, into receive queue 0.
+    /// Frames moved, and whether frames wait for the guest's buffers.
+    pub(super) fn guest_rx(
+        &self,
+        steps: &mut Steps,
+        vring: &Vring,
+        mem: &GuestMemoryMmap,
+        acked: &Acked,
+    ) -> (usize, bool) {
+        let mut st = vring.get_mut();
+        if !st.is_enabled() || !st.get_queue().ready() {
+            return (0, false);
+        }
+        let pass = self.rx_pass(0, &mut st, mem, acked, |out| {
+            steps.egress(out, BURST, false)
+        });
+        let Some((done, bad, why)) = pass else {
+            self.bad(steps, 1, &Bad::Rings);
+            return (0, false);
+        };
+        self.bad(steps, bad, &why);
+        if done.blocked {
+            // The guest has no buffers: its next kick on the rx queue brings us back.
+            return (0, true);
+        }
+        (done.moved, false)
+    }
+}

@@ -1,0 +1,267 @@
+//! One front end's connection: the driver that serves the socket (listening or connecting),
+//! one connection after the other, and stops when the port is detached.
+
+use super::*;
+
+/// The port's driver: one front end after the other, until the port is detached.
+pub(super) struct Session {
+    pub(super) path: String,
+    pub(super) pairs: usize,
+    /// None: client mode.
+    pub(super) listener: Option<(Listener, SocketName)>,
+    pub(super) sink: Arc<RxSink>,
+}
+
+pub(super) const TOKEN_STOP: u64 = 0;
+
+pub(super) const TOKEN_OTHER: u64 = 1;
+
+impl Driver for Session {
+    fn start(
+        self: Box<Self>,
+        steps: Steps,
+        state: Arc<HostState>,
+    ) -> io::Result<std::thread::JoinHandle<()>> {
+        let ep = epoll::new()?;
+        epoll::add(&ep, state.stop.as_raw_fd(), TOKEN_STOP)?;
+        if let Some((l, _)) = &self.listener {
+            epoll::add(&ep, l.as_raw_fd(), TOKEN_OTHER)?;
+        }
+        // No front end yet.
+        state.up.store(false, Relaxed);
+        let steps = Arc::new(Mutex::new(steps));
+        std::thread::Builder::new()
+            .name("vale-vhost-user".into())
+            .spawn(move || self.run(ep, steps, state))
+    }
+}
+
+/// How long a detach waits for the library's threads to end.
+pub(super) const STOP_LIMIT_MS: i32 = 3000;
+
+/// Whether `fd` is ready for `events` (`POLLIN`, `POLLOUT`) within `ms` (0: now).
+pub(super) fn poll_one(fd: RawFd, events: i16, ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: one pollfd of ours.
+    unsafe { libc::poll(&mut p, 1, ms) == 1 && p.revents & events != 0 }
+}
+
+/// Interrupts the guest on the queue of `st`, unless its call eventfd cannot take a write
+/// without waiting (a counter the front end filled: an interrupt is pending anyway). The
+/// front end owns that descriptor's flags, so a plain write could stop this thread for as
+/// long as the front end likes.
+pub(super) fn signal_guest(st: &VringState<Mem>) {
+    let Some(call) = st.get_call() else { return };
+    if poll_one(call.as_raw_fd(), libc::POLLOUT, 0) {
+        let _ = call.notify();
+    }
+}
+
+/// Waits on `ep` for `ms` (-1: for ever): true when the port is stopping.
+pub(super) fn wait_stop(ep: &OwnedFd, ms: i32, state: &HostState) -> bool {
+    let mut events = [libc::epoll_event { events: 0, u64: 0 }; 4];
+    let n = epoll::wait(ep, &mut events, ms).len();
+    state.stopping.load(Relaxed) || events[..n].iter().any(|e| e.u64 == TOKEN_STOP)
+}
+
+impl Session {
+    pub(super) fn run(mut self, ep: OwnedFd, steps: Arc<Mutex<Steps>>, state: Arc<HostState>) {
+        let name = lock(&steps).port_name().to_string();
+        while !state.stopping.load(Relaxed) {
+            let net = match Net::new(steps.clone(), state.clone(), self.pairs) {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::error!(port = %name, "vhost-user: cannot set up the device: {e}");
+                    return;
+                }
+            };
+            let mem = net.0.mem.clone();
+            let mut daemon = match VhostUserDaemon::new("vale-vhost-user".into(), net.clone(), mem)
+            {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::error!(port = %name, "vhost-user: cannot start: {e}");
+                    return;
+                }
+            };
+            // The library runs one worker per queue pair. Pair 0's also sleeps on the port's
+            // rx interrupt line and on the timer of deferred interrupts toward the guest; each
+            // on the timer of its own deferred interrupts toward other ports.
+            let handlers = daemon.get_epoll_handlers();
+            let mut watch = vec![
+                (0, net.0.irq_fd, net.ev_irq()),
+                (0, net.0.guest_timer.as_raw_fd(), net.ev_guest_timer()),
+            ];
+            for (p, pair) in net.0.pairs.iter().enumerate() {
+                watch.push((p, pair.timer.as_raw_fd(), net.ev_timer()));
+            }
+            for (p, fd, ev) in watch {
+                let r = handlers
+                    .get(p)
+                    .map(|h| h.register_listener(fd, EventSet::IN, ev as u64));
+                if !matches!(r, Some(Ok(()))) {
+                    tracing::error!(port = %name, "vhost-user: cannot watch the port: {r:?}");
+                    return;
+                }
+            }
+            *lock(&net.0.handlers) = handlers.iter().map(Arc::downgrade).collect();
+            drop(handlers);
+            // A front end: accept one, or connect to it.
+            let front = loop {
+                if state.stopping.load(Relaxed) {
+                    return;
+                }
+                match &mut self.listener {
+                    Some((l, _)) => {
+                        if wait_stop(&ep, -1, &state) {
+                            return;
+                        }
+                        match l.accept() {
+                            Ok(Some(s)) => break s,
+                            Ok(None) => {}
+                            Err(e) => {
+                                tracing::warn!(port = %name, "vhost-user: accept: {e}");
+                                if wait_stop(&ep, 100, &state) {
+                                    return;
+                                }
+                            }
+                        }
+                    }
+                    None => match std::os::unix::net::UnixStream::connect(&self.path) {
+                        Ok(s) => break s,
+                        Err(_) => {
+                            // The front end is not listening yet: try again soon.
+                            if wait_stop(&ep, 200, &state) {
+                                return;
+                            }
+                        }
+                    },
+                }
+            };
+            let _ = front.set_nonblocking(false);
+            *lock(&net.0.front) = front.try_clone().ok();
+            {
+                // Frames delivered while nobody was there are stale: dropped, not handed over.
+                let mut s = lock(&steps);
+                while s.egress(&mut Nowhere, usize::MAX, true).moved != 0 {}
+                // Until this guest acks its features, it takes no offload work.
+                s.set_caps(Caps::NONE);
+                s.want_irq(true);
+                // From now on frames for the guest are kept for it (in the port's rx ring
+                // until its queues are ready), not dropped: before the front end can finish
+                // its set-up and start sending.
+                *lock(&self.sink.net) = Some(net.clone());
+            }
+            let relay = relay::backend_pair().and_then(|(mut l, back, _dir)| {
+                daemon
+                    .start(&mut l)
+                    .map_err(|e| io::Error::other(e.to_string()))?;
+                let (net2, net3) = (net.clone(), net.clone());
+                let answers = relay::Answers {
+                    pairs: self.pairs as u64,
+                    set_mtu: Box::new(move |mtu| net2.set_mtu(mtu)),
+                    kick: Box::new(move |q, fd| net3.take_kick(q, fd)),
+                };
+                relay::Relay::start(front, back, &name, answers)
+            });
+            let relay = match relay {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(port = %name, "vhost-user: cannot serve the front end: {e}");
+                    *lock(&self.sink.net) = None;
+                    lock(&steps).want_irq(false);
+                    continue;
+                }
+            };
+            tracing::info!(port = %name, path = %self.path, "vhost-user front end connected");
+            state.set_up(&name, true, &"");
+            let Some(shutdown) = daemon.shutdown_handle() else {
+                relay.join();
+                continue;
+            };
+            let done = match eventfd::new() {
+                Ok(fd) => Arc::new(fd),
+                Err(e) => {
+                    tracing::error!(port = %name, "vhost-user: {e}");
+                    shutdown.shutdown();
+                    relay.join();
+                    return;
+                }
+            };
+            let done2 = done.clone();
+            let net2 = net.clone();
+            let waiter = std::thread::Builder::new()
+                .name("vale-vhost-wait".into())
+                .spawn(move || {
+                    let r = daemon.wait();
+                    // Dropping the daemon ends and joins the library's worker thread: the
+                    // queues and the guest's memory are let go now.
+                    drop(daemon);
+                    net2.close_forgotten();
+                    eventfd::signal(&*done2);
+                    r
+                });
+            let waiter = match waiter {
+                Ok(w) => w,
+                Err(e) => {
+                    tracing::error!(port = %name, "vhost-user: {e}");
+                    shutdown.shutdown();
+                    relay.join();
+                    return;
+                }
+            };
+            let wait_ep = match epoll::new() {
+                Ok(w) => w,
+                Err(_) => {
+                    shutdown.shutdown();
+                    relay.join();
+                    let _ = waiter.join();
+                    return;
+                }
+            };
+            let _ = epoll::add(&wait_ep, state.stop.as_raw_fd(), TOKEN_STOP);
+            let _ = epoll::add(&wait_ep, done.as_raw_fd(), TOKEN_OTHER);
+            let stopping = loop {
+                if wait_stop(&wait_ep, 1000, &state) {
+                    break true;
+                }
+                if eventfd::drain(&*done) != 0 {
+                    break false;
+                }
+            };
+            *lock(&self.sink.net) = None;
+            if stopping {
+                shutdown.shutdown();
+                // The library's worker ends at its next wake-up, unless the front end holds it
+                // in a blocking read or write of a descriptor it shares (their flags are the
+                // front end's to change). Then its threads are left behind, so that detaching
+                // never waits on a guest.
+                if !poll_one(done.as_raw_fd(), libc::POLLIN, STOP_LIMIT_MS) {
+                    tracing::error!(port = %name, "vhost-user: the front end holds the port's worker thread (a blocking eventfd of its own); leaving it behind");
+                    relay.join();
+                    return;
+                }
+            }
+            relay.join();
+            match waiter.join() {
+                Ok(Ok(())) | Err(_) => {}
+                Ok(Err(e)) => tracing::info!(port = %name, "vhost-user connection: {e}"),
+            }
+            drop(net);
+            if stopping {
+                return;
+            }
+            tracing::info!(port = %name, "vhost-user front end went away");
+            state.set_up(&name, false, &"the front end went away");
+            lock(&state.negotiated).clear();
+            // What the switch delivered for the old guest is dropped, not handed to the next.
+            let mut s = lock(&steps);
+            s.want_irq(false);
+            while s.egress(&mut Nowhere, usize::MAX, true).moved != 0 {}
+        }
+    }
+}
