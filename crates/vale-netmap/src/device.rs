@@ -6,11 +6,30 @@
 //! bound to. Every descriptor bound to the same port in this process shares one libvale
 //! [`Port`] (netmap's `valeX:Y-N` opens, one per thread): a vale port has one owner, a
 //! process, and its memory is mapped once per `mmap` call from the port's memfd.
+//!
+//! Descriptors are followed as the kernel follows netmap's:
+//! - A port lives while any descriptor of any process refers to it. After a fork, both
+//!   processes hold the port's control connection, and libvale's close of a port then
+//!   closes only the process's own copies (no shutdown): a child that closes its inherited
+//!   descriptors, execs or exits leaves the parent its port, and the other way round.
+//! - A number closed behind the emulation's back (`close_range`, `dup2` over it, the raw
+//!   system call) is no longer netmap's. `close`, `dup2`, `dup3`, `close_range` and
+//!   `closefrom` forget the numbers they close; and each descriptor keeps a hidden duplicate
+//!   of itself, so that [`file_checked`] can ask the kernel (`kcmp`) whether the number
+//!   still refers to the same open file before poll, select, epoll, mmap or a control
+//!   request treats it as netmap's (where `kcmp` is refused, the number must at least still
+//!   be an epoll instance). The sync requests, the hot path, look the number up without a
+//!   system call.
+//! - fork() is safe in threaded programs: fork handlers take the emulation's locks before
+//!   the fork and release them after it in both processes, so the child never inherits a
+//!   lock that a thread of the parent held.
 
 use std::io;
-use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicUsize, Ordering::*};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::any::Any;
+use std::cell::RefCell;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Mutex, Once, OnceLock, Weak};
 
 use vale::{OpenOptions, Port, PortParams, RingSet, Waiter};
 use vale_abi::netmap::NIFP_RING_OFS;
@@ -74,6 +93,11 @@ fn own_nifp(port: &Port, set: &RingSet) -> Vec<u8> {
 pub struct NmFile {
     /// The descriptor the program holds (an epoll instance).
     pub fd: RawFd,
+    /// A hidden duplicate of `fd` (close-on-exec), to tell whether `fd` still refers to the
+    /// same open file ([`file_checked`]).
+    keep: Option<OwnedFd>,
+    /// `fstat` of the epoll instance: what `fd` must still show where `kcmp` is refused.
+    ident: (u64, u64),
     /// Set once, by the register request.
     bound: OnceLock<Arc<Bound>>,
     /// Held while registering, so that two racing requests bind once.
@@ -95,7 +119,8 @@ pub static OPEN: AtomicUsize = AtomicUsize::new(0);
 static PORTS: Mutex<Vec<(String, Weak<Port>)>> = Mutex::new(Vec::new());
 static NEXT_MEM_ID: AtomicUsize = AtomicUsize::new(2); // netmap's 1 is its global pool
 
-/// The netmap descriptor `fd`, if it is one.
+/// The netmap descriptor `fd`, if the table says it is one: no system call, for the sync
+/// requests (see [`file_checked`] for the rest).
 pub fn file(fd: RawFd) -> Option<Arc<NmFile>> {
     if OPEN.load(Relaxed) == 0 || fd < 0 {
         return None;
@@ -104,28 +129,160 @@ pub fn file(fd: RawFd) -> Option<Arc<NmFile>> {
     files.get(fd as usize).cloned().flatten()
 }
 
+/// The netmap descriptor `fd`, if it is one and the number still refers to the file the
+/// program opened: a number closed behind the emulation's back, perhaps reused, is
+/// forgotten here and is the C library's again.
+pub fn file_checked(fd: RawFd) -> Option<Arc<NmFile>> {
+    let f = file(fd)?;
+    if f.same_file(fd) {
+        return Some(f);
+    }
+    drop(f);
+    forget_stale(fd);
+    None
+}
+
+/// `kcmp` works here: 0 not tried yet, 1 yes, -1 refused (ENOSYS, EPERM: seccomp, no
+/// CONFIG_KCMP).
+static KCMP: AtomicI32 = AtomicI32::new(0);
+
+/// `(st_dev, st_ino)` of a descriptor, or None if it is not open.
+fn ident_of(fd: RawFd) -> Option<(u64, u64)> {
+    // SAFETY: fstat writes into the zeroed struct we own.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        (libc::fstat(fd, &mut st) == 0).then_some((st.st_dev, st.st_ino))
+    }
+}
+
+impl NmFile {
+    /// Does number `fd` still refer to this descriptor's open file?
+    fn same_file(&self, fd: RawFd) -> bool {
+        let Some(keep) = &self.keep else {
+            return ident_of(fd) == Some(self.ident);
+        };
+        if KCMP.load(Relaxed) >= 0 {
+            // SAFETY: plain syscall on our own process.
+            let r = unsafe {
+                let pid = libc::getpid();
+                libc::syscall(libc::SYS_kcmp, pid, pid, 0 /* KCMP_FILE */, fd, keep.as_raw_fd())
+            };
+            match r {
+                0 => {
+                    KCMP.store(1, Relaxed);
+                    return true;
+                }
+                1..=3 => {
+                    KCMP.store(1, Relaxed);
+                    return false;
+                }
+                _ => {
+                    let e = std::io::Error::last_os_error().raw_os_error();
+                    if e == Some(libc::EBADF) {
+                        return false;
+                    }
+                    KCMP.store(-1, Relaxed);
+                }
+            }
+        }
+        // Without kcmp: the number must at least still be an epoll instance.
+        ident_of(fd) == Some(self.ident)
+    }
+}
+
 /// `open("/dev/netmap")`: a new, unbound netmap descriptor.
 pub fn open(cloexec: bool) -> RawFd {
+    install_fork_handlers();
     // SAFETY: plain syscall through libc's own symbol.
     let fd = unsafe { (real::epoll_create1())(if cloexec { libc::EPOLL_CLOEXEC } else { 0 }) };
     if fd < 0 {
         return fd;
     }
+    // SAFETY: fd is the epoll instance just made; the duplicate is ours.
+    let keep = unsafe {
+        let k = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3);
+        (k >= 0).then(|| OwnedFd::from_raw_fd(k))
+    };
+    let ident = ident_of(fd).unwrap_or((0, 0));
     let mut files = FILES.lock().unwrap_or_else(|e| e.into_inner());
     if files.len() <= fd as usize {
         files.resize(fd as usize + 1, None);
     }
-    files[fd as usize] = Some(Arc::new(NmFile {
+    let old = files[fd as usize].replace(Arc::new(NmFile {
         fd,
+        keep,
+        ident,
         bound: OnceLock::new(),
         registering: Mutex::new(()),
     }));
-    OPEN.fetch_add(1, Relaxed);
+    if old.is_none() {
+        OPEN.fetch_add(1, Relaxed);
+    }
+    drop(files);
+    if let Some(old) = old {
+        release(old); // a stale entry the number had (its file closed behind our back)
+    }
     fd
 }
 
-/// `close()` of a netmap descriptor: forget it (the port goes with its last descriptor).
+/// `close()` of a netmap descriptor (about to be closed): forget it (the port goes with its
+/// last descriptor).
 pub fn forget(fd: RawFd) {
+    if let Some(gone) = take(fd) {
+        release(gone);
+    }
+}
+
+/// Forgets `fd`, whose number no longer refers to the descriptor's file.
+fn forget_stale(fd: RawFd) {
+    forget(fd);
+    crate::wait::forget_watches(fd);
+}
+
+/// Drops a descriptor taken out of the table (out of the lock: closing the port closes
+/// descriptors, through `close`). Its hidden duplicate is closed only if that number is
+/// still an epoll instance: a program closing every descriptor may have closed it first,
+/// and the number may since be another file's.
+fn release(gone: Arc<NmFile>) {
+    match Arc::try_unwrap(gone) {
+        Ok(mut f) => {
+            if let Some(k) = f.keep.take() {
+                if ident_of(k.as_raw_fd()) == Some(f.ident) {
+                    drop(k);
+                } else {
+                    let _ = k.into_raw_fd(); // not ours any more
+                }
+            }
+        }
+        Err(shared) => drop(shared), // in use by another thread: it goes with its last use
+    }
+}
+
+/// Every netmap descriptor in `lo..=hi` (about to be closed by `close_range`,
+/// `closefrom`): forgotten.
+pub fn forget_range(lo: u32, hi: u32) {
+    if OPEN.load(Relaxed) == 0 {
+        return;
+    }
+    let numbers: Vec<RawFd> = {
+        let files = FILES.lock().unwrap_or_else(|e| e.into_inner());
+        files
+            .iter()
+            .enumerate()
+            .filter(|(n, f)| f.is_some() && (lo as usize..=hi as usize).contains(n))
+            .map(|(n, _)| n as RawFd)
+            .collect()
+    };
+    for fd in numbers {
+        forget_stale(fd);
+    }
+}
+
+/// Takes `fd` out of the table.
+fn take(fd: RawFd) -> Option<Arc<NmFile>> {
+    if fd < 0 {
+        return None;
+    }
     let gone = {
         let mut files = FILES.lock().unwrap_or_else(|e| e.into_inner());
         files.get_mut(fd as usize).and_then(Option::take)
@@ -133,16 +290,83 @@ pub fn forget(fd: RawFd) {
     if gone.is_some() {
         OPEN.fetch_sub(1, Relaxed);
     }
-    // Dropped here, out of the lock: closing the port closes descriptors, through `close`.
-    drop(gone);
+    gone
+}
+
+/// Serializes the opening of ports (so that two threads registering one name open it once),
+/// without a lock the fork handlers take: opening may fork (libvale starting valed), and a
+/// handler waiting for a lock its own thread holds would never return. It guards no data,
+/// so the child of a fork simply finds it free.
+static OPENING: AtomicBool = AtomicBool::new(false);
+
+struct Opening;
+
+impl Opening {
+    fn lock() -> Opening {
+        while OPENING.swap(true, Acquire) {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        Opening
+    }
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        OPENING.store(false, Release);
+    }
+}
+
+thread_local! {
+    /// The emulation's locks, held by the forking thread from the prepare handler to the
+    /// parent's and the child's.
+    static HELD: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
+}
+
+extern "C" fn before_fork() {
+    // Always in this order (no path of the emulation takes them in another): the epoll
+    // watches, the descriptors, the ports. None is held across anything that forks.
+    let held: Vec<Box<dyn Any>> = vec![
+        crate::wait::hold_watches(),
+        Box::new(FILES.lock().unwrap_or_else(|e| e.into_inner())),
+        Box::new(PORTS.lock().unwrap_or_else(|e| e.into_inner())),
+    ];
+    HELD.with(|h| *h.borrow_mut() = held);
+}
+
+extern "C" fn after_fork_parent() {
+    HELD.with(|h| h.borrow_mut().clear());
+}
+
+extern "C" fn after_fork_child() {
+    // Locks taken before the fork are released; a port being opened by another thread of
+    // the parent is the parent's.
+    HELD.with(|h| h.borrow_mut().clear());
+    OPENING.store(false, Release);
+}
+
+fn install_fork_handlers() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers functions that only take and release the emulation's locks.
+        unsafe {
+            libc::pthread_atfork(
+                Some(before_fork),
+                Some(after_fork_parent),
+                Some(after_fork_child),
+            )
+        };
+    });
 }
 
 /// A failed request: the errno to return. The message has gone to stderr.
 pub struct Errno(pub i32);
 
-/// Prints why a request fails and gives its errno.
+/// Prints why a request fails and gives its errno. One write(2) to descriptor 2, not Rust's
+/// stderr, whose lock another thread may hold across a fork.
 pub fn fail(errno: i32, msg: impl std::fmt::Display) -> Errno {
-    eprintln!("vale-netmap: {msg}");
+    let line = format!("vale-netmap: {msg}\n");
+    // SAFETY: writes our own buffer.
+    unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
     Errno(errno)
 }
 
@@ -250,18 +474,23 @@ fn check_features(w: &Want) -> Result<(), Errno> {
 
 /// The port named `w.name`, opened by this process already or now.
 fn port_for(w: &Want) -> Result<Arc<Port>, Errno> {
-    let mut ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
-    ports.retain(|(_, p)| p.strong_count() > 0);
-    if let Some(p) = ports
-        .iter()
-        .find(|(n, _)| *n == w.name)
-        .and_then(|(_, p)| p.upgrade())
-    {
+    let _one = Opening::lock();
+    let known = |name: &str| {
+        let mut ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
+        ports.retain(|(_, p)| p.strong_count() > 0);
+        ports
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, p)| p.upgrade())
+    };
+    if let Some(p) = known(&w.name) {
         return Ok(p);
     }
     let mut opts = OpenOptions::new();
     opts.params = params_for(w);
+    // PORTS is not held here: opening may fork (starting valed), and the fork handlers take it.
     let port = Arc::new(opts.open(&w.name).map_err(|e| io_errno(&e))?);
+    let mut ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
     ports.push((w.name.clone(), Arc::downgrade(&port)));
     Ok(port)
 }
