@@ -14,21 +14,21 @@
 //!   descriptors, execs or exits leaves the parent its port, and the other way round.
 //! - A number closed behind the emulation's back (`close_range`, `dup2` over it, the raw
 //!   system call) is no longer netmap's. `close`, `dup2`, `dup3`, `close_range` and
-//!   `closefrom` forget the numbers they close; and each descriptor keeps a hidden duplicate
-//!   of itself, so that [`file_checked`] can ask the kernel (`kcmp`) whether the number
-//!   still refers to the same open file before poll, select, epoll, mmap or a control
-//!   request treats it as netmap's (where `kcmp` is refused, the number must at least still
-//!   be an epoll instance). The sync requests, the hot path, look the number up without a
-//!   system call.
+//!   `closefrom` forget the numbers they close; and each descriptor's epoll instance holds
+//!   a tag of its own (an eventfd that is never ready), so that [`file_checked`] can tell
+//!   with one system call (`EPOLL_CTL_MOD` of the tag succeeds only on that instance) that
+//!   the number still refers to the same open file before poll, select, epoll, mmap or a
+//!   control request treats it as netmap's. The sync requests, the hot path, look the number
+//!   up without a system call.
 //! - fork() is safe in threaded programs: fork handlers take the emulation's locks before
 //!   the fork and release them after it in both processes, so the child never inherits a
 //!   lock that a thread of the parent held.
 
-use std::io;
 use std::any::Any;
 use std::cell::RefCell;
+use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, Once, OnceLock, Weak};
 
 use vale::{OpenOptions, Port, PortParams, RingSet, Waiter};
@@ -93,11 +93,9 @@ fn own_nifp(port: &Port, set: &RingSet) -> Vec<u8> {
 pub struct NmFile {
     /// The descriptor the program holds (an epoll instance).
     pub fd: RawFd,
-    /// A hidden duplicate of `fd` (close-on-exec), to tell whether `fd` still refers to the
-    /// same open file ([`file_checked`]).
-    keep: Option<OwnedFd>,
-    /// `fstat` of the epoll instance: what `fd` must still show where `kcmp` is refused.
-    ident: (u64, u64),
+    /// The tag in `fd`'s epoll instance: an eventfd of ours, registered with no events, so
+    /// never reported ([`NmFile::same_file`]).
+    tag: Option<OwnedFd>,
     /// Set once, by the register request.
     bound: OnceLock<Arc<Bound>>,
     /// Held while registering, so that two racing requests bind once.
@@ -142,51 +140,16 @@ pub fn file_checked(fd: RawFd) -> Option<Arc<NmFile>> {
     None
 }
 
-/// `kcmp` works here: 0 not tried yet, 1 yes, -1 refused (ENOSYS, EPERM: seccomp, no
-/// CONFIG_KCMP).
-static KCMP: AtomicI32 = AtomicI32::new(0);
-
-/// `(st_dev, st_ino)` of a descriptor, or None if it is not open.
-fn ident_of(fd: RawFd) -> Option<(u64, u64)> {
-    // SAFETY: fstat writes into the zeroed struct we own.
-    unsafe {
-        let mut st: libc::stat = std::mem::zeroed();
-        (libc::fstat(fd, &mut st) == 0).then_some((st.st_dev, st.st_ino))
-    }
-}
-
 impl NmFile {
-    /// Does number `fd` still refer to this descriptor's open file?
+    /// Does number `fd` still refer to this descriptor's open file? Only its epoll instance
+    /// holds the tag: one `EPOLL_CTL_MOD` of the tag (which changes nothing) says so.
     fn same_file(&self, fd: RawFd) -> bool {
-        let Some(keep) = &self.keep else {
-            return ident_of(fd) == Some(self.ident);
+        let Some(tag) = &self.tag else {
+            return true; // no tag could be made: the table is all there is
         };
-        if KCMP.load(Relaxed) >= 0 {
-            // SAFETY: plain syscall on our own process.
-            let r = unsafe {
-                let pid = libc::getpid();
-                libc::syscall(libc::SYS_kcmp, pid, pid, 0 /* KCMP_FILE */, fd, keep.as_raw_fd())
-            };
-            match r {
-                0 => {
-                    KCMP.store(1, Relaxed);
-                    return true;
-                }
-                1..=3 => {
-                    KCMP.store(1, Relaxed);
-                    return false;
-                }
-                _ => {
-                    let e = std::io::Error::last_os_error().raw_os_error();
-                    if e == Some(libc::EBADF) {
-                        return false;
-                    }
-                    KCMP.store(-1, Relaxed);
-                }
-            }
-        }
-        // Without kcmp: the number must at least still be an epoll instance.
-        ident_of(fd) == Some(self.ident)
+        let mut ev = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: plain syscall; ev outlives it.
+        unsafe { (real::epoll_ctl())(fd, libc::EPOLL_CTL_MOD, tag.as_raw_fd(), &mut ev) == 0 }
     }
 }
 
@@ -198,20 +161,29 @@ pub fn open(cloexec: bool) -> RawFd {
     if fd < 0 {
         return fd;
     }
-    // SAFETY: fd is the epoll instance just made; the duplicate is ours.
-    let keep = unsafe {
-        let k = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3);
-        (k >= 0).then(|| OwnedFd::from_raw_fd(k))
+    // SAFETY: plain syscalls on descriptors we make; the tag is ours from here on.
+    let tag = unsafe {
+        let t = libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK);
+        let mut ev = libc::epoll_event {
+            events: 0,
+            u64: u64::MAX,
+        };
+        if t >= 0 && (real::epoll_ctl())(fd, libc::EPOLL_CTL_ADD, t, &mut ev) == 0 {
+            Some(OwnedFd::from_raw_fd(t))
+        } else {
+            if t >= 0 {
+                libc::close(t);
+            }
+            None
+        }
     };
-    let ident = ident_of(fd).unwrap_or((0, 0));
     let mut files = FILES.lock().unwrap_or_else(|e| e.into_inner());
     if files.len() <= fd as usize {
         files.resize(fd as usize + 1, None);
     }
     let old = files[fd as usize].replace(Arc::new(NmFile {
         fd,
-        keep,
-        ident,
+        tag,
         bound: OnceLock::new(),
         registering: Mutex::new(()),
     }));
@@ -220,7 +192,7 @@ pub fn open(cloexec: bool) -> RawFd {
     }
     drop(files);
     if let Some(old) = old {
-        release(old); // a stale entry the number had (its file closed behind our back)
+        release(old, false); // a stale entry the number had (its file closed behind our back)
     }
     fd
 }
@@ -229,28 +201,31 @@ pub fn open(cloexec: bool) -> RawFd {
 /// last descriptor).
 pub fn forget(fd: RawFd) {
     if let Some(gone) = take(fd) {
-        release(gone);
+        release(gone, true);
     }
 }
 
 /// Forgets `fd`, whose number no longer refers to the descriptor's file.
 fn forget_stale(fd: RawFd) {
-    forget(fd);
+    if let Some(gone) = take(fd) {
+        release(gone, false);
+    }
     crate::wait::forget_watches(fd);
 }
 
 /// Drops a descriptor taken out of the table (out of the lock: closing the port closes
-/// descriptors, through `close`). Its hidden duplicate is closed only if that number is
-/// still an epoll instance: a program closing every descriptor may have closed it first,
-/// and the number may since be another file's.
-fn release(gone: Arc<NmFile>) {
+/// descriptors, through `close`). Its tag is closed only if `fd` is still the descriptor's
+/// (`fd_open`: the number is still open, about to be closed) and so the tag's number still
+/// its tag: a program closing every descriptor may have closed the tag first, and the
+/// number may since be another file's.
+fn release(gone: Arc<NmFile>, fd_open: bool) {
     match Arc::try_unwrap(gone) {
         Ok(mut f) => {
-            if let Some(k) = f.keep.take() {
-                if ident_of(k.as_raw_fd()) == Some(f.ident) {
-                    drop(k);
+            if let Some(tag) = f.tag.take() {
+                if fd_open && f.same_file(f.fd) {
+                    drop(tag);
                 } else {
-                    let _ = k.into_raw_fd(); // not ours any more
+                    let _ = tag.into_raw_fd(); // not ours to close any more
                 }
             }
         }
@@ -274,7 +249,8 @@ pub fn forget_range(lo: u32, hi: u32) {
             .collect()
     };
     for fd in numbers {
-        forget_stale(fd);
+        forget(fd);
+        crate::wait::forget_watches(fd);
     }
 }
 

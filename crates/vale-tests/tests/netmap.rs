@@ -507,9 +507,20 @@ fn one_port_on_two_descriptors_forwards_every_frame() {
             let (got, forwarded) = (n[0], n[1]);
             let c = v.counters(&p);
             assert_eq!(c.rx_packets + c.rx_drops, N, "{way:?} {how}");
-            assert!(got > 0 && got == c.rx_packets, "{way:?} {how}: read {got} of {}", c.rx_packets);
-            assert_eq!(forwarded, got, "{way:?} {how}: forwarded {forwarded} of {got}");
-            assert_eq!(c.tx_packets, got, "{way:?} {how}: the port sent {} of {got}", c.tx_packets);
+            assert!(
+                got > 0 && got == c.rx_packets,
+                "{way:?} {how}: read {got} of {}",
+                c.rx_packets
+            );
+            assert_eq!(
+                forwarded, got,
+                "{way:?} {how}: forwarded {forwarded} of {got}"
+            );
+            assert_eq!(
+                c.tx_packets, got,
+                "{way:?} {how}: the port sent {} of {got}",
+                c.tx_packets
+            );
             let back = v.counters(&s);
             assert_eq!(back.rx_packets + back.rx_drops, got, "{way:?} {how}");
         }
@@ -553,7 +564,10 @@ fn two_waiters_on_one_port_keep_each_others_wake_ups() {
     assert!(r > 0, "the tx side was never woken (poll gave {r})");
     tx_side.woken(&port, &lines).unwrap();
     assert!(
-        tx_side.ready(&port, vale::Events::WRITABLE).unwrap().writable,
+        tx_side
+            .ready(&port, vale::Events::WRITABLE)
+            .unwrap()
+            .writable,
         "woken, but no room"
     );
 }
