@@ -85,6 +85,7 @@ pub unsafe fn read<T>(what: &str, addr: u64) -> Result<T, Errno> {
     if addr == 0 || !copy(addr, v.as_mut_ptr().cast(), len, true) {
         return Err(efault(what, addr, len));
     }
+    // SAFETY: every byte was copied in, and any bytes are a valid `T` (the caller's promise).
     Ok(v.assume_init())
 }
 
