@@ -267,7 +267,10 @@ void vale_open_opts_init(struct vale_open_opts *o);
 struct vale_port *vale_open(const char *name, const struct vale_open_opts *opts);
 
 /* Unmaps the region, closes every descriptor and gives the port back to valed (which frees
- * it unless it is persistent).  NULL is accepted and ignored. */
+ * it unless it is persistent), returning once valed has.  After a fork() since the open, the
+ * port may be another process's too: the call then closes this process's descriptors only
+ * and returns at once, and valed frees the port when the last process holding it closes it
+ * or exits.  NULL is accepted and ignored. */
 void vale_close(struct vale_port *p);
 
 /* The port's netmap_if: find the rings with NETMAP_TXRING / NETMAP_RXRING.  Valid until

@@ -6,8 +6,8 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::ptr::NonNull;
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::*};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{fence, AtomicBool, AtomicU32, AtomicU64, AtomicU8, Ordering::*};
+use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
 use vale_abi::control::{self, default_run_dir, PortCounters, Reply, Request};
@@ -122,6 +122,7 @@ impl OpenOptions {
         };
         let port = Port {
             name: name.to_string(),
+            forks_at_open: forks(),
             base,
             layout,
             ctl,
@@ -133,6 +134,8 @@ impl OpenOptions {
             looked_ns: AtomicU64::new(coarse_ns()),
             spin_ns: AtomicU64::new(0),
             waiter: Mutex::new(None),
+            waiters: AtomicU32::new(0),
+            busy: (0..rings).map(|_| AtomicBool::new(false)).collect(),
         };
         layout
             .check_header(port.region())
@@ -156,6 +159,9 @@ impl OpenOptions {
 /// An open port. Dropping it closes the port (valed frees it, unless it is persistent).
 pub struct Port {
     name: String,
+    /// [`forks`] when the port was opened: if it has changed, a process forked since, and
+    /// the control connection may be shared with another process (see `Drop`).
+    forks_at_open: u64,
     base: NonNull<u8>,
     layout: Layout,
     /// The connection that owns the port: valed frees the port when it closes.
@@ -176,6 +182,33 @@ pub struct Port {
     spin_ns: AtomicU64,
     /// The descriptor of [`Port::fd`], made on first use.
     waiter: Mutex<Option<Arc<Waiter>>>,
+    /// [`Waiter`]s made for this port so far. From the second on, the port is *shared*:
+    /// several waiters may sleep on one ring at once (netmap's two descriptors on one port,
+    /// one thread each), so `appl_need_kick` counts the waiters asking (a sync no longer
+    /// clears it: only the waiter that asked withdraws its request), and a sync of a ring
+    /// that another thread is syncing is skipped, as netmap skips a busy ring.
+    waiters: AtomicU32,
+    /// Per region ring: a sync is under way (taken only once the port is shared).
+    busy: Box<[AtomicBool]>,
+}
+
+/// Forks seen by this process (and its ancestors since libvale was loaded): counted by the
+/// fork handlers that [`forks`] installs on first use.
+static FORKS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn count_fork() {
+    FORKS.fetch_add(1, SeqCst);
+}
+
+/// The number of forks so far, with the handlers that count them installed.
+fn forks() -> u64 {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        // SAFETY: registers plain functions that only bump an atomic (async-signal-safe),
+        // in the parent and in the child of every later fork.
+        unsafe { libc::pthread_atfork(None, Some(count_fork), Some(count_fork)) };
+    });
+    FORKS.load(SeqCst)
 }
 
 /// How [`Port::poll`] waits when nothing is ready yet (see [`Port::set_wait`]).
@@ -286,15 +319,31 @@ const CTL_TOKEN: u64 = u64::MAX;
 pub struct Waiter {
     epoll: OwnedFd,
     set: RingSet,
-    /// Interrupts were asked for since the lines were last emptied: only then can a line
-    /// hold a byte, so only then is a look at them (a system call) worth making.
-    asked: AtomicBool,
+    /// The directions ([`ASKED_RX`], [`ASKED_TX`]) this waiter asked interrupts for and has
+    /// not withdrawn yet: only then can a line hold a byte for it, so only then is a look at
+    /// them (a system call) worth making.
+    asked: AtomicU8,
+}
+
+const ASKED_RX: u8 = 1;
+const ASKED_TX: u8 = 2;
+
+fn asked_bits(want: Events) -> u8 {
+    (if want.readable { ASKED_RX } else { 0 }) | (if want.writable { ASKED_TX } else { 0 })
+}
+
+fn asked_events(bits: u8) -> Events {
+    Events {
+        readable: bits & ASKED_RX != 0,
+        writable: bits & ASKED_TX != 0,
+    }
 }
 
 impl Waiter {
     /// A descriptor for the rings of `set` (checked against the port).
     pub fn new(port: &Port, set: RingSet) -> io::Result<Waiter> {
         port.check_rings(&set)?;
+        port.waiters.fetch_add(1, Relaxed);
         // SAFETY: plain syscall; the descriptor is ours from here on.
         let epoll = unsafe {
             let fd = libc::epoll_create1(libc::EPOLL_CLOEXEC);
@@ -326,7 +375,7 @@ impl Waiter {
         Ok(Waiter {
             epoll,
             set,
-            asked: AtomicBool::new(false),
+            asked: AtomicU8::new(0),
         })
     }
 
@@ -361,17 +410,31 @@ impl Waiter {
         loop {
             // Ask, full fence, look once more: valed stores hwtail, fences, then reads the
             // flag, so it either interrupts us or we see its tail now (as in `poll_rings`).
-            self.asked.store(true, Relaxed);
-            port.ask_interrupts(&self.set, want, 1);
+            // Each direction is asked once until withdrawn: `appl_need_kick` counts waiters.
+            let bits = asked_bits(want);
+            let before = self.asked.fetch_or(bits, Relaxed);
+            port.ask_interrupts(&self.set, asked_events(bits & !before), 1);
             fence(SeqCst);
             if !port.moved(&self.set, want) {
                 return Ok(Events::default());
             }
             let got = port.ready(&self.set, want)?;
             if got != Events::default() {
+                // No sleep follows: withdraw the request at once.
+                self.withdraw(port);
                 return Ok(got);
             }
         }
+    }
+
+    /// Withdraws the interrupt requests this waiter made; returns the directions they were
+    /// for.
+    fn withdraw(&self, port: &Port) -> u8 {
+        let bits = self.asked.swap(0, Relaxed);
+        if bits != 0 {
+            port.ask_interrupts(&self.set, asked_events(bits), 0);
+        }
+        bits
     }
 
     /// Consumes the interrupts that woke the descriptor, syncs the rings (all tx rings of the
@@ -393,7 +456,7 @@ impl Waiter {
     /// After a sleep on [`Waiter::lines`]: empties the lines that were raised and notes a
     /// closed control connection (an error: valed is gone).
     pub fn woken(&self, port: &Port, lines: &[libc::pollfd]) -> io::Result<()> {
-        self.asked.store(false, Relaxed);
+        self.withdraw(port);
         port.woken_lines(lines)
     }
 
@@ -401,7 +464,8 @@ impl Waiter {
     fn consume(&self, port: &Port) -> io::Result<()> {
         // Nothing asked, nothing raised: no look (a byte valed wrote just before a sync
         // withdrew the request wakes one sleep, and the `ask` before that sleep sets the flag).
-        if !self.asked.swap(false, Relaxed) {
+        let bits = self.withdraw(port);
+        if bits == 0 {
             return if port.gone.load(Relaxed) {
                 Err(gone_error())
             } else {
@@ -426,7 +490,15 @@ impl Waiter {
                     return Err(gone_error());
                 }
             } else if let Some(irq) = port.irq.get(token as usize) {
-                port.interrupts.fetch_add(pipe::drain(irq), Relaxed);
+                // Only the lines of the rings this waiter asked for, and lines no waiter
+                // asks for (a byte raised as a request was withdrawn): another waiter of a
+                // shared port may be asleep on the others, and its byte is its wake-up.
+                let mine = port
+                    .wanted(&self.set, asked_events(bits))
+                    .any(|i| i as u64 == token);
+                if mine || port.atok(token as u32).appl_need_kick.load(Relaxed) == 0 {
+                    port.interrupts.fetch_add(pipe::drain(irq), Relaxed);
+                }
             }
         }
         if port.gone.load(Relaxed) {
@@ -595,22 +667,40 @@ impl Port {
     /// Publishes `head`/`cur` of region ring `i` and refreshes its `tail`.
     fn sync(&self, i: u32, may_kick: bool) -> io::Result<()> {
         let ring = self.ring(i);
+        if self.gone.load(Relaxed) {
+            return Err(gone_error());
+        }
+        if !self.shared() {
+            return self.sync_ring(i, ring, ring.head(), ring.cur(), may_kick);
+        }
+        // Shared: one sync of a ring at a time (two would publish heads out of order); a
+        // sync that finds the ring busy is skipped, as netmap's `nm_kr_tryget` does.
+        let busy = &self.busy[i as usize];
+        if busy.swap(true, Acquire) {
+            return Ok(());
+        }
+        // Read the ring again under the flag: the other sync may have moved it.
+        let r = self.sync_ring(i, ring, ring.head(), ring.cur(), may_kick);
+        busy.store(false, Release);
+        r
+    }
+
+    /// The body of [`Port::sync`], `head` and `cur` checked.
+    fn sync_ring(&self, i: u32, ring: Ring, head: u32, cur: u32, may_kick: bool) -> io::Result<()> {
         let n = ring.num_slots();
-        let (head, cur) = (ring.head(), ring.cur());
         if head >= n || cur >= n {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("ring {i}: head {head} / cur {cur} out of range (slots {n})"),
             ));
         }
-        if self.gone.load(Relaxed) {
-            return Err(gone_error());
-        }
         let atok = self.atok(i);
         let ktoa = self.ktoa(i);
         // A sync means the client is awake: stop asking for interrupts on this ring (a wait
-        // armed with `Waiter::arm` is over once the client looks at the ring again).
-        if atok.appl_need_kick.load(Relaxed) != 0 {
+        // armed with `Waiter::arm` is over once the client looks at the ring again). Not on
+        // a shared port: there the sync may be another thread's, and each waiter withdraws
+        // its own request.
+        if !self.shared() && atok.appl_need_kick.load(Relaxed) != 0 {
             atok.appl_need_kick.store(0, Relaxed);
         }
         atok.cur.store(cur, Relaxed);
@@ -838,11 +928,24 @@ impl Port {
         self.note_ctl(ctl.revents)
     }
 
-    /// Sets (1) or clears (0) `appl_need_kick` on the rings of `set` that `want` concerns.
+    /// Asks (1) for interrupts on the rings of `set` that `want` concerns, or withdraws the
+    /// request (0): `appl_need_kick` counts the waiters asking (valed raises the line while
+    /// it is not 0); a withdrawal never takes it below 0 (a sync of an unshared port clears
+    /// it).
     fn ask_interrupts(&self, set: &RingSet, want: Events, on: u32) {
         for i in self.wanted(set, want) {
-            self.atok(i).appl_need_kick.store(on, Relaxed);
+            let flag = &self.atok(i).appl_need_kick;
+            if on != 0 {
+                flag.fetch_add(1, Relaxed);
+            } else {
+                let _ = flag.fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1));
+            }
         }
+    }
+
+    /// Is the port shared by several waiters (see `Port::waiters`)?
+    fn shared(&self) -> bool {
+        self.waiters.load(Relaxed) > 1
     }
 
     /// Waits until some rx ring has frames (`readable`) or some tx ring has room
@@ -934,7 +1037,14 @@ impl Drop for Port {
     fn drop(&mut self) {
         // Closing is synchronous: say we are done, then wait until valed, having freed the
         // port, closes its end. The name can be opened again as soon as this returns.
-        if self.ctl.shutdown(std::net::Shutdown::Write).is_ok()
+        //
+        // Unless a fork came since the open: the control connection may then be another
+        // process's too (a child holding the inherited port, or the parent of a child that
+        // closes its copies), and a shutdown would end the port for both. Only this
+        // process's descriptors close; valed frees the port when the last copy of the
+        // connection closes, as the kernel ends a netmap port with its last descriptor.
+        if forks() == self.forks_at_open
+            && self.ctl.shutdown(std::net::Shutdown::Write).is_ok()
             && self.ctl.set_read_timeout(Some(CLOSE_WAIT)).is_ok()
         {
             let mut sink = [0u8; 256];

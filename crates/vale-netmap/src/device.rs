@@ -6,11 +6,30 @@
 //! bound to. Every descriptor bound to the same port in this process shares one libvale
 //! [`Port`] (netmap's `valeX:Y-N` opens, one per thread): a vale port has one owner, a
 //! process, and its memory is mapped once per `mmap` call from the port's memfd.
+//!
+//! Descriptors are followed as the kernel follows netmap's:
+//! - A port lives while any descriptor of any process refers to it. After a fork, both
+//!   processes hold the port's control connection, and libvale's close of a port then
+//!   closes only the process's own copies (no shutdown): a child that closes its inherited
+//!   descriptors, execs or exits leaves the parent its port, and the other way round.
+//! - A number closed behind the emulation's back (`close_range`, `dup2` over it, the raw
+//!   system call) is no longer netmap's. `close`, `dup2`, `dup3`, `close_range` and
+//!   `closefrom` forget the numbers they close; and each descriptor's epoll instance holds
+//!   a tag of its own (an eventfd that is never ready), so that [`file_checked`] can tell
+//!   with one system call (`EPOLL_CTL_MOD` of the tag succeeds only on that instance) that
+//!   the number still refers to the same open file before poll, select, epoll, mmap or a
+//!   control request treats it as netmap's. The sync requests, the hot path, look the number
+//!   up without a system call.
+//! - fork() is safe in threaded programs: fork handlers take the emulation's locks before
+//!   the fork and release them after it in both processes, so the child never inherits a
+//!   lock that a thread of the parent held.
 
+use std::any::Any;
+use std::cell::RefCell;
 use std::io;
-use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicUsize, Ordering::*};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Mutex, Once, OnceLock, Weak};
 
 use vale::{OpenOptions, Port, PortParams, RingSet, Waiter};
 use vale_abi::netmap::NIFP_RING_OFS;
@@ -74,6 +93,9 @@ fn own_nifp(port: &Port, set: &RingSet) -> Vec<u8> {
 pub struct NmFile {
     /// The descriptor the program holds (an epoll instance).
     pub fd: RawFd,
+    /// The tag in `fd`'s epoll instance: an eventfd of ours, registered with no events, so
+    /// never reported ([`NmFile::same_file`]).
+    tag: Option<OwnedFd>,
     /// Set once, by the register request.
     bound: OnceLock<Arc<Bound>>,
     /// Held while registering, so that two racing requests bind once.
@@ -95,7 +117,8 @@ pub static OPEN: AtomicUsize = AtomicUsize::new(0);
 static PORTS: Mutex<Vec<(String, Weak<Port>)>> = Mutex::new(Vec::new());
 static NEXT_MEM_ID: AtomicUsize = AtomicUsize::new(2); // netmap's 1 is its global pool
 
-/// The netmap descriptor `fd`, if it is one.
+/// The netmap descriptor `fd`, if the table says it is one: no system call, for the sync
+/// requests (see [`file_checked`] for the rest).
 pub fn file(fd: RawFd) -> Option<Arc<NmFile>> {
     if OPEN.load(Relaxed) == 0 || fd < 0 {
         return None;
@@ -104,28 +127,138 @@ pub fn file(fd: RawFd) -> Option<Arc<NmFile>> {
     files.get(fd as usize).cloned().flatten()
 }
 
+/// The netmap descriptor `fd`, if it is one and the number still refers to the file the
+/// program opened: a number closed behind the emulation's back, perhaps reused, is
+/// forgotten here and is the C library's again.
+pub fn file_checked(fd: RawFd) -> Option<Arc<NmFile>> {
+    let f = file(fd)?;
+    if f.same_file(fd) {
+        return Some(f);
+    }
+    drop(f);
+    forget_stale(fd);
+    None
+}
+
+impl NmFile {
+    /// Does number `fd` still refer to this descriptor's open file? Only its epoll instance
+    /// holds the tag: one `EPOLL_CTL_MOD` of the tag (which changes nothing) says so.
+    fn same_file(&self, fd: RawFd) -> bool {
+        let Some(tag) = &self.tag else {
+            return true; // no tag could be made: the table is all there is
+        };
+        let mut ev = libc::epoll_event { events: 0, u64: 0 };
+        // SAFETY: plain syscall; ev outlives it.
+        unsafe { (real::epoll_ctl())(fd, libc::EPOLL_CTL_MOD, tag.as_raw_fd(), &mut ev) == 0 }
+    }
+}
+
 /// `open("/dev/netmap")`: a new, unbound netmap descriptor.
 pub fn open(cloexec: bool) -> RawFd {
+    install_fork_handlers();
     // SAFETY: plain syscall through libc's own symbol.
     let fd = unsafe { (real::epoll_create1())(if cloexec { libc::EPOLL_CLOEXEC } else { 0 }) };
     if fd < 0 {
         return fd;
     }
+    // SAFETY: plain syscalls on descriptors we make; the tag is ours from here on.
+    let tag = unsafe {
+        let t = libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK);
+        let mut ev = libc::epoll_event {
+            events: 0,
+            u64: u64::MAX,
+        };
+        if t >= 0 && (real::epoll_ctl())(fd, libc::EPOLL_CTL_ADD, t, &mut ev) == 0 {
+            Some(OwnedFd::from_raw_fd(t))
+        } else {
+            if t >= 0 {
+                libc::close(t);
+            }
+            None
+        }
+    };
     let mut files = FILES.lock().unwrap_or_else(|e| e.into_inner());
     if files.len() <= fd as usize {
         files.resize(fd as usize + 1, None);
     }
-    files[fd as usize] = Some(Arc::new(NmFile {
+    let old = files[fd as usize].replace(Arc::new(NmFile {
         fd,
+        tag,
         bound: OnceLock::new(),
         registering: Mutex::new(()),
     }));
-    OPEN.fetch_add(1, Relaxed);
+    if old.is_none() {
+        OPEN.fetch_add(1, Relaxed);
+    }
+    drop(files);
+    if let Some(old) = old {
+        release(old, false); // a stale entry the number had (its file closed behind our back)
+    }
     fd
 }
 
-/// `close()` of a netmap descriptor: forget it (the port goes with its last descriptor).
+/// `close()` of a netmap descriptor (about to be closed): forget it (the port goes with its
+/// last descriptor).
 pub fn forget(fd: RawFd) {
+    if let Some(gone) = take(fd) {
+        release(gone, true);
+    }
+}
+
+/// Forgets `fd`, whose number no longer refers to the descriptor's file.
+fn forget_stale(fd: RawFd) {
+    if let Some(gone) = take(fd) {
+        release(gone, false);
+    }
+    crate::wait::forget_watches(fd);
+}
+
+/// Drops a descriptor taken out of the table (out of the lock: closing the port closes
+/// descriptors, through `close`). Its tag is closed only if `fd` is still the descriptor's
+/// (`fd_open`: the number is still open, about to be closed) and so the tag's number still
+/// its tag: a program closing every descriptor may have closed the tag first, and the
+/// number may since be another file's.
+fn release(gone: Arc<NmFile>, fd_open: bool) {
+    match Arc::try_unwrap(gone) {
+        Ok(mut f) => {
+            if let Some(tag) = f.tag.take() {
+                if fd_open && f.same_file(f.fd) {
+                    drop(tag);
+                } else {
+                    let _ = tag.into_raw_fd(); // not ours to close any more
+                }
+            }
+        }
+        Err(shared) => drop(shared), // in use by another thread: it goes with its last use
+    }
+}
+
+/// Every netmap descriptor in `lo..=hi` (about to be closed by `close_range`,
+/// `closefrom`): forgotten.
+pub fn forget_range(lo: u32, hi: u32) {
+    if OPEN.load(Relaxed) == 0 {
+        return;
+    }
+    let numbers: Vec<RawFd> = {
+        let files = FILES.lock().unwrap_or_else(|e| e.into_inner());
+        files
+            .iter()
+            .enumerate()
+            .filter(|(n, f)| f.is_some() && (lo as usize..=hi as usize).contains(n))
+            .map(|(n, _)| n as RawFd)
+            .collect()
+    };
+    for fd in numbers {
+        forget(fd);
+        crate::wait::forget_watches(fd);
+    }
+}
+
+/// Takes `fd` out of the table.
+fn take(fd: RawFd) -> Option<Arc<NmFile>> {
+    if fd < 0 {
+        return None;
+    }
     let gone = {
         let mut files = FILES.lock().unwrap_or_else(|e| e.into_inner());
         files.get_mut(fd as usize).and_then(Option::take)
@@ -133,16 +266,83 @@ pub fn forget(fd: RawFd) {
     if gone.is_some() {
         OPEN.fetch_sub(1, Relaxed);
     }
-    // Dropped here, out of the lock: closing the port closes descriptors, through `close`.
-    drop(gone);
+    gone
+}
+
+/// Serializes the opening of ports (so that two threads registering one name open it once),
+/// without a lock the fork handlers take: opening may fork (libvale starting valed), and a
+/// handler waiting for a lock its own thread holds would never return. It guards no data,
+/// so the child of a fork simply finds it free.
+static OPENING: AtomicBool = AtomicBool::new(false);
+
+struct Opening;
+
+impl Opening {
+    fn lock() -> Opening {
+        while OPENING.swap(true, Acquire) {
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        Opening
+    }
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        OPENING.store(false, Release);
+    }
+}
+
+thread_local! {
+    /// The emulation's locks, held by the forking thread from the prepare handler to the
+    /// parent's and the child's.
+    static HELD: RefCell<Vec<Box<dyn Any>>> = const { RefCell::new(Vec::new()) };
+}
+
+extern "C" fn before_fork() {
+    // Always in this order (no path of the emulation takes them in another): the epoll
+    // watches, the descriptors, the ports. None is held across anything that forks.
+    let held: Vec<Box<dyn Any>> = vec![
+        crate::wait::hold_watches(),
+        Box::new(FILES.lock().unwrap_or_else(|e| e.into_inner())),
+        Box::new(PORTS.lock().unwrap_or_else(|e| e.into_inner())),
+    ];
+    HELD.with(|h| *h.borrow_mut() = held);
+}
+
+extern "C" fn after_fork_parent() {
+    HELD.with(|h| h.borrow_mut().clear());
+}
+
+extern "C" fn after_fork_child() {
+    // Locks taken before the fork are released; a port being opened by another thread of
+    // the parent is the parent's.
+    HELD.with(|h| h.borrow_mut().clear());
+    OPENING.store(false, Release);
+}
+
+fn install_fork_handlers() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers functions that only take and release the emulation's locks.
+        unsafe {
+            libc::pthread_atfork(
+                Some(before_fork),
+                Some(after_fork_parent),
+                Some(after_fork_child),
+            )
+        };
+    });
 }
 
 /// A failed request: the errno to return. The message has gone to stderr.
 pub struct Errno(pub i32);
 
-/// Prints why a request fails and gives its errno.
+/// Prints why a request fails and gives its errno. One write(2) to descriptor 2, not Rust's
+/// stderr, whose lock another thread may hold across a fork.
 pub fn fail(errno: i32, msg: impl std::fmt::Display) -> Errno {
-    eprintln!("vale-netmap: {msg}");
+    let line = format!("vale-netmap: {msg}\n");
+    // SAFETY: writes our own buffer.
+    unsafe { libc::write(2, line.as_ptr().cast(), line.len()) };
     Errno(errno)
 }
 
@@ -250,18 +450,23 @@ fn check_features(w: &Want) -> Result<(), Errno> {
 
 /// The port named `w.name`, opened by this process already or now.
 fn port_for(w: &Want) -> Result<Arc<Port>, Errno> {
-    let mut ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
-    ports.retain(|(_, p)| p.strong_count() > 0);
-    if let Some(p) = ports
-        .iter()
-        .find(|(n, _)| *n == w.name)
-        .and_then(|(_, p)| p.upgrade())
-    {
+    let _one = Opening::lock();
+    let known = |name: &str| {
+        let mut ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
+        ports.retain(|(_, p)| p.strong_count() > 0);
+        ports
+            .iter()
+            .find(|(n, _)| n == name)
+            .and_then(|(_, p)| p.upgrade())
+    };
+    if let Some(p) = known(&w.name) {
         return Ok(p);
     }
     let mut opts = OpenOptions::new();
     opts.params = params_for(w);
+    // PORTS is not held here: opening may fork (starting valed), and the fork handlers take it.
     let port = Arc::new(opts.open(&w.name).map_err(|e| io_errno(&e))?);
+    let mut ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
     ports.push((w.name.clone(), Arc::downgrade(&port)));
     Ok(port)
 }

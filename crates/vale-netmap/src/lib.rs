@@ -11,10 +11,15 @@
 //! rings, netmap pipes, monitor ports, extra buffers, request options (external memory,
 //! buffer offsets, CSB, kernel sync loops), the switch management requests, and names other
 //! than `valeX:Y` (NICs join a switch with `vale-ctl attach`).
+//!
+//! The emulation follows descriptors as the kernel does (fork, a child closing what it
+//! inherited, exec, numbers closed behind its back: see `device.rs`), is safe to fork in
+//! threaded programs, and answers wild pointers in requests with EFAULT (`user.rs`).
 
 mod abi;
 mod device;
 mod real;
+mod user;
 mod wait;
 
 use std::ffi::CStr;
@@ -120,22 +125,78 @@ pub unsafe extern "C" fn close(fd: c_int) -> c_int {
     (real::close())(fd)
 }
 
+/// `dup2(2)`: a netmap descriptor that `new` replaces is closed, so forgotten.
+///
+/// # Safety
+/// As dup2(2).
+#[no_mangle]
+pub unsafe extern "C" fn dup2(old: c_int, new: c_int) -> c_int {
+    if old != new && device::OPEN.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+        device::forget(new);
+        wait::forget_watches(new);
+    }
+    (real::dup2())(old, new)
+}
+
+/// `dup3(2)`: as [`dup2`].
+///
+/// # Safety
+/// As dup3(2).
+#[no_mangle]
+pub unsafe extern "C" fn dup3(old: c_int, new: c_int, flags: c_int) -> c_int {
+    if old != new && device::OPEN.load(std::sync::atomic::Ordering::Relaxed) > 0 {
+        device::forget(new);
+        wait::forget_watches(new);
+    }
+    (real::dup3())(old, new, flags)
+}
+
+/// `close_range(2)`: the netmap descriptors in the range are forgotten (unless it only marks
+/// them close-on-exec).
+///
+/// # Safety
+/// As close_range(2).
+#[no_mangle]
+pub unsafe extern "C" fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int {
+    if flags & libc::CLOSE_RANGE_CLOEXEC as c_int == 0 && first <= last {
+        device::forget_range(first, last);
+    }
+    (real::close_range())(first, last, flags)
+}
+
+/// `closefrom(3)`: the netmap descriptors from `low` on are forgotten.
+///
+/// # Safety
+/// As closefrom(3).
+#[no_mangle]
+pub unsafe extern "C" fn closefrom(low: c_int) {
+    device::forget_range(low.max(0) as c_uint, c_uint::MAX);
+    (real::closefrom())(low)
+}
+
 /// `ioctl(2)`: the netmap requests on a netmap descriptor.
 ///
 /// # Safety
 /// As ioctl(2): `arg` points at the structure the request names.
 #[no_mangle]
 pub unsafe extern "C" fn ioctl(fd: c_int, request: c_ulong, arg: *mut c_void) -> c_int {
-    let Some(file) = device::file(fd) else {
+    let file = match request {
+        // The hot path: the table alone, no system call.
+        NIOCTXSYNC | NIOCRXSYNC => device::file(fd),
+        NIOCCTRL | NIOCREGIF | NIOCGINFO => device::file_checked(fd),
+        _ => None,
+    };
+    let Some(file) = file else {
         return (real::ioctl())(fd, request, arg);
     };
+    let arg = arg as u64;
     let r = match request {
-        NIOCCTRL => control(&file, arg as *mut NmreqHeader),
-        NIOCREGIF => legacy_register(&file, arg as *mut Nmreq),
-        NIOCGINFO => legacy_info(arg as *mut Nmreq),
+        NIOCCTRL => control(&file, arg),
+        NIOCREGIF => legacy_register(&file, arg),
+        NIOCGINFO => legacy_info(arg),
         NIOCTXSYNC => device::sync(&file, true),
         NIOCRXSYNC => device::sync(&file, false),
-        _ => return (real::ioctl())(fd, request, arg),
+        _ => return (real::ioctl())(fd, request, arg as *mut c_void),
     };
     match r {
         Ok(()) => 0,
@@ -150,19 +211,28 @@ fn no_arg(what: &str) -> Errno {
     device::fail(libc::EFAULT, format_args!("{what} without its argument"))
 }
 
-/// NIOCCTRL: one of the control requests, as the header says.
-unsafe fn control(file: &NmFile, hdr: *mut NmreqHeader) -> Result<(), Errno> {
-    let hdr = hdr.as_mut().ok_or_else(|| no_arg("NIOCCTRL"))?;
+/// NIOCCTRL: one of the control requests, as the header says. The header, its option and
+/// its body are copied in and out as netmap copies them (EFAULT for memory that is not the
+/// program's).
+unsafe fn control(file: &NmFile, addr: u64) -> Result<(), Errno> {
+    if addr == 0 {
+        return Err(no_arg("NIOCCTRL"));
+    }
+    let mut hdr: NmreqHeader = user::read("NIOCCTRL: the request header", addr)?;
     if hdr.nr_version != NETMAP_API {
         let v = hdr.nr_version;
         hdr.nr_version = NETMAP_API;
+        user::write("NIOCCTRL: the request header", addr, &hdr)?;
         return Err(device::fail(
             libc::EINVAL,
             format_args!("netmap API version {v} requested; vale speaks version {NETMAP_API}"),
         ));
     }
-    if let Some(opt) = (hdr.nr_options as *mut NmreqOption).as_mut() {
+    if hdr.nr_options != 0 {
+        let what = "NIOCCTRL: the request's option (nr_options)";
+        let mut opt: NmreqOption = user::read(what, hdr.nr_options)?;
         opt.nro_status = libc::EOPNOTSUPP as u32;
+        user::write(what, hdr.nr_options, &opt)?;
         let what = match opt.nro_reqtype {
             1 => "the external memory option (NETMAP_REQ_OPT_EXTMEM)",
             2 | 4 => "kernel sync loops (NETMAP_REQ_OPT_SYNC_KLOOP_*)",
@@ -176,12 +246,20 @@ unsafe fn control(file: &NmFile, hdr: *mut NmreqHeader) -> Result<(), Errno> {
         ));
     }
     let name = name_of(&hdr.nr_name);
-    let body = hdr.nr_body as *mut c_void;
+    let body = hdr.nr_body;
+    // A request's body, read, and checked to be writable before anything is done.
+    unsafe fn body_of<T>(what: &str, body: u64) -> Result<T, Errno> {
+        if body == 0 {
+            return Err(no_arg(what));
+        }
+        let v: T = user::read(what, body)?;
+        user::write(what, body, &v)?;
+        Ok(v)
+    }
     match hdr.nr_reqtype {
         REQ_REGISTER => {
-            let reg = (body as *mut NmreqRegister)
-                .as_mut()
-                .ok_or_else(|| no_arg("NETMAP_REQ_REGISTER"))?;
+            let what = "NETMAP_REQ_REGISTER";
+            let mut reg: NmreqRegister = body_of(what, body)?;
             let want = Want {
                 name,
                 mode: reg.nr_mode,
@@ -205,12 +283,11 @@ unsafe fn control(file: &NmFile, hdr: *mut NmreqHeader) -> Result<(), Errno> {
             reg.nr_host_rx_rings = 0;
             reg.nr_mem_id = b.mem_id;
             reg.nr_extra_bufs = 0;
-            Ok(())
+            user::write(what, body, &reg)
         }
         REQ_PORT_INFO_GET => {
-            let info = (body as *mut NmreqPortInfoGet)
-                .as_mut()
-                .ok_or_else(|| no_arg("NETMAP_REQ_PORT_INFO_GET"))?;
+            let what = "NETMAP_REQ_PORT_INFO_GET";
+            let mut info: NmreqPortInfoGet = body_of(what, body)?;
             let want = want_default(name);
             let (p, size) = device::info(&want);
             info.nr_memsize = size;
@@ -221,19 +298,16 @@ unsafe fn control(file: &NmFile, hdr: *mut NmreqHeader) -> Result<(), Errno> {
             info.nr_host_tx_rings = 0;
             info.nr_host_rx_rings = 0;
             info.nr_mem_id = 0;
-            Ok(())
+            user::write(what, body, &info)
         }
         REQ_PORT_HDR_GET => {
-            let h = (body as *mut NmreqPortHdr)
-                .as_mut()
-                .ok_or_else(|| no_arg("NETMAP_REQ_PORT_HDR_GET"))?;
+            let what = "NETMAP_REQ_PORT_HDR_GET";
+            let mut h: NmreqPortHdr = body_of(what, body)?;
             h.nr_hdr_len = 0;
-            Ok(())
+            user::write(what, body, &h)
         }
         REQ_PORT_HDR_SET => {
-            let h = (body as *mut NmreqPortHdr)
-                .as_mut()
-                .ok_or_else(|| no_arg("NETMAP_REQ_PORT_HDR_SET"))?;
+            let h: NmreqPortHdr = body_of("NETMAP_REQ_PORT_HDR_SET", body)?;
             if h.nr_hdr_len == 0 {
                 Ok(())
             } else {
@@ -296,11 +370,17 @@ fn legacy_mode(req: &Nmreq) -> (u32, u16) {
 }
 
 /// NIOCREGIF: the legacy register request (what nm_open() sends).
-unsafe fn legacy_register(file: &NmFile, req: *mut Nmreq) -> Result<(), Errno> {
-    let req = req.as_mut().ok_or_else(|| no_arg("NIOCREGIF"))?;
+unsafe fn legacy_register(file: &NmFile, addr: u64) -> Result<(), Errno> {
+    if addr == 0 {
+        return Err(no_arg("NIOCREGIF"));
+    }
+    let what = "NIOCREGIF: the request";
+    let mut req: Nmreq = user::read(what, addr)?;
+    user::write(what, addr, &req)?;
     if req.nr_version != NETMAP_API as u32 {
         let v = req.nr_version;
         req.nr_version = NETMAP_API as u32;
+        user::write(what, addr, &req)?;
         return Err(device::fail(
             libc::EINVAL,
             format_args!("netmap API version {v} requested; vale speaks version {NETMAP_API}"),
@@ -315,7 +395,7 @@ unsafe fn legacy_register(file: &NmFile, req: *mut Nmreq) -> Result<(), Errno> {
             "manage switches with vale-ctl",
         ));
     }
-    let (mode, ringid) = legacy_mode(req);
+    let (mode, ringid) = legacy_mode(&req);
     let want = Want {
         name: name_of(&req.nr_name),
         mode,
@@ -337,12 +417,16 @@ unsafe fn legacy_register(file: &NmFile, req: *mut Nmreq) -> Result<(), Errno> {
     req.nr_rx_rings = p.rx_rings as u16;
     req.nr_arg2 = b.mem_id;
     req.nr_arg3 = 0;
-    Ok(())
+    user::write(what, addr, &req)
 }
 
 /// NIOCGINFO: the legacy port information request.
-unsafe fn legacy_info(req: *mut Nmreq) -> Result<(), Errno> {
-    let req = req.as_mut().ok_or_else(|| no_arg("NIOCGINFO"))?;
+unsafe fn legacy_info(addr: u64) -> Result<(), Errno> {
+    if addr == 0 {
+        return Err(no_arg("NIOCGINFO"));
+    }
+    let what = "NIOCGINFO: the request";
+    let mut req: Nmreq = user::read(what, addr)?;
     let (p, size) = device::info(&want_default(name_of(&req.nr_name)));
     req.nr_version = NETMAP_API as u32;
     req.nr_offset = 0;
@@ -352,7 +436,7 @@ unsafe fn legacy_info(req: *mut Nmreq) -> Result<(), Errno> {
     req.nr_tx_rings = p.tx_rings as u16;
     req.nr_rx_rings = p.rx_rings as u16;
     req.nr_arg2 = 0;
-    Ok(())
+    user::write(what, addr, &req)
 }
 
 /// `mmap(2)` of a netmap descriptor maps its port's memory (the region's memfd) and, in the
@@ -370,7 +454,7 @@ pub unsafe extern "C" fn mmap(
     fd: c_int,
     off: off_t,
 ) -> *mut c_void {
-    let Some(file) = device::file(fd) else {
+    let Some(file) = device::file_checked(fd) else {
         return (real::mmap())(addr, len, prot, flags, fd, off);
     };
     let fail = |e: Errno| {
@@ -575,7 +659,7 @@ pub unsafe extern "C" fn epoll_ctl(
     fd: c_int,
     ev: *mut epoll_event,
 ) -> c_int {
-    if device::file(fd).is_some() {
+    if device::file_checked(fd).is_some() {
         return wait::epoll_ctl_netmap(epfd, op, fd, ev);
     }
     (real::epoll_ctl())(epfd, op, fd, ev)

@@ -44,6 +44,10 @@ real! {
     openat: fn(c_int, *const libc::c_char, c_int, c_uint) -> c_int;
     openat64: fn(c_int, *const libc::c_char, c_int, c_uint) -> c_int;
     close: fn(c_int) -> c_int;
+    dup2: fn(c_int, c_int) -> c_int;
+    dup3: fn(c_int, c_int, c_int) -> c_int;
+    close_range: fn(c_uint, c_uint, c_int) -> c_int;
+    closefrom: fn(c_int) -> ();
     ioctl: fn(c_int, c_ulong, *mut c_void) -> c_int;
     mmap: fn(*mut c_void, usize, c_int, c_int, c_int, off_t) -> *mut c_void;
     poll: fn(*mut pollfd, nfds_t, c_int) -> c_int;

@@ -159,7 +159,7 @@ pub fn netmap_entries(fds: &[pollfd]) -> Vec<(usize, Arc<NmFile>)> {
     }
     fds.iter()
         .enumerate()
-        .filter_map(|(i, p)| device::file(p.fd).map(|f| (i, f)))
+        .filter_map(|(i, p)| device::file_checked(p.fd).map(|f| (i, f)))
         .collect()
 }
 
@@ -273,6 +273,11 @@ pub unsafe fn epoll_ctl_netmap(epfd: c_int, op: c_int, fd: c_int, ev: *mut epoll
     r
 }
 
+/// The watches' lock, held (for the fork handlers).
+pub fn hold_watches() -> Box<dyn std::any::Any> {
+    Box::new(WATCHES.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
 /// Forgets the watches of a descriptor being closed (netmap descriptor or epoll instance).
 pub fn forget_watches(fd: c_int) {
     if WATCHED.load(Relaxed) == 0 {
@@ -298,13 +303,17 @@ pub unsafe fn epoll_wait_with(
     if WATCHED.load(Relaxed) == 0 || max <= 0 {
         return None;
     }
-    let watched: Vec<(Arc<NmFile>, u32, u64)> = {
+    let mine: Vec<(c_int, u32, u64)> = {
         let w = WATCHES.lock().unwrap_or_else(|e| e.into_inner());
         w.iter()
             .filter(|x| x.epfd == epfd)
-            .filter_map(|x| device::file(x.fd).map(|f| (f, x.events, x.data)))
+            .map(|x| (x.fd, x.events, x.data))
             .collect()
     };
+    let watched: Vec<(Arc<NmFile>, u32, u64)> = mine
+        .into_iter()
+        .filter_map(|(fd, events, data)| device::file_checked(fd).map(|f| (f, events, data)))
+        .collect();
     if watched.is_empty() {
         return None;
     }
@@ -330,6 +339,9 @@ pub unsafe fn epoll_wait_with(
             if n > 0 {
                 break;
             }
+        }
+        if n == max {
+            return Some(n as c_int); // full: the other descriptors wait for the next call
         }
         let when = if n > 0 {
             Some(Instant::now())

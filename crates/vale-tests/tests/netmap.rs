@@ -36,7 +36,15 @@ enum Way {
 }
 
 const WAYS: [Way; 2] = [Way::Linked, Way::Preloaded];
-const PROGRAMS: [&str; 3] = ["nm_send", "nm_recv", "nm_forward"];
+const PROGRAMS: [&str; 7] = [
+    "nm_send",
+    "nm_recv",
+    "nm_forward",
+    "nm_forkstress",
+    "nm_stale",
+    "nm_wild",
+    "nm_link",
+];
 
 /// The directory of the programs, built once per test run: vale's libnetmap.a from its C
 /// source, then every program in both ways, with every warning an error.
@@ -355,4 +363,211 @@ fn vale_h_compiles_with_the_netmap_headers() {
                 .arg(&src),
         );
     }
+}
+
+/// A netmap port lives while any descriptor of any process refers to it: a helper forked
+/// after the open that closes every inherited descriptor (one by one or with close_range),
+/// execs or exits leaves the parent its port, and a child keeps the port its parent closed.
+#[test]
+fn a_port_lives_while_any_process_holds_its_descriptor() {
+    let v = Valed::start();
+    let mut k = 0;
+    for way in WAYS {
+        for how in ["close", "close_range", "exec", "exit", "handover"] {
+            k += 1;
+            let (s, r) = (format!("vale{k}:s"), format!("vale{k}:r"));
+            v.ctl_ok(&["create", &s]);
+            v.ctl_ok(&["create", &r]);
+            let rx = receiver(&v, way, &r, 1000, 60, 1);
+            let out = run_bounded(
+                &mut program(&v, way, "nm_send", &[&s, "1000", "60", "64", how]),
+                Duration::from_secs(40),
+            );
+            assert!(
+                out.status.success() && numbers(&out, "sent") == [1000],
+                "{way:?} {how}: {}{}",
+                text(&out),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let (got, _, _) = received(rx);
+            counts_add_up(&v, &r, 1000, got);
+            assert_eq!(v.counters(&s).tx_packets, 1000, "{way:?} {how}");
+        }
+    }
+}
+
+/// fork() in a threaded netmap program while another thread is inside the emulation (here:
+/// opening and closing netmap descriptors without pause): every child can close its
+/// inherited netmap descriptor and exit (no lock of the emulation's is held across fork).
+#[test]
+fn fork_while_another_thread_closes_leaves_no_child_hung() {
+    let v = Valed::start();
+    for way in WAYS {
+        let out = run_bounded(
+            &mut program(&v, way, "nm_forkstress", &["1000"]),
+            Duration::from_secs(120),
+        );
+        assert!(
+            out.status.success() && numbers(&out, "hung")[0] == 0,
+            "{way:?}: {}{}",
+            text(&out),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// A netmap descriptor's number closed behind the emulation's back (close_range, dup2 of a
+/// pipe over it, the raw system call) is no longer netmap's: the pipe that gets the number
+/// polls readable at once and cannot be mapped, as any pipe.
+#[test]
+fn a_number_closed_behind_the_emulations_back_is_not_netmaps() {
+    let v = Valed::start();
+    for way in WAYS {
+        for how in ["close_range", "dup2", "syscall"] {
+            let out = run_bounded(
+                &mut program(&v, way, "nm_stale", &["vale0:x", how]),
+                Duration::from_secs(20),
+            );
+            assert!(
+                out.status.success(),
+                "{way:?} {how}: {}{}",
+                text(&out),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let n = numbers(&out, "poll");
+            assert!(n[2] < 500, "{way:?} {how}: poll waited {} ms", n[2]);
+        }
+    }
+}
+
+/// Wild pointers in netmap requests fail with EFAULT, as netmap's copyin does, instead of
+/// crashing the program.
+#[test]
+fn wild_pointers_in_requests_give_efault() {
+    let v = Valed::start();
+    for way in WAYS {
+        let out = run_bounded(
+            &mut program(&v, way, "nm_wild", &["vale0:w"]),
+            Duration::from_secs(20),
+        );
+        assert!(
+            out.status.success() && text(&out).contains("all EFAULT"),
+            "{way:?}: {:?} {}{}",
+            out.status,
+            text(&out),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(
+        v.list().iter().all(|s| s.ports.is_empty()),
+        "a request that failed left a port"
+    );
+}
+
+/// One port on two descriptors in one process, as netmap allows: one thread receives on
+/// the first, another transmits on the second (a link emulator's way), each waiting on its
+/// own descriptor (in poll(), or in epoll_wait() on an epoll instance of its own); every
+/// frame received goes back out, and no wait misses its wake-up (a wait for room that
+/// lasts its whole second, or for frames that were there all along, is one that did).
+#[test]
+fn one_port_on_two_descriptors_forwards_every_frame() {
+    let v = Valed::start();
+    const N: u64 = 20_000;
+    let mut k = 0;
+    for way in WAYS {
+        for how in ["poll", "epoll"] {
+            k += 1;
+            let (s, p) = (format!("vale{k}:s"), format!("vale{k}:p"));
+            v.ctl_ok(&["create", &s]);
+            v.ctl_ok(&["create", &p]);
+            let link = Kid::spawn(
+                program(&v, way, "nm_link", &[&p, "60", "800", how]),
+                "nm_link",
+            );
+            assert!(
+                vale_tests::wait_until(Duration::from_secs(10), || v
+                    .port(&p)
+                    .is_some_and(|i| i.owner_pid == Some(link.pid()))),
+                "nm_link never opened {p}"
+            );
+            // Paced (8 frames between syncs): the link copies every frame twice.
+            let sent = run_bounded(
+                &mut program(&v, Way::Linked, "nm_send", &[&s, &N.to_string(), "60", "8"]),
+                Duration::from_secs(40),
+            );
+            assert_eq!(numbers(&sent, "sent"), [N], "{way:?} {how}");
+            let out = link.finish(Duration::from_secs(90));
+            assert!(
+                out.status.success(),
+                "{way:?} {how}: {}{}",
+                text(&out),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let n = numbers(&out, "received");
+            let (got, forwarded) = (n[0], n[1]);
+            let c = v.counters(&p);
+            assert_eq!(c.rx_packets + c.rx_drops, N, "{way:?} {how}");
+            assert!(
+                got > 0 && got == c.rx_packets,
+                "{way:?} {how}: read {got} of {}",
+                c.rx_packets
+            );
+            assert_eq!(
+                forwarded, got,
+                "{way:?} {how}: forwarded {forwarded} of {got}"
+            );
+            assert_eq!(
+                c.tx_packets, got,
+                "{way:?} {how}: the port sent {} of {got}",
+                c.tx_packets
+            );
+            let back = v.counters(&s);
+            assert_eq!(back.rx_packets + back.rx_drops, got, "{way:?} {how}");
+        }
+    }
+}
+
+/// What the emulation's two descriptors on one port rest on, in libvale: two waiters on one
+/// port. One asks for an interrupt when its tx ring has room; the other, looking at its
+/// rings (which syncs the tx ring, as netmap's poll does), must neither withdraw that
+/// request nor take the interrupt it brings.
+#[test]
+fn two_waiters_on_one_port_keep_each_others_wake_ups() {
+    let v = Valed::start();
+    let port = v.open("vale0:a");
+    let all = port.all_rings();
+    let tx_side = vale::Waiter::new(&port, all.clone()).unwrap();
+    let rx_side = vale::Waiter::new(&port, all).unwrap();
+    // Fill tx ring 0 without a sync: no room until valed takes the frames.
+    let ring = port.tx_ring(0);
+    let frame = vale_tests::test_frame(60, [2, 0, 0, 0, 0, 1], [0xff; 6], 0);
+    while ring.space() > 0 {
+        let slot = ring.slot(ring.cur());
+        ring.buf(slot.buf_idx)[..60].copy_from_slice(&frame);
+        slot.len = 60;
+        ring.advance(1);
+    }
+    let none = vale::Events::default();
+    assert_eq!(tx_side.ask(&port, vale::Events::WRITABLE).unwrap(), none);
+    assert_eq!(rx_side.ask(&port, vale::Events::READABLE).unwrap(), none);
+    // The other side's look syncs the tx ring: valed takes the frames and must interrupt
+    // the tx side.
+    rx_side.ready(&port, vale::Events::READABLE).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // The rx side looks again (as after any wake-up): the tx side's interrupt is not its.
+    assert_eq!(rx_side.ask(&port, vale::Events::READABLE).unwrap(), none);
+    rx_side.ready(&port, vale::Events::READABLE).unwrap();
+    let mut lines = Vec::new();
+    tx_side.lines(&port, vale::Events::WRITABLE, &mut lines);
+    // SAFETY: poll(2) on our own array.
+    let r = unsafe { libc::poll(lines.as_mut_ptr(), lines.len() as libc::nfds_t, 2000) };
+    assert!(r > 0, "the tx side was never woken (poll gave {r})");
+    tx_side.woken(&port, &lines).unwrap();
+    assert!(
+        tx_side
+            .ready(&port, vale::Events::WRITABLE)
+            .unwrap()
+            .writable,
+        "woken, but no room"
+    );
 }

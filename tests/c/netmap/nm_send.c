@@ -1,12 +1,19 @@
 /*
- * nm_send PORT COUNT LEN [BURST]: sends COUNT test frames of LEN bytes with libnetmap
+ * nm_send PORT COUNT LEN [BURST [FORK]]: sends COUNT test frames of LEN bytes with libnetmap
  * (nmport_open) and the sync ioctls, frame k on tx ring k % rings, waiting in poll() for
  * room when the rings are full, BURST frames (default 64) between syncs.  Prints
  * "sent N" and exits 0.  A netmap program: netmap's standard API only.
+ *
+ * FORK, once the port is open: "close" forks a helper that closes descriptors 3..1023 and
+ * exits, "close_range" one that does it with close_range(), "exec" one that execs
+ * /bin/true, "exit" one that exits; the sender waits for it, then sends.  "handover" forks
+ * a child that sends instead, once the parent has closed its own descriptor (nmport_close).
  */
+#define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>
 #include <sys/ioctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <libnetmap.h>
 
@@ -26,6 +33,41 @@ int main(int argc, char **argv)
 	unsigned long count = strtoul(argv[2], NULL, 0);
 	unsigned len = (unsigned)strtoul(argv[3], NULL, 0);
 	unsigned burst = argc > 4 ? (unsigned)strtoul(argv[4], NULL, 0) : 64;
+	const char *fork_how = argc > 5 ? argv[5] : NULL;
+
+	if (fork_how) {
+		fflush(stdout);
+		pid_t pid = fork();
+		if (pid < 0) {
+			fprintf(stderr, "nm_send: fork: %s\n", strerror(errno));
+			return 1;
+		}
+		int handover = strcmp(fork_how, "handover") == 0;
+		if (pid == 0 && !handover) {
+			if (strcmp(fork_how, "close") == 0) {
+				for (int fd = 3; fd < 1024; fd++)
+					close(fd);
+			} else if (strcmp(fork_how, "close_range") == 0) {
+				close_range(3, ~0U, 0);
+			} else if (strcmp(fork_how, "exec") == 0) {
+				execl("/bin/true", "true", (char *)NULL);
+			}
+			_exit(0);
+		}
+		if (pid > 0 && handover) {
+			/* The child sends: the parent closes its descriptor, then waits. */
+			nmport_close(d);
+			int st;
+			waitpid(pid, &st, 0);
+			return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
+		}
+		if (pid > 0) {
+			int st;
+			waitpid(pid, &st, 0);
+		} else {
+			usleep(200000); /* the parent's close comes first */
+		}
+	}
 	unsigned rings = d->last_tx_ring - d->first_tx_ring + 1;
 	unsigned long sent = 0;
 	double deadline = now_s() + 30;
