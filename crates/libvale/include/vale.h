@@ -230,7 +230,11 @@ VALE_STATIC_ASSERT(offsetof(struct vale_region, pad) == 144, "vale_region.pad");
  * call on the same port.
  *
  * Errors: a call that fails returns NULL or -1, sets errno and leaves a message for
- * vale_last_error().
+ * vale_last_error().  A refusal of valed's sets the errno of its kind: ENOENT (no such
+ * switch or port), EBUSY (in use), EACCES (another user's port, or an administrator's
+ * operation), ENOSPC (a per-user or per-switch limit), EINVAL (a bad name or value),
+ * EOPNOTSUPP, ENODEV (gone meanwhile), EIO (valed could not do it); ECONNRESET when valed
+ * went away.
  *
  * valed going away: the port lives as long as its control connection to valed.  When valed
  * exits or dies, vale_poll() returns -1 at once (even with no timeout), and vale_txsync() and

@@ -20,12 +20,18 @@ fn fail(msg: impl std::fmt::Display, errno: c_int) {
     unsafe { *libc::__errno_location() = errno };
 }
 
+/// A failure's errno: valed's refusals by their kind ([`vale_abi::error::ErrorKind::errno`],
+/// the one table), a system call's own errno, else by the error's kind.
 fn fail_io(e: &std::io::Error) {
-    let errno = e.raw_os_error().unwrap_or(match e.kind() {
-        // valed went away: the port is gone (vale.h).
-        std::io::ErrorKind::ConnectionReset => libc::ECONNRESET,
-        _ => libc::EIO,
-    });
+    let errno = match vale_abi::error::Refused::kind_of(e) {
+        Some(kind) => kind.errno(),
+        None => e.raw_os_error().unwrap_or(match e.kind() {
+            // valed went away: the port is gone (vale.h).
+            std::io::ErrorKind::ConnectionReset => libc::ECONNRESET,
+            std::io::ErrorKind::InvalidInput => libc::EINVAL,
+            _ => libc::EIO,
+        }),
+    };
     fail(e, errno);
 }
 

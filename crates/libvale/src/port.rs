@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use vale_abi::control::{self, default_run_dir, PortCounters, Reply, Request};
 use vale_abi::csb::{CsbAtok, CsbKtoa};
+use vale_abi::error::{ErrorKind, Refused};
 use vale_abi::netmap::{NetmapIf, NetmapRing, NetmapSlot, RING_SLOTS_OFS};
 use vale_abi::region::{Layout, PortParams, RegionHeader, VALE_ABI_VERSION};
 use vale_abi::{eventfd, pipe};
@@ -68,7 +69,13 @@ impl OpenOptions {
 
     /// Opens (and so creates, if need be) port `name` = `valeX:Y`.
     pub fn open(&self, name: &str) -> io::Result<Port> {
-        let invalid = |m: String| io::Error::new(io::ErrorKind::InvalidInput, m);
+        let invalid = |message: String| {
+            Refused {
+                kind: ErrorKind::InvalidArgument,
+                message,
+            }
+            .into_io()
+        };
         vale_abi::name::parse_port(name).map_err(invalid)?;
         let layout = Layout::new(&self.params).map_err(invalid)?;
         let run_dir = self.run_dir.clone().unwrap_or_else(default_run_dir);
@@ -83,7 +90,7 @@ impl OpenOptions {
         })?;
         match reply {
             Reply::Opened { .. } => {}
-            Reply::Error { message } => return Err(io::Error::other(message)),
+            Reply::Error { kind, message } => return Err(Refused { kind, message }.into_io()),
             other => {
                 return Err(io::Error::other(format!(
                     "unexpected reply from valed: {other:?}"
@@ -570,7 +577,7 @@ impl Port {
                         format!("port '{}' is gone", self.name),
                     )
                 }),
-            Some((Reply::Error { message }, _)) => Err(io::Error::other(message)),
+            Some((Reply::Error { kind, message }, _)) => Err(Refused { kind, message }.into_io()),
             _ => Err(io::Error::other("unexpected reply from valed")),
         }
     }

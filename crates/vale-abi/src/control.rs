@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
+pub use crate::error::ErrorKind;
 use crate::region::PortParams;
 
 /// Name of the control socket inside the run directory.
@@ -144,7 +145,10 @@ pub enum Request {
 #[serde(tag = "reply", rename_all = "snake_case")]
 pub enum Reply {
     Ok,
+    /// A refusal: its kind (absent from an older valed: [`ErrorKind::Io`]) and what is wrong.
     Error {
+        #[serde(default)]
+        kind: ErrorKind,
         message: String,
     },
     Opened {
@@ -525,6 +529,7 @@ mod tests {
         send(
             &a,
             &Reply::Error {
+                kind: ErrorKind::Busy,
                 message: "x".into(),
             },
             &[],
@@ -534,8 +539,23 @@ mod tests {
         assert!(matches!(r, Request::List));
         assert_eq!(fds.len(), 2);
         let (r, fds): (Reply, _) = recv(&b).unwrap().unwrap();
-        assert!(matches!(r, Reply::Error { .. }));
+        assert!(matches!(
+            r,
+            Reply::Error {
+                kind: ErrorKind::Busy,
+                ..
+            }
+        ));
         assert!(fds.is_empty());
+        // A reply of an older valed, without a kind.
+        let old: Reply = serde_json::from_str(r#"{"reply":"error","message":"m"}"#).unwrap();
+        assert!(matches!(
+            old,
+            Reply::Error {
+                kind: ErrorKind::Io,
+                ..
+            }
+        ));
         drop(a);
         assert!(recv::<Reply>(&b).unwrap().is_none());
     }

@@ -14,6 +14,7 @@
 pub mod capture;
 pub mod control;
 pub mod csb;
+pub mod error;
 pub mod eventfd;
 pub mod name;
 pub mod netmap;

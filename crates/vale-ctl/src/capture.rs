@@ -236,7 +236,7 @@ pub fn run(sock: &UnixStream, a: &CaptureArgs) -> Result<(), Failure> {
         .context("cannot exchange a request with valed")?
     {
         Some((Reply::Capture { size, .. }, mut fds)) if fds.len() == 1 => (size, fds.remove(0)),
-        Some((Reply::Error { message }, _)) => return Err(Failure::Refused(message)),
+        Some((Reply::Error { message, .. }, _)) => return Err(Failure::Refused(message)),
         Some((other, _)) => return Err(anyhow!("unexpected reply from valed: {other:?}").into()),
         None => return Err(anyhow!("valed closed the connection without replying").into()),
     };

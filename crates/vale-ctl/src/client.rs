@@ -29,7 +29,7 @@ pub(crate) fn connect(run_dir: &Path) -> Result<UnixStream, Failure> {
 /// Sends one request and returns valed's reply; `Reply::Error` becomes a refusal.
 pub(crate) fn ask(sock: &UnixStream, req: &Request) -> Result<Reply, Failure> {
     match control::exchange(sock, req).context("cannot exchange a request with valed")? {
-        Some((Reply::Error { message }, _)) => Err(Failure::Refused(message)),
+        Some((Reply::Error { message, .. }, _)) => Err(Failure::Refused(message)),
         Some((reply, _fds)) => Ok(reply),
         None => Err(anyhow!("valed closed the connection without replying").into()),
     }

@@ -8,6 +8,7 @@
 //! administrators' group; they are not bound by the per-user limits, so they always get
 //! through.
 
+use crate::error::Error;
 use crate::port::PortShared;
 
 /// The identity of a control connection's peer (from `SO_PEERCRED`).
@@ -31,27 +32,27 @@ impl Caller {
     }
 
     /// Fails unless the caller is an administrator; `what` names the operation.
-    pub fn must_be_admin(&self, what: &str) -> Result<(), String> {
+    pub fn must_be_admin(&self, what: &str) -> Result<(), Error> {
         if self.admin {
             Ok(())
         } else {
-            Err(format!(
+            Err(Error::denied(format!(
                 "{what} needs an administrator (root, valed's own user or the administrators' group); uid {} is not one",
                 self.uid
-            ))
+            )))
         }
     }
 
     /// Fails unless the caller owns `port` or is an administrator.
-    pub fn must_own(&self, port: &PortShared, what: &str) -> Result<(), String> {
+    pub fn must_own(&self, port: &PortShared, what: &str) -> Result<(), Error> {
         let owner = port.owner_uid;
         if self.admin || owner == self.uid {
             Ok(())
         } else {
-            Err(format!(
+            Err(Error::denied(format!(
                 "cannot {what} port '{}': it belongs to uid {owner}, not to uid {}",
                 port.name, self.uid
-            ))
+            )))
         }
     }
 }
@@ -98,26 +99,26 @@ impl Usage {
 impl UserLimits {
     /// Fails if `caller` (not an administrator) would go past a limit by taking one more port
     /// bringing `more` (memory and descriptors; none for a persistent port nobody holds).
-    pub fn check(&self, caller: &Caller, now: Usage, more: Usage) -> Result<(), String> {
+    pub fn check(&self, caller: &Caller, now: Usage, more: Usage) -> Result<(), Error> {
         let memory = more.port_memory;
         if caller.admin {
             return Ok(());
         }
         if now.ports >= self.ports {
-            return Err(format!(
+            return Err(Error::limit(format!(
                 "uid {} already has {} ports, the most a user may have (valed --max-ports-per-user)",
                 caller.uid, now.ports
-            ));
+            )));
         }
         self.check_memory(caller, now.port_memory, memory, "a port")?;
         if now.descriptors + more.descriptors > self.descriptors {
-            return Err(format!(
+            return Err(Error::limit(format!(
                 "uid {} would have ports holding {} descriptors of valed, more than the {} a \
                  user may have (valed --max-port-fds-per-user; fewer rings per port take fewer)",
                 caller.uid,
                 now.descriptors + more.descriptors,
                 self.descriptors
-            ));
+            )));
         }
         Ok(())
     }
@@ -130,11 +131,11 @@ impl UserLimits {
         now: u64,
         more: u64,
         what: &str,
-    ) -> Result<(), String> {
+    ) -> Result<(), Error> {
         if caller.admin || now.saturating_add(more) <= self.port_memory {
             return Ok(());
         }
-        Err(format!(
+        Err(Error::limit(format!(
             "port memory limit reached: uid {} holds {} MiB of port memory (ports and capture \
              buffers) and {what} of {} MiB would take it past the {} MiB a user may have \
              (valed --max-port-memory-per-user)",
@@ -142,6 +143,6 @@ impl UserLimits {
             now >> 20,
             more.div_ceil(1 << 20),
             self.port_memory >> 20
-        ))
+        )))
     }
 }

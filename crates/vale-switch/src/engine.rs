@@ -19,6 +19,7 @@ use vale_abi::region::{Layout, PortParams};
 
 use crate::access::{Caller, Usage, UserLimits};
 use crate::capture::CaptureRing;
+use crate::error::Error;
 use crate::host::{self, KindArgs};
 use crate::lookup;
 use crate::port::{descriptors_for, Attachment, Port, PortIndex, PortShared};
@@ -129,8 +130,8 @@ impl Engine {
     fn with_switch<T>(
         &self,
         name: &str,
-        f: impl FnOnce(&Switches, &Arc<Switch>) -> Result<T, String>,
-    ) -> Result<T, String> {
+        f: impl FnOnce(&Switches, &Arc<Switch>) -> Result<T, Error>,
+    ) -> Result<T, Error> {
         let (sw_name, _) = parse_port(name)?;
         let mut sws = self.lock();
         let sw = self.switch_entry(&mut sws, sw_name);
@@ -148,7 +149,7 @@ impl Engine {
         name: &str,
         caller: &Caller,
         layout: &Layout,
-    ) -> Result<(), String> {
+    ) -> Result<(), Error> {
         let (mut now, all) = usage(sws, caller.uid);
         let more = Usage {
             ports: 1,
@@ -156,11 +157,11 @@ impl Engine {
             descriptors: descriptors_for(layout.num_rings()),
         };
         if !caller.admin && all.descriptors + more.descriptors > self.cfg.descriptor_budget {
-            return Err(format!(
+            return Err(Error::limit(format!(
                 "valed is short of descriptors: its ports hold {} of the {} it may give them \
                  (raise valed's descriptor limit, or lower its --max-conns)",
                 all.descriptors, self.cfg.descriptor_budget
-            ));
+            )));
         }
         if let Some(p) = sw.find(name) {
             // Taking a port of one's own (`place` sees to that) does not count it twice.
@@ -177,7 +178,7 @@ impl Engine {
         name: &str,
         params: &PortParams,
         caller: &Caller,
-    ) -> Result<OpenedPort, String> {
+    ) -> Result<OpenedPort, Error> {
         let layout = Layout::new(params)?;
         self.with_switch(name, |sws, sw| {
             self.may_take(sws, sw, name, caller, &layout)?;
@@ -191,7 +192,7 @@ impl Engine {
         name: &str,
         layout: Layout,
         caller: &Caller,
-    ) -> Result<OpenedPort, String> {
+    ) -> Result<OpenedPort, Error> {
         let (index, shared) = place(sw, name, caller)?;
         let owner = caller.pid;
         let att = Attachment::new(name, layout, owner)
@@ -222,7 +223,7 @@ impl Engine {
         kind: &str,
         args: &KindArgs,
         caller: &Caller,
-    ) -> Result<(), String> {
+    ) -> Result<(), Error> {
         caller.must_be_admin("attaching a host device")?;
         self.with_switch(name, |_, sw| {
             // Before the device is opened: a refused attach must not create one (a TAP, say).
@@ -241,7 +242,7 @@ impl Engine {
         name: &str,
         dev: Box<dyn host::Device>,
         caller: &Caller,
-    ) -> Result<(), String> {
+    ) -> Result<(), Error> {
         caller.must_be_admin("attaching a host device")?;
         self.with_switch(name, |_, sw| self.attach_device_to(sw, name, dev, caller))
     }
@@ -252,7 +253,7 @@ impl Engine {
         name: &str,
         dev: Box<dyn host::Device>,
         caller: &Caller,
-    ) -> Result<(), String> {
+    ) -> Result<(), Error> {
         // The ring geometry is the kind's (a TAP's frames are up to 64 KiB long).
         let layout = Layout::new(&dev.params())?;
         let (index, shared) = place(sw, name, caller)?;
@@ -278,32 +279,32 @@ impl Engine {
             self.cfg.busy_poll,
         ) {
             sw.replace(&port, None);
-            return Err(format!("cannot start port '{name}': {e}"));
+            return Err(Error::io(format!("cannot start port '{name}': {e}")));
         }
         Ok(())
     }
 
     /// Gives the device of host port `name` back; a persistent port stays, empty.
-    pub fn detach(&self, name: &str, caller: &Caller) -> Result<(), String> {
+    pub fn detach(&self, name: &str, caller: &Caller) -> Result<(), Error> {
         let port = {
             let sws = self.lock();
             let (sw_name, _) = parse_port(name)?;
             let sw = sws
                 .get(sw_name)
                 .cloned()
-                .ok_or_else(|| format!("no such switch '{sw_name}'"))?;
+                .ok_or_else(|| Error::not_found(format!("no such switch '{sw_name}'")))?;
             let p = sw
                 .find(name)
-                .ok_or_else(|| format!("no such port '{name}'"))?;
+                .ok_or_else(|| Error::not_found(format!("no such port '{name}'")))?;
             caller.must_own(&p.shared, "detach")?;
             if p.attachment
                 .as_ref()
                 .and_then(|a| a.host.as_ref())
                 .is_none()
             {
-                return Err(format!(
+                return Err(Error::invalid(format!(
                     "port '{name}' has no device to detach (only TAP, NIC and vhost-user ports do)"
-                ));
+                )));
             }
             p
         };
@@ -358,7 +359,7 @@ impl Engine {
     }
 
     /// Creates persistent port `name`, or makes an existing port persistent.
-    pub fn create(&self, name: &str, caller: &Caller) -> Result<(), String> {
+    pub fn create(&self, name: &str, caller: &Caller) -> Result<(), Error> {
         self.with_switch(name, |sws, sw| {
             if let Some(p) = sw.find(name) {
                 caller.must_own(&p.shared, "make persistent")?;
@@ -373,7 +374,10 @@ impl Engine {
                 .user_limits
                 .check(caller, usage(sws, caller.uid).0, more)?;
             let Some(index) = sw.free_index() else {
-                return Err(format!("switch '{}' is full ({MAX_PORTS} ports)", sw.name));
+                return Err(Error::limit(format!(
+                    "switch '{}' is full ({MAX_PORTS} ports)",
+                    sw.name
+                )));
             };
             sw.install(Arc::new(Port {
                 shared: Arc::new(PortShared::new(name.to_string(), true, caller.uid)),
@@ -385,7 +389,7 @@ impl Engine {
     }
 
     /// Removes a port (taking it from its owner, if any) or a whole switch.
-    pub fn destroy(&self, name: &str, caller: &Caller) -> Result<(), String> {
+    pub fn destroy(&self, name: &str, caller: &Caller) -> Result<(), Error> {
         let mut gone = Vec::new();
         {
             let mut sws = self.lock();
@@ -394,10 +398,10 @@ impl Engine {
                 let sw = sws
                     .get(sw_name)
                     .cloned()
-                    .ok_or_else(|| format!("no such switch '{sw_name}'"))?;
+                    .ok_or_else(|| Error::not_found(format!("no such switch '{sw_name}'")))?;
                 let p = sw
                     .find(name)
-                    .ok_or_else(|| format!("no such port '{name}'"))?;
+                    .ok_or_else(|| Error::not_found(format!("no such port '{name}'")))?;
                 caller.must_own(&p.shared, "destroy")?;
                 p.shared.persistent.store(false, Relaxed);
                 sw.replace(&p, None);
@@ -408,7 +412,7 @@ impl Engine {
                 let sw = sws
                     .get(name)
                     .cloned()
-                    .ok_or_else(|| format!("no such switch '{name}'"))?;
+                    .ok_or_else(|| Error::not_found(format!("no such switch '{name}'")))?;
                 // A user may remove a switch whose every port is theirs.
                 if !caller.admin {
                     for p in sw.ports().iter().flatten() {
@@ -445,21 +449,21 @@ impl Engine {
         bytes: u64,
         filter: Vec<vale_abi::capture::BpfInsn>,
         caller: &Caller,
-    ) -> Result<(Arc<PortShared>, Arc<CaptureRing>), String> {
+    ) -> Result<(Arc<PortShared>, Arc<CaptureRing>), Error> {
         let sws = self.lock();
         let (sw_name, _) = parse_port(name)?;
         let sw = sws
             .get(sw_name)
-            .ok_or_else(|| format!("no such switch '{sw_name}'"))?;
+            .ok_or_else(|| Error::not_found(format!("no such switch '{sw_name}'")))?;
         let p = sw
             .find(name)
-            .ok_or_else(|| format!("no such port '{name}'"))?;
+            .ok_or_else(|| Error::not_found(format!("no such port '{name}'")))?;
         caller.must_own(&p.shared, "capture")?;
         if !caller.admin && bytes > USER_CAPTURE_BYTES {
-            return Err(format!(
+            return Err(Error::limit(format!(
                 "a capture buffer of a user that is not an administrator is at most {} MiB",
                 USER_CAPTURE_BYTES >> 20
-            ));
+            )));
         }
         let size = crate::capture::Geometry::new(dirs, snaplen, bytes)?.size as u64;
         let (now, _) = usage(&sws, caller.uid);
@@ -487,13 +491,7 @@ impl Engine {
 
     /// Sets a knob: `batch` or `lookup` on a switch, `moderation` (µs) or `learn-limit` on a
     /// port.
-    pub fn set(
-        &self,
-        target: &str,
-        knob: &str,
-        value: &str,
-        caller: &Caller,
-    ) -> Result<(), String> {
+    pub fn set(&self, target: &str, knob: &str, value: &str, caller: &Caller) -> Result<(), Error> {
         let sws = self.lock();
         let sw_name = if target.contains(':') {
             parse_port(target)?.0
@@ -502,18 +500,22 @@ impl Engine {
         };
         let sw = sws
             .get(sw_name)
-            .ok_or_else(|| format!("no such switch '{sw_name}'"))?;
-        let number = |max: u64| -> Result<u64, String> {
+            .ok_or_else(|| Error::not_found(format!("no such switch '{sw_name}'")))?;
+        let number = |max: u64| -> Result<u64, Error> {
             value
                 .parse::<u64>()
                 .ok()
                 .filter(|v| *v <= max)
-                .ok_or_else(|| format!("{knob} must be a number from 0 to {max}, not '{value}'"))
+                .ok_or_else(|| {
+                    Error::invalid(format!(
+                        "{knob} must be a number from 0 to {max}, not '{value}'"
+                    ))
+                })
         };
         if target.contains(':') {
             let p = sw
                 .find(target)
-                .ok_or_else(|| format!("no such port '{target}'"))?;
+                .ok_or_else(|| Error::not_found(format!("no such port '{target}'")))?;
             caller.must_own(&p.shared, "tune")?;
             match knob {
                 "moderation" => {
@@ -529,19 +531,21 @@ impl Engine {
                     p.shared.learn_limit.store(n as u32, Relaxed);
                     Ok(())
                 }
-                _ => Err(format!(
+                _ => Err(Error::invalid(format!(
                     "no port knob '{knob}' (known: moderation, learn-limit)"
-                )),
+                ))),
             }
         } else {
             caller.must_be_admin(&format!("setting '{knob}' of switch '{sw_name}'"))?;
             match knob {
-                "batch" => sw.set_batch(number(u32::MAX as u64)? as u32),
+                "batch" => Ok(sw.set_batch(number(u32::MAX as u64)? as u32)?),
                 "lookup" => {
                     sw.set_lookup(Installed::make(value, Vec::new())?);
                     Ok(())
                 }
-                _ => Err(format!("no switch knob '{knob}' (known: batch, lookup)")),
+                _ => Err(Error::invalid(format!(
+                    "no switch knob '{knob}' (known: batch, lookup)"
+                ))),
             }
         }
     }
@@ -555,12 +559,12 @@ impl Engine {
         module: &str,
         args: &[ModuleArg],
         caller: &Caller,
-    ) -> Result<LookupInfo, String> {
+    ) -> Result<LookupInfo, Error> {
         let sws = self.lock();
         parse_switch(switch)?;
         let sw = sws
             .get(switch)
-            .ok_or_else(|| format!("no such switch '{switch}'"))?;
+            .ok_or_else(|| Error::not_found(format!("no such switch '{switch}'")))?;
         caller.must_be_admin(&format!("setting 'lookup' of switch '{switch}'"))?;
         let args = args
             .iter()
@@ -582,7 +586,7 @@ impl Engine {
 
     /// Adds the rules of `text` (one a line) to the flow table of switch `switch`: all or
     /// none. An administrator's, as choosing the module is.
-    pub fn flow_add(&self, switch: &str, text: &str, caller: &Caller) -> Result<FlowTable, String> {
+    pub fn flow_add(&self, switch: &str, text: &str, caller: &Caller) -> Result<FlowTable, Error> {
         let sws = self.lock();
         let sw = flow_switch(&sws, switch)?;
         caller.must_be_admin(&format!("changing the flow rules of switch '{switch}'"))?;
@@ -599,7 +603,7 @@ impl Engine {
         switch: &str,
         selector: &str,
         caller: &Caller,
-    ) -> Result<FlowTable, String> {
+    ) -> Result<FlowTable, Error> {
         let sws = self.lock();
         let sw = flow_switch(&sws, switch)?;
         caller.must_be_admin(&format!("changing the flow rules of switch '{switch}'"))?;
@@ -612,7 +616,7 @@ impl Engine {
 
     /// Every rule of switch `switch`'s flow table, with hit counters. Open to anyone, as
     /// `lookup_info` is.
-    pub fn flow_dump(&self, switch: &str) -> Result<FlowTable, String> {
+    pub fn flow_dump(&self, switch: &str) -> Result<FlowTable, Error> {
         let sws = self.lock();
         let sw = flow_switch(&sws, switch)?;
         let m = sw.lookup();
@@ -623,12 +627,7 @@ impl Engine {
     /// A page of switch `switch`'s flow table ([`lookup::flow::Flow::dump_page`]): what a
     /// client's dump asks for, so that no reply and no pass under the lock is larger than a
     /// page. Open to anyone, as `flow_dump` is.
-    pub fn flow_dump_page(
-        &self,
-        switch: &str,
-        after: u64,
-        max: usize,
-    ) -> Result<FlowTable, String> {
+    pub fn flow_dump_page(&self, switch: &str, after: u64, max: usize) -> Result<FlowTable, Error> {
         let sws = self.lock();
         let sw = flow_switch(&sws, switch)?;
         let m = sw.lookup();
@@ -637,12 +636,12 @@ impl Engine {
     }
 
     /// The lookup module of switch `switch`.
-    pub fn lookup_info(&self, switch: &str) -> Result<LookupInfo, String> {
+    pub fn lookup_info(&self, switch: &str) -> Result<LookupInfo, Error> {
         let sws = self.lock();
         parse_switch(switch)?;
         let sw = sws
             .get(switch)
-            .ok_or_else(|| format!("no such switch '{switch}'"))?;
+            .ok_or_else(|| Error::not_found(format!("no such switch '{switch}'")))?;
         Ok(lookup_info(sw))
     }
 
@@ -687,10 +686,10 @@ impl Engine {
 
 /// Where port `name` goes in `sw`: the index and kept state of an unowned port of that name
 /// that `caller` may take, or a free index and fresh state belonging to the caller.
-fn place(sw: &Switch, name: &str, caller: &Caller) -> Result<(PortIndex, Arc<PortShared>), String> {
+fn place(sw: &Switch, name: &str, caller: &Caller) -> Result<(PortIndex, Arc<PortShared>), Error> {
     match sw.find(name) {
         Some(p) => match &p.attachment {
-            Some(a) => Err(in_use(name, a)),
+            Some(a) => Err(Error::busy(in_use(name, a))),
             None => {
                 caller.must_own(&p.shared, "open")?;
                 Ok((p.index, p.shared.clone()))
@@ -762,11 +761,11 @@ fn as_flow(m: &Installed) -> Option<&lookup::flow::Flow> {
     m.as_any()?.downcast_ref::<lookup::flow::Flow>()
 }
 
-fn flow_switch<'a>(sws: &'a Switches, switch: &str) -> Result<&'a Switch, String> {
+fn flow_switch<'a>(sws: &'a Switches, switch: &str) -> Result<&'a Switch, Error> {
     parse_switch(switch)?;
     sws.get(switch)
         .map(|s| &**s)
-        .ok_or_else(|| format!("no such switch '{switch}'"))
+        .ok_or_else(|| Error::not_found(format!("no such switch '{switch}'")))
 }
 
 fn not_flow(switch: &str, m: &Installed) -> String {

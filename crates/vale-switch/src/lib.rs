@@ -18,6 +18,7 @@ pub mod access;
 pub mod capture;
 pub mod engine;
 pub mod epoll;
+pub mod error;
 pub mod forward;
 pub mod host;
 pub mod index;
@@ -32,3 +33,4 @@ pub mod worker;
 
 pub use access::{Caller, UserLimits};
 pub use engine::{Engine, EngineConfig, OpenedPort};
+pub use error::{Error, ErrorKind};

@@ -474,7 +474,7 @@ fn a_hostile_capture_reader_cannot_hurt_valed() {
         },
     ];
     match control::exchange(&sock, &req(jump_out)).unwrap() {
-        Some((Reply::Error { message }, _)) => {
+        Some((Reply::Error { message, .. }, _)) => {
             assert!(message.contains("bad capture filter"), "{message}")
         }
         other => panic!("a bad filter was taken: {other:?}"),

@@ -595,7 +595,7 @@ fn ask(s: &UnixStream, req: &Request) -> (Reply, usize) {
 
 fn error_of(r: Reply) -> String {
     match r {
-        Reply::Error { message } => message,
+        Reply::Error { message, .. } => message,
         other => panic!("expected an error, got {other:?}"),
     }
 }
@@ -606,7 +606,7 @@ fn garbage_is_refused(v: &Valed, bytes: &[u8], why: &str) {
     let mut s = connect(v);
     s.write_all(bytes).unwrap();
     match control::recv::<Reply>(&s) {
-        Ok(Some((Reply::Error { message }, _))) => {
+        Ok(Some((Reply::Error { message, .. }, _))) => {
             assert!(message.contains(why), "{message:?} lacks {why:?}");
             // Then the connection ends.
             assert!(matches!(control::recv::<Reply>(&s), Ok(None) | Err(_)));

@@ -8,7 +8,7 @@ use std::sync::{Arc, Weak};
 use vale_abi::control::Reply;
 use vale_switch::capture::CaptureRing;
 use vale_switch::port::PortShared;
-use vale_switch::{Caller, Engine};
+use vale_switch::{Caller, Engine, Error};
 
 /// A capture a connection holds: weakly, so that a port that goes away takes its captures
 /// with it.
@@ -41,13 +41,13 @@ pub fn start(
     caller: &Caller,
     port: &str,
     w: Want,
-) -> Result<(Reply, OwnedFd, Held), String> {
+) -> Result<(Reply, OwnedFd, Held), Error> {
     let (shared, ring) = engine.capture(port, w.dirs, w.snaplen, w.bytes, w.filter, caller)?;
     let fd = match ring.memfd().try_clone() {
         Ok(fd) => fd,
         Err(e) => {
             shared.captures.remove(&ring);
-            return Err(format!("cannot send the capture buffer: {e}"));
+            return Err(Error::io(format!("cannot send the capture buffer: {e}")));
         }
     };
     let reply = Reply::Capture {

@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use vale_abi::control::ModuleArg;
-use vale_switch::{Caller, Engine};
+use vale_switch::{Caller, Engine, Error};
 
 /// Largest configuration file valed reads, and so the largest `vale-ctl save` writes: room
 /// for a large flow table (about 108000 rules that match two MAC addresses, two IPv4
@@ -268,7 +268,7 @@ pub fn apply(engine: &Arc<Engine>, cfg: &Config, attachments: &Attachments) -> V
                     r = attach(engine, &name, att, &caller, attachments);
                 }
                 if let Err(why) = r {
-                    report(format!("port '{name}'"), why);
+                    report(format!("port '{name}'"), why.to_string());
                     if !p.persistent {
                         continue;
                     }
@@ -276,7 +276,7 @@ pub fn apply(engine: &Arc<Engine>, cfg: &Config, attachments: &Attachments) -> V
             }
             if p.persistent {
                 if let Err(why) = engine.create(&name, &caller) {
-                    report(format!("port '{name}'"), why);
+                    report(format!("port '{name}'"), why.to_string());
                     continue;
                 }
             }
@@ -294,7 +294,7 @@ pub fn apply(engine: &Arc<Engine>, cfg: &Config, attachments: &Attachments) -> V
             for (knob, v) in knobs {
                 if let Some(v) = v {
                     if let Err(why) = engine.set(&name, knob, &v.to_string(), &me) {
-                        report(format!("port '{name}' {knob}"), why);
+                        report(format!("port '{name}' {knob}"), why.to_string());
                     }
                 }
             }
@@ -313,7 +313,7 @@ pub fn apply(engine: &Arc<Engine>, cfg: &Config, attachments: &Attachments) -> V
         }
         if let Some(b) = sw.batch {
             if let Err(why) = engine.set(&sw.name, "batch", &b.to_string(), &me) {
-                report(format!("switch '{}' batch", sw.name), why);
+                report(format!("switch '{}' batch", sw.name), why.to_string());
             }
         }
         if let Some(l) = &sw.lookup {
@@ -336,7 +336,10 @@ pub fn apply(engine: &Arc<Engine>, cfg: &Config, attachments: &Attachments) -> V
                 continue;
             }
             if let Err(why) = engine.set_lookup(&sw.name, &l.module, &args, &me) {
-                report(format!("switch '{}' lookup {}", sw.name, l.module), why);
+                report(
+                    format!("switch '{}' lookup {}", sw.name, l.module),
+                    why.to_string(),
+                );
                 continue;
             }
             // All at once (one rebuild of the table); if one is bad, one at a time, so that
@@ -344,7 +347,10 @@ pub fn apply(engine: &Arc<Engine>, cfg: &Config, attachments: &Attachments) -> V
             if !l.rules.is_empty() && engine.flow_add(&sw.name, &l.rules.join("\n"), &me).is_err() {
                 for r in &l.rules {
                     if let Err(why) = engine.flow_add(&sw.name, r, &me) {
-                        report(format!("switch '{}' flow rule '{r}'", sw.name), why);
+                        report(
+                            format!("switch '{}' flow rule '{r}'", sw.name),
+                            why.to_string(),
+                        );
                     }
                 }
             }
@@ -601,8 +607,8 @@ pub fn render(cfg: &Config) -> Result<String, String> {
 /// renamed over the old one, and the directory synced. A configuration larger than
 /// [`MAX_CONFIG`], which valed would refuse at its next start, is not written: the old file
 /// stays as it was.
-pub fn save(path: &Path, cfg: &Config) -> Result<(), String> {
-    let text = render(cfg)?;
+pub fn save(path: &Path, cfg: &Config) -> Result<(), Error> {
+    let text = render(cfg).map_err(Error::io)?;
     let shown = path.display();
     if text.len() as u64 > MAX_CONFIG {
         let rules = cfg
@@ -613,13 +619,13 @@ pub fn save(path: &Path, cfg: &Config) -> Result<(), String> {
             .filter(|(n, _)| *n > 0)
             .map(|(n, sw)| format!(" (switch '{sw}' has {n} flow rules)"))
             .unwrap_or_default();
-        return Err(format!(
+        return Err(Error::limit(format!(
             "the configuration would be {} bytes, more than the {MAX_CONFIG} bytes valed reads \
              at start{rules}: not saved, {shown} is as it was",
             text.len()
-        ));
+        )));
     }
-    let (dir, prefix) = temporaries(path)?;
+    let (dir, prefix) = temporaries(path).map_err(Error::invalid)?;
     let tmp = dir.join(format!("{prefix}{}", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
     let write = || -> std::io::Result<()> {
@@ -640,7 +646,7 @@ pub fn save(path: &Path, cfg: &Config) -> Result<(), String> {
     };
     write().map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
-        format!("cannot write configuration {shown}: {e}")
+        Error::io(format!("cannot write configuration {shown}: {e}"))
     })
 }
 

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use vale_abi::control::{self, Reply, Request, FLOW_DUMP_PAGE, MAX_ADMIN_REQUEST, MAX_REQUEST};
 use vale_abi::region::VALE_ABI_VERSION;
 use vale_switch::port::Port;
-use vale_switch::{epoll, Caller, Engine};
+use vale_switch::{epoll, Caller, Engine, Error, ErrorKind};
 
 use crate::peer;
 
@@ -347,12 +347,9 @@ impl Conn {
                 )
             });
             let (reply, fds_of) = match control::decode::<Request>(&body) {
-                Ok(_) if refusal.is_some() => (
-                    Reply::Error {
-                        message: refusal.unwrap_or_default(),
-                    },
-                    None,
-                ),
+                Ok(_) if refusal.is_some() => {
+                    (refused(Error::limit(refusal.unwrap_or_default())), None)
+                }
                 Ok(Request::Capture {
                     port,
                     dirs,
@@ -373,14 +370,13 @@ impl Conn {
                             self.captures.push(held);
                             (reply, None)
                         }
-                        Err(message) => (Reply::Error { message }, None),
+                        Err(e) => (refused(e), None),
                     }
                 }
                 Ok(req) => handle(engine, &self.caller, req),
                 Err(e) => {
                     self.closing = true;
-                    let message = e.to_string();
-                    (Reply::Error { message }, None)
+                    (refused(Error::invalid(e.to_string())), None)
                 }
             };
             if let Some(p) = &fds_of {
@@ -412,11 +408,9 @@ impl Conn {
                 if len > limit {
                     self.closing = true;
                     self.output = Some(Outgoing::new(
-                        &Reply::Error {
-                            message: format!(
-                                "control request too large: {len} bytes, the limit is {limit}"
-                            ),
-                        },
+                        &refused(Error::limit(format!(
+                            "control request too large: {len} bytes, the limit is {limit}"
+                        ))),
                         None,
                     ));
                     return Ok(None);
@@ -474,10 +468,8 @@ impl Conn {
 impl Outgoing {
     fn new(reply: &Reply, fds_of: Option<Arc<Port>>) -> Outgoing {
         let bytes = control::encode(reply).unwrap_or_else(|e| {
-            control::encode(&Reply::Error {
-                message: format!("cannot send the reply: {e}"),
-            })
-            .expect("a short error encodes")
+            control::encode(&refused(Error::io(format!("cannot send the reply: {e}"))))
+                .expect("a short error encodes")
         });
         Outgoing {
             bytes,
@@ -491,37 +483,43 @@ impl Outgoing {
 /// Tells a refused client why, if its socket takes the message at once, and hangs up.
 fn refuse(stream: &UnixStream, message: String) {
     tracing::debug!("refusing a connection: {message}");
-    if let Ok(bytes) = control::encode(&Reply::Error { message }) {
+    if let Ok(bytes) = control::encode(&refused(Error::limit(message))) {
         let _ = control::send_with_fds(stream.as_raw_fd(), &bytes, &[], true);
     }
 }
 
-fn flows(r: Result<vale_abi::control::FlowTable, String>) -> Reply {
+/// valed's reply to a refused request: the error's kind and its words.
+pub(crate) fn refused(e: Error) -> Reply {
+    Reply::Error {
+        kind: e.kind,
+        message: e.message,
+    }
+}
+
+fn flows(r: Result<vale_abi::control::FlowTable, Error>) -> Reply {
     match r {
         Ok(flows) => Reply::Flows { flows },
-        Err(message) => Reply::Error { message },
+        Err(e) => refused(e),
     }
 }
 
 /// A flow dump: the page after `after`, or the whole table if it fits in one page.
 fn flow_dump(engine: &Engine, switch: &str, after: Option<u64>) -> Reply {
     match engine.flow_dump_page(switch, after.unwrap_or(0), FLOW_DUMP_PAGE) {
-        Ok(t) if after.is_none() && t.next.is_some() => Reply::Error {
-            message: format!(
-                "the flow table of switch '{switch}' has more than the {FLOW_DUMP_PAGE} rules \
-                 one reply carries: ask for it page by page ('after', as vale-ctl flow \
-                 {switch} dump does)"
-            ),
-        },
+        Ok(t) if after.is_none() && t.next.is_some() => refused(Error::limit(format!(
+            "the flow table of switch '{switch}' has more than the {FLOW_DUMP_PAGE} rules \
+             one reply carries: ask for it page by page ('after', as vale-ctl flow \
+             {switch} dump does)"
+        ))),
         r => flows(r),
     }
 }
 
 /// Carries out one request for `caller`; the reply, and the port whose descriptors go with it.
 fn handle(engine: &Engine, caller: &Caller, req: Request) -> (Reply, Option<Arc<Port>>) {
-    let done = |r: Result<(), String>| match r {
+    let done = |r: Result<(), Error>| match r {
         Ok(()) => Reply::Ok,
-        Err(message) => Reply::Error { message },
+        Err(e) => refused(e),
     };
     let reply = match req {
         Request::Open {
@@ -533,14 +531,14 @@ fn handle(engine: &Engine, caller: &Caller, req: Request) -> (Reply, Option<Arc<
                 let message = format!(
                     "client speaks vale ABI version {abi_version}, valed speaks {VALE_ABI_VERSION}"
                 );
-                return (Reply::Error { message }, None);
+                return (refused(Error::new(ErrorKind::Unsupported, message)), None);
             }
             return match engine.open(&port, &params, caller) {
                 Ok(opened) => {
                     let fds = opened.fds().len() as u32;
                     (Reply::Opened { port, fds }, Some(opened.port))
                 }
-                Err(message) => (Reply::Error { message }, None),
+                Err(e) => (refused(e), None),
             };
         }
         Request::List => Reply::List {
@@ -566,7 +564,7 @@ fn handle(engine: &Engine, caller: &Caller, req: Request) -> (Reply, Option<Arc<
         } => done(engine.set(&target, &knob, &value, caller)),
         Request::Lookup { switch } => match engine.lookup_info(&switch) {
             Ok(lookup) => Reply::Lookup { lookup },
-            Err(message) => Reply::Error { message },
+            Err(e) => refused(e),
         },
         Request::SetLookup {
             switch,
@@ -574,15 +572,16 @@ fn handle(engine: &Engine, caller: &Caller, req: Request) -> (Reply, Option<Arc<
             args,
         } => match engine.set_lookup(&switch, &module, &args, caller) {
             Ok(lookup) => Reply::Lookup { lookup },
-            Err(message) => Reply::Error { message },
+            Err(e) => refused(e),
         },
         Request::FlowAdd { switch, rules } => flows(engine.flow_add(&switch, &rules, caller)),
         Request::FlowDel { switch, selector } => flows(engine.flow_del(&switch, &selector, caller)),
         Request::FlowDump { switch, after } => flow_dump(engine, &switch, after),
         Request::Save => crate::persist::save_request(engine, caller),
-        Request::Capture { .. } => Reply::Error {
-            message: "capture is served by the connection".into(),
-        },
+        Request::Capture { .. } => refused(Error::new(
+            ErrorKind::Unsupported,
+            "capture is served by the connection",
+        )),
     };
     (reply, None)
 }

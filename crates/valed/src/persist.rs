@@ -7,9 +7,10 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use vale_abi::control::Reply;
-use vale_switch::{Caller, Engine};
+use vale_switch::{Caller, Engine, Error, ErrorKind};
 
 use crate::config::{self, Attachments};
+use crate::control::refused;
 
 static FILE: OnceLock<Option<PathBuf>> = OnceLock::new();
 static ATTACHMENTS: OnceLock<Attachments> = OnceLock::new();
@@ -31,14 +32,14 @@ pub fn attached(port: &str, kind: &str, args: &BTreeMap<String, String>) {
 
 /// `Request::Save` from `caller`.
 pub fn save_request(engine: &Engine, caller: &Caller) -> Reply {
-    if let Err(message) = caller.must_be_admin("saving the configuration") {
-        return Reply::Error { message };
+    if let Err(e) = caller.must_be_admin("saving the configuration") {
+        return refused(e);
     }
     let Some(path) = FILE.get().cloned().flatten() else {
-        return Reply::Error {
-            message: "valed has no configuration file to save to: start it with --config FILE"
-                .into(),
-        };
+        return refused(Error::new(
+            ErrorKind::Unsupported,
+            "valed has no configuration file to save to: start it with --config FILE",
+        ));
     };
     let cfg = config::snapshot(engine, attachments());
     let switches = cfg.switches.len() as u32;
@@ -52,6 +53,6 @@ pub fn save_request(engine: &Engine, caller: &Caller) -> Reply {
                 ports,
             }
         }
-        Err(message) => Reply::Error { message },
+        Err(e) => refused(e),
     }
 }

@@ -184,7 +184,7 @@ fn open(sock: &str, names: &[String]) {
                 opened += 1;
                 kept.extend(fds);
             }
-            Ok(Some((Reply::Error { message }, _))) => errors.push(message),
+            Ok(Some((Reply::Error { message, .. }, _))) => errors.push(message),
             other => {
                 errors.push(format!("{other:?}"));
                 break;
