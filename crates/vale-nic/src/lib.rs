@@ -48,6 +48,8 @@ mod packet;
 mod sys;
 mod xdp;
 
+pub use ifinfo::index_of;
+
 /// How a NIC port reaches its interface.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {

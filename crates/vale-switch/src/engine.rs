@@ -224,11 +224,34 @@ impl Engine {
         args: &KindArgs,
         caller: &Caller,
     ) -> Result<(), Error> {
+        self.attach_with(name, kind, args, caller, host::open_device)
+    }
+
+    /// Attaches again, at valed's start, a device port saved as `kind` and `args` (its
+    /// [`host::Kind::saved`] form; the kind's own retries and namespaces apply).
+    pub fn restore_host(
+        &self,
+        name: &str,
+        kind: &str,
+        args: &KindArgs,
+        caller: &Caller,
+    ) -> Result<(), Error> {
+        self.attach_with(name, kind, args, caller, host::restore_device)
+    }
+
+    fn attach_with(
+        &self,
+        name: &str,
+        kind: &str,
+        args: &KindArgs,
+        caller: &Caller,
+        open: host::OpenDevice,
+    ) -> Result<(), Error> {
         caller.must_be_admin("attaching a host device")?;
         self.with_switch(name, |_, sw| {
             // Before the device is opened: a refused attach must not create one (a TAP, say).
             place(sw, name, caller)?;
-            let dev = host::open_device(kind, args)?;
+            let dev = open(kind, args)?;
             self.attach_device_to(sw, name, dev, caller)?;
             tracing::info!(port = name, kind, ?args, "host port attached");
             Ok(())

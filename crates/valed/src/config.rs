@@ -23,7 +23,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -93,11 +92,10 @@ pub struct PortConf {
     /// Most source addresses the learning bridge keeps for the port.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub learn_limit: Option<u32>,
-    /// A device valed moves the frames of: `kind` (`tap`, `nic`, `vhost-user`) and that kind's
-    /// arguments as `vale-ctl attach` sends them (`name`, `persist`; `iface`, `mode`; `path`,
-    /// `client`, `queues`). A TAP may carry `netns`: the network namespace (a name under
-    /// /run/netns, or a path) where its device lives; a NIC with no `mode` may carry `bound`:
-    /// the mode it was in when saved, tried first.
+    /// A device valed moves the frames of: `kind` (one of `vale_switch::host::KINDS`) and that
+    /// kind's saved form (`Kind::saved`): its arguments as `vale-ctl attach` sends them, and
+    /// those only a saved configuration carries (`Kind::saved_args`, such as where a device
+    /// was found), which the kind reads back when it opens the device again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attach: Option<BTreeMap<String, String>>,
 }
@@ -107,7 +105,7 @@ fn is_false(b: &bool) -> bool {
 }
 
 /// The attachments as they were asked for, by port: what `vale-ctl list` shows of a device
-/// does not say all (a TAP's `persist`, a vhost-user port's `queues`).
+/// does not say all of its arguments.
 #[derive(Default)]
 pub struct Attachments(Mutex<HashMap<String, Attached>>);
 
@@ -255,19 +253,7 @@ pub fn apply(engine: &Arc<Engine>, cfg: &Config, attachments: &Attachments) -> V
                 ..me
             };
             if let Some(att) = &p.attach {
-                let mut r = attach(engine, &name, att, &caller, attachments);
-                // Right after the old valed let go of a NIC, its driver may still be tearing
-                // down the old AF_XDP socket: an interface that exists gets a few more tries.
-                let nic = att.get("kind").map(String::as_str) == Some("nic");
-                let iface = att.get("iface").cloned().unwrap_or_default();
-                for _ in 0..10 {
-                    if r.is_ok() || !nic || !interface_exists(&iface) {
-                        break;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(50));
-                    r = attach(engine, &name, att, &caller, attachments);
-                }
-                if let Err(why) = r {
+                if let Err(why) = attach(engine, &name, att, &caller, attachments) {
                     report(format!("port '{name}'"), why.to_string());
                     if !p.persistent {
                         continue;
@@ -359,8 +345,8 @@ pub fn apply(engine: &Arc<Engine>, cfg: &Config, attachments: &Attachments) -> V
     problems
 }
 
-/// Attaches the device `att` describes as port `name`; a TAP with `netns` is opened in that
-/// network namespace (where a persistent TAP moved into a container still is).
+/// Attaches again the device port `name` saved as `att` (its kind, and its kind's saved
+/// arguments: the kind opens it, with its own retries and namespaces).
 fn attach(
     engine: &Arc<Engine>,
     name: &str,
@@ -369,60 +355,11 @@ fn attach(
     attachments: &Attachments,
 ) -> Result<(), String> {
     let mut args = att.clone();
-    let kind = args
-        .remove("kind")
-        .ok_or("attach has no 'kind' (tap, nic or vhost-user)")?;
-    let netns = args.remove("netns");
-    // A NIC attached with no mode: the mode it was bound in when saved is tried first, for a
-    // moment (the driver may still be tearing down the old valed's AF_XDP socket), then the
-    // best that binds, as at attach time.
-    let bound = args.remove("bound");
-    if let (true, Some(m), None) = (kind == "nic", &bound, args.get("mode")) {
-        let mut pinned = args.clone();
-        pinned.insert("mode".into(), m.clone());
-        let iface = args.get("iface").cloned().unwrap_or_default();
-        for _ in 0..10 {
-            if engine.attach_host(name, &kind, &pinned, caller).is_ok() {
-                attachments.record(name, &kind, &args);
-                return Ok(());
-            }
-            if !interface_exists(&iface) {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-    }
-    match netns {
-        None => engine.attach_host(name, &kind, &args, caller)?,
-        Some(ns) => {
-            if kind != "tap" {
-                return Err(format!("'netns' is for TAP ports, not {kind}"));
-            }
-            let path = if ns.contains('/') {
-                PathBuf::from(&ns)
-            } else {
-                Path::new("/run/netns").join(&ns)
-            };
-            let nsfd = File::open(&path)
-                .map_err(|e| format!("network namespace {}: {e}", path.display()))?;
-            let a = args.clone();
-            let dev = std::thread::spawn(move || -> Result<_, String> {
-                // SAFETY: setns on this thread only (CLONE_NEWNET), with a descriptor we own;
-                // the thread ends right after, so no other work runs in that namespace.
-                if unsafe { libc::setns(nsfd.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    return Err(format!(
-                        "cannot enter network namespace: {}",
-                        std::io::Error::last_os_error()
-                    ));
-                }
-                vale_switch::host::open_device("tap", &a)
-            })
-            .join()
-            .map_err(|_| "the TAP opener failed".to_string())??;
-            engine.attach_device(name, dev, caller)?;
-            args.insert("netns".into(), ns);
-        }
-    }
+    let kind = args.remove("kind").ok_or_else(|| {
+        let known: Vec<&str> = vale_switch::host::KINDS.iter().map(|k| k.name).collect();
+        format!("attach has no 'kind' ({})", known.join(", "))
+    })?;
+    engine.restore_host(name, &kind, &args, caller)?;
     attachments.record(name, &kind, &args);
     Ok(())
 }
@@ -492,29 +429,20 @@ pub fn snapshot(engine: &Engine, attachments: &Attachments) -> Config {
             }
         }
         for p in &sw.ports {
-            let device = matches!(p.kind.as_str(), "tap" | "nic" | "vhost-user");
-            if !p.persistent && !device {
+            // A port of a host kind is saved in its kind's own form; a native port only if
+            // it is persistent.
+            let kind = vale_switch::host::kind(&p.kind).ok();
+            if !p.persistent && kind.is_none() {
                 continue;
             }
             let short = p.name.split_once(':').map(|x| x.1).unwrap_or(&p.name);
-            let attach = device.then(|| {
-                let mut args = match attachments.get(&p.name) {
-                    Some((kind, args)) if kind == p.kind => args,
-                    _ => derived_args(p),
-                };
-                if p.kind == "nic" && !args.contains_key("mode") {
-                    if let Some(m) = &p.mode {
-                        args.insert("bound".into(), m.clone());
-                    }
-                }
-                if p.kind == "tap" {
-                    args.remove("netns");
-                    if let Some(dev) = &p.device {
-                        if let Some(ns) = netns_of(dev) {
-                            args.insert("netns".into(), ns);
-                        }
-                    }
-                }
+            let attach = kind.map(|k| {
+                let recorded = attachments
+                    .get(&p.name)
+                    .filter(|(kind, _)| *kind == p.kind)
+                    .map(|(_, args)| args);
+                let device = p.device.as_deref().unwrap_or_default();
+                let mut args = (k.saved)(recorded, device, p.mode.as_deref().unwrap_or_default());
                 args.insert("kind".into(), p.kind.clone());
                 args
             });
@@ -530,68 +458,6 @@ pub fn snapshot(engine: &Engine, attachments: &Attachments) -> Config {
         cfg.switches.push(conf);
     }
     cfg
-}
-
-/// What `vale-ctl list` says of a device port, as attach arguments.
-fn derived_args(p: &vale_abi::control::PortInfo) -> BTreeMap<String, String> {
-    let mut a = BTreeMap::new();
-    let dev = p.device.clone().unwrap_or_default();
-    match p.kind.as_str() {
-        "tap" => {
-            a.insert("name".into(), dev);
-        }
-        "nic" => {
-            a.insert("iface".into(), dev);
-        }
-        _ => {
-            a.insert("path".into(), dev);
-            if p.mode.as_deref() == Some("client") {
-                a.insert("client".into(), "yes".into());
-            }
-        }
-    }
-    a
-}
-
-/// Whether interface `name` exists in valed's network namespace.
-fn interface_exists(name: &str) -> bool {
-    let Ok(c) = std::ffi::CString::new(name) else {
-        return false;
-    };
-    // SAFETY: a valid C string.
-    unsafe { libc::if_nametoindex(c.as_ptr()) != 0 }
-}
-
-/// The network namespace (a name under /run/netns) interface `dev` lives in, if it is not in
-/// valed's own.
-fn netns_of(dev: &str) -> Option<String> {
-    if interface_exists(dev) {
-        return None;
-    }
-    let Ok(c) = std::ffi::CString::new(dev) else {
-        return None;
-    };
-    let entries = std::fs::read_dir("/run/netns").ok()?;
-    for e in entries.flatten().take(4096) {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Ok(f) = File::open(e.path()) else {
-            continue;
-        };
-        let c = c.clone();
-        let found = std::thread::spawn(move || {
-            // SAFETY: as in `attach`: this thread only, and it ends at once.
-            unsafe {
-                libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) == 0
-                    && libc::if_nametoindex(c.as_ptr()) != 0
-            }
-        })
-        .join()
-        .unwrap_or(false);
-        if found {
-            return Some(name);
-        }
-    }
-    None
 }
 
 /// The text of `cfg` as a file, with a header saying what it is.

@@ -51,35 +51,71 @@ pub const HOST_PARAMS: PortParams = PortParams {
 /// The arguments of an attach request: what the control protocol carries besides the kind.
 pub type KindArgs = BTreeMap<String, String>;
 
-/// A kind of port whose client is valed itself: its name in the control protocol, and how to
-/// open its device from the request's arguments.
+/// A kind of port whose client is valed itself: its name in the control protocol, how to open
+/// its device from the request's arguments, and how it is saved in valed's configuration and
+/// opened again at the next start. Everything kind-specific is here: valed's configuration and
+/// the engine name no kind.
 pub struct Kind {
     pub name: &'static str,
     /// The arguments it takes.
     pub args: &'static [&'static str],
     pub open: fn(&KindArgs) -> Result<Box<dyn Device>, String>,
+    /// Arguments only a saved configuration carries ([`Kind::saved`] writes them,
+    /// [`Kind::restore`] reads them): where a device was found, how it was bound.
+    pub saved_args: &'static [&'static str],
+    /// The port's saved form, from the arguments it was attached with (when valed recorded
+    /// them) and what its device is now (`list`'s device and mode).
+    pub saved: fn(attached: Option<KindArgs>, device: &str, mode: &str) -> KindArgs,
+    /// Opens the device again from its saved form at valed's start, with the kind's own
+    /// retries and namespace handling.
+    pub restore: fn(&KindArgs) -> Result<Box<dyn Device>, String>,
 }
 
 /// Every kind valed can attach: a new kind is one module and one entry here.
 pub const KINDS: &[Kind] = &[tap::KIND, nic::KIND, vhost_user::KIND];
 
+/// How a device is opened from a kind's name and arguments ([`open_device`], [`restore_device`]).
+pub type OpenDevice = fn(&str, &KindArgs) -> Result<Box<dyn Device>, String>;
+
+/// The kind named `kind`; an unknown one is refused with the list of what is known.
+pub fn kind(kind: &str) -> Result<&'static Kind, String> {
+    KINDS.iter().find(|k| k.name == kind).ok_or_else(|| {
+        let known: Vec<&str> = KINDS.iter().map(|k| k.name).collect();
+        format!("no port kind '{kind}' (known: {})", known.join(", "))
+    })
+}
+
+/// Refuses an argument `k` does not take (`saved` too: those of a saved configuration).
+fn check_args(k: &Kind, args: &KindArgs, saved: bool) -> Result<(), String> {
+    let takes = |a: &str| k.args.contains(&a) || (saved && k.saved_args.contains(&a));
+    match args.keys().find(|a| !takes(a)) {
+        Some(bad) => Err(format!(
+            "port kind '{}' takes no argument '{bad}' (it takes: {})",
+            k.name,
+            k.args.join(", ")
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Opens the device of kind `kind` that `args` describe; unknown kinds and arguments are
 /// refused with the list of what is known.
 pub fn open_device(kind: &str, args: &KindArgs) -> Result<Box<dyn Device>, String> {
-    let Some(k) = KINDS.iter().find(|k| k.name == kind) else {
-        let known: Vec<&str> = KINDS.iter().map(|k| k.name).collect();
-        return Err(format!(
-            "no port kind '{kind}' (known: {})",
-            known.join(", ")
-        ));
-    };
-    if let Some(bad) = args.keys().find(|a| !k.args.contains(&a.as_str())) {
-        return Err(format!(
-            "port kind '{kind}' takes no argument '{bad}' (it takes: {})",
-            k.args.join(", ")
-        ));
-    }
+    let k = self::kind(kind)?;
+    check_args(k, args, false)?;
     (k.open)(args)
+}
+
+/// Opens again, at valed's start, the device of a port saved as `args` ([`Kind::restore`]).
+pub fn restore_device(kind: &str, args: &KindArgs) -> Result<Box<dyn Device>, String> {
+    let k = self::kind(kind)?;
+    check_args(k, args, true)?;
+    (k.restore)(args)
+}
+
+/// Whether network interface `name` exists in valed's network namespace.
+pub(crate) fn interface_exists(name: &str) -> bool {
+    vale_nic::index_of(name).is_ok()
 }
 
 /// Argument `name` of an attach request, which the kind requires.

@@ -101,4 +101,47 @@ pub const KIND: super::Kind = super::Kind {
             .transpose()?;
         Ok(Box::new(NicDevice::open(iface, mode)?))
     },
+    saved_args: &["bound"],
+    saved: |attached, device, mode| {
+        let mut args = attached.unwrap_or_else(|| [("iface".into(), device.into())].into());
+        args.remove("bound");
+        // Attached without a mode: the mode it was bound in is tried first at the next start.
+        if !args.contains_key("mode") && !mode.is_empty() {
+            args.insert("bound".into(), mode.into());
+        }
+        args
+    },
+    restore: |args| {
+        let mut a = args.clone();
+        let bound = a.remove("bound");
+        let iface = a.get("iface").cloned().unwrap_or_default();
+        // Right after the old valed let go of the interface, its driver may still be tearing
+        // down the old AF_XDP socket: the mode it was bound in (if saved without one) is tried
+        // for half a second while the interface exists, then the mode asked for or the best
+        // that binds, with as many tries.
+        if let (Some(m), None) = (bound, a.get("mode")) {
+            let mut pinned = a.clone();
+            pinned.insert("mode".into(), m);
+            if let Ok(dev) = retried(&iface, || (KIND.open)(&pinned)) {
+                return Ok(dev);
+            }
+        }
+        retried(&iface, || (KIND.open)(&a))
+    },
 };
+
+/// `open`, tried up to ten times 50 ms apart while interface `iface` exists.
+fn retried(
+    iface: &str,
+    open: impl Fn() -> Result<Box<dyn Device>, String>,
+) -> Result<Box<dyn Device>, String> {
+    let mut r = open();
+    for _ in 0..9 {
+        if r.is_ok() || !super::interface_exists(iface) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        r = open();
+    }
+    r
+}

@@ -86,7 +86,68 @@ pub const KIND: super::Kind = super::Kind {
         let name = super::required(args, "tap", "name")?;
         Ok(Box::new(Tap::open(name, super::flag(args, "persist")?)?))
     },
+    saved_args: &["netns"],
+    saved: |attached, device, _mode| {
+        let mut args = attached.unwrap_or_else(|| [("name".into(), device.into())].into());
+        args.remove("netns");
+        // A TAP moved into a container's namespace: found there again at the next start.
+        if let Some(ns) = netns_of(device) {
+            args.insert("netns".into(), ns);
+        }
+        args
+    },
+    restore: |args| {
+        let mut a = args.clone();
+        match a.remove("netns") {
+            None => (KIND.open)(&a),
+            Some(ns) => in_netns(&ns, move || (KIND.open)(&a)),
+        }
+    },
 };
+
+/// Runs `f` in network namespace `ns` (a name under /run/netns, or a path), on a thread of its
+/// own that ends right after, so that no other work runs there.
+fn in_netns<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
+    let path = if ns.contains('/') {
+        std::path::PathBuf::from(ns)
+    } else {
+        std::path::Path::new("/run/netns").join(ns)
+    };
+    let nsfd = std::fs::File::open(&path)
+        .map_err(|e| format!("network namespace {}: {e}", path.display()))?;
+    std::thread::spawn(move || {
+        // SAFETY: setns on this thread only (CLONE_NEWNET), with a descriptor we own.
+        if unsafe { libc::setns(nsfd.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(format!(
+                "cannot enter network namespace: {}",
+                io::Error::last_os_error()
+            ));
+        }
+        f()
+    })
+    .join()
+    .map_err(|_| "the thread in the network namespace failed".to_string())?
+}
+
+/// The network namespace (a name under /run/netns) interface `dev` lives in, if it is not in
+/// valed's own.
+fn netns_of(dev: &str) -> Option<String> {
+    if dev.is_empty() || super::interface_exists(dev) {
+        return None;
+    }
+    let entries = std::fs::read_dir("/run/netns").ok()?;
+    for e in entries.flatten().take(4096) {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let d = dev.to_string();
+        if in_netns(&name, move || Ok(super::interface_exists(&d))) == Ok(true) {
+            return Some(name);
+        }
+    }
+    None
+}
 
 impl Tap {
     /// Creates TAP device `name`, or adopts it if a persistent one exists and is free.

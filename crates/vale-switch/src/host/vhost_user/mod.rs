@@ -128,6 +128,18 @@ pub const KIND: super::Kind = super::Kind {
             pairs,
         )?))
     },
+    saved_args: &[],
+    saved: |attached, device, mode| {
+        attached.unwrap_or_else(|| {
+            let mut a: super::KindArgs = [("path".into(), device.into())].into();
+            if mode == "client" {
+                a.insert("client".into(), "yes".into());
+            }
+            a
+        })
+    },
+    // A QEMU with `reconnect` comes back to the socket by itself.
+    restore: |args| (KIND.open)(args),
 };
 
 pub struct VhostUser {
