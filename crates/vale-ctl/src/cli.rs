@@ -248,8 +248,12 @@ and the frames of one flow toward the guest stay on one receive queue. valed als
 the MTU ('-device virtio-net-pci,host_mtu=9000'; longer frames without segmentation are \
 dropped both ways), link status, checksum and TCP segmentation \
 offload both ways, merged receive buffers and event indices; 'vale-ctl list' shows what the \
-guest took.",
-        group(clap::ArgGroup::new("device").required(true).args(["tap", "iface", "vhost_user"]))
+guest took.\n\n\
+The generic form 'vale-ctl attach PORT KIND KEY=VALUE...' names any kind valed knows with \
+its arguments as the control protocol carries them: 'tap name=NAME [persist=yes]', \
+'nic iface=NAME [mode=MODE]', 'vhost-user path=PATH [client=yes] [queues=N]'; valed refuses \
+a kind or an argument it does not know, naming those it does.",
+        group(clap::ArgGroup::new("device").required(true).args(["tap", "iface", "vhost_user", "kind"]))
     )]
     Attach {
         /// The port, valeX:Y
@@ -276,6 +280,12 @@ guest took.",
         /// Queue pairs the vhost-user port offers, 1-16 (default 4)
         #[arg(long, value_name = "N", requires = "vhost_user", value_parser = clap::value_parser!(u8).range(1..=16))]
         queues: Option<u8>,
+        /// The generic form: a port kind (tap, nic, vhost-user), then its arguments
+        #[arg(value_name = "KIND")]
+        kind: Option<String>,
+        /// The kind's arguments
+        #[arg(value_name = "KEY=VALUE", requires = "kind", value_parser = key_value)]
+        kind_args: Vec<(String, String)>,
     },
     /// Give a TAP or NIC port's device back
     #[command(

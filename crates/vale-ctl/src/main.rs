@@ -185,9 +185,15 @@ fn run(cli: &Cli) -> Result<(), Failure> {
             vhost_user,
             client,
             queues,
+            kind,
+            kind_args,
         } => {
             let mut args = BTreeMap::new();
             let kind = match (tap, iface) {
+                _ if kind.is_some() => {
+                    args.extend(kind_args.iter().cloned());
+                    kind.as_deref().expect("checked")
+                }
                 _ if vhost_user.is_some() => {
                     // valed resolves no path against our directory: send it absolute.
                     let path = vhost_user.as_deref().expect("checked");

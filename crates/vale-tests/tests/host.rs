@@ -269,6 +269,51 @@ fn attach_refusals_and_detach() {
     assert!(wait_until(T, || !home.ok("ip -o link show").contains(&tap)));
 }
 
+/// `vale-ctl attach PORT KIND KEY=VALUE...`: any kind by name with the arguments the control
+/// protocol carries; unknown kinds and arguments are refused, naming what valed knows.
+#[test]
+fn the_generic_attach_names_a_kind_and_its_arguments() {
+    let home = Netns::new("g");
+    let v = Valed::start_in(&home, &[]);
+    let tap = unique("vtapg");
+    v.ctl_ok(&[
+        "attach",
+        "vale0:g",
+        "tap",
+        &format!("name={tap}"),
+        "persist=yes",
+    ]);
+    let p = v.port("vale0:g").expect("listed");
+    assert_eq!(
+        (p.kind.as_str(), p.device.as_deref()),
+        ("tap", Some(tap.as_str()))
+    );
+    v.ctl_ok(&["detach", "vale0:g"]);
+    assert!(
+        home.ok("ip -o link show").contains(&tap),
+        "persist=yes kept it"
+    );
+    v.ctl_fails(
+        &["attach", "vale0:h", "bogus", "a=b"],
+        1,
+        "no port kind 'bogus' (known: tap, nic, vhost-user)",
+    );
+    v.ctl_fails(
+        &["attach", "vale0:h", "tap", "nome=x"],
+        1,
+        "takes no argument 'nome' (it takes: name, persist)",
+    );
+    v.ctl_fails(&["attach", "vale0:h", "tap", "name"], 2, "KEY=VALUE");
+    v.ctl_fails(&["attach", "vale0:h", "tap", "name=x", "--tap", "y"], 2, "");
+    // A kind's saved-only arguments are not for attach.
+    v.ctl_fails(
+        &["attach", "vale0:h", "tap", "name=x", "netns=web"],
+        1,
+        "netns",
+    );
+    home.ok(&format!("ip link del {tap}"));
+}
+
 fn nic_port_joins_tap_and_native_ports(mode: &str) {
     let _g = serial();
     let n = NicNet::new(Some(mode), &["t"]);
