@@ -47,4 +47,18 @@ static inline int check_frame(const unsigned char *f, unsigned len, unsigned wan
 	return memcmp(ref, f, len) == 0 ? 0 : -1;
 }
 
+#ifdef NETMAP_API
+/* A register request for port `name`, all rings, as NIOCCTRL takes it: `h` points at `reg`. */
+static inline void register_request(struct nmreq_header *h, struct nmreq_register *reg, const char *name)
+{
+	memset(h, 0, sizeof(*h));
+	memset(reg, 0, sizeof(*reg));
+	h->nr_version = NETMAP_API;
+	h->nr_reqtype = NETMAP_REQ_REGISTER;
+	snprintf(h->nr_name, sizeof(h->nr_name), "%s", name);
+	h->nr_body = (uintptr_t)reg;
+	reg->nr_mode = NR_REG_ALL_NIC;
+}
+#endif
+
 #endif

@@ -24,13 +24,7 @@ int main(int argc, char **argv)
 	struct nmreq_header h;
 	struct nmreq_register reg;
 
-	memset(&h, 0, sizeof(h));
-	memset(&reg, 0, sizeof(reg));
-	h.nr_version = NETMAP_API;
-	h.nr_reqtype = NETMAP_REQ_REGISTER;
-	snprintf(h.nr_name, sizeof(h.nr_name), "%s", argv[1]);
-	h.nr_body = (uintptr_t)&reg;
-	reg.nr_mode = NR_REG_ALL_NIC;
+	register_request(&h, &reg, argv[1]);
 	int r = ioctl(fd, NIOCCTRL, &h);
 	printf("errno %d\n", r == 0 ? 0 : errno);
 	fflush(stdout);
