@@ -1,0 +1,234 @@
+//! Busy waiting that gives way on a crowded CPU.
+//!
+//! A busy waiter (a client in `Wait::Busy`, a valed worker with `--busy-poll-us`) spins on
+//! shared memory instead of sleeping. With a CPU to itself that is the fastest wait there is;
+//! with another runnable task on its CPU it is the slowest: the spinner keeps the CPU until the
+//! scheduler ends its time slice (a millisecond or more), while the task it waits for — its
+//! partner in a ping-pong, say — waits to run. Three busy parties on two vCPUs took 0.5–1 ms a
+//! round trip where three sleeping ones took 0.1 ms.
+//!
+//! A [`Spinner`] watches for that and has three modes:
+//!
+//! - **spinning**: no system call. The caller calls [`Spinner::pause`] after every fruitless
+//!   look at its rings; every pause reads the clock (vDSO). Two pauses more than [`GAP_NS`]
+//!   apart, or [`CHECK_NS`] passing, make it read the thread's count of involuntary context
+//!   switches (`getrusage(RUSAGE_THREAD)`, `ru_nivcsw`): a count that moved means another task
+//!   took this CPU, so it goes on *yielding*.
+//! - **yielding**: `sched_yield()` in every pause, so a runnable task on this CPU runs at once
+//!   (a partner that yields too hands the CPU back within microseconds: three busy parties on
+//!   one CPU take a few microseconds a round trip). Every [`CHECK_NS`] it reads the count again:
+//!   unchanged, the CPU is its own again (spinning). A yield that comes back only after
+//!   [`LONG_YIELD_NS`], [`LONG_YIELDS`] times in a row, means the CPU went to a task that does
+//!   not give way (a compiler, say): a spinner then waits for that task's time slices, where
+//!   a sleeper's wake-up would preempt it, so it goes on *backing off*.
+//! - **backing off**: the caller sleeps instead of spinning (its waits are those of a sleeping
+//!   client or valed) for [`BACKOFF_MIN_NS`], doubled with each back-off in a row up to
+//!   [`BACKOFF_MAX_NS`]; then it tries again, yielding (a spin would hold a still crowded CPU
+//!   for a whole time slice before it noticed). A check without a late yield ends the row.
+//!
+//! So busy waiting is never much worse than sleeping: on a crowded CPU it either takes turns
+//! at once or sleeps. `sched_yield` with nobody else runnable returns at once but is a system
+//! call (about 0.5 µs on the 2-vCPU machine of bench/README.md, so one in every look would
+//! add that to each hop of a round trip): a spinner alone on its CPU stays in the first mode,
+//! which costs one clock read (about 20 ns) a pause and a `getrusage` (about 0.3 µs) a
+//! [`CHECK_NS`].
+
+/// Two pauses further apart than this: the spinner was likely off its CPU (a look at the
+/// rings takes nanoseconds); the context switch count says whether another task had it.
+pub const GAP_NS: u64 = 20_000;
+/// How often the context switch count is read anyway.
+pub const CHECK_NS: u64 = 1_000_000;
+/// A yield that takes this long handed the CPU to a task that kept it: a partner that yields
+/// too hands it back within microseconds, a task that does not after its time slice.
+pub const LONG_YIELD_NS: u64 = 200_000;
+/// Long yields in a row before backing off (the first may be a partner that has not noticed
+/// the crowd yet: it still spins without yielding until its slice ends).
+pub const LONG_YIELDS: u32 = 2;
+/// First back-off, and the longest (doubled with each back-off in a row).
+pub const BACKOFF_MIN_NS: u64 = 20_000_000;
+pub const BACKOFF_MAX_NS: u64 = 1_000_000_000;
+
+/// What a busy waiter does next (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Spin without system calls: the CPU is the waiter's own.
+    Spinning,
+    /// Yield the CPU between looks: other tasks want it and give it back.
+    Yielding,
+    /// Sleep instead of spinning until the monotonic clock reads `until` (ns).
+    BackingOff { until: u64 },
+}
+
+/// The state of one busy-waiting thread (see the module docs). Plain data: keep one per
+/// thread (the counts it reads are the thread's own).
+#[derive(Clone, Copy, Debug)]
+pub struct Spinner {
+    mode: Mode,
+    /// Clock of the last pause of the current spin; 0: none yet (the spin began, or the
+    /// waiter found work, since: the time between says nothing of the CPU).
+    last_pause: u64,
+    /// When the context switch count was read last, and what it said.
+    checked_at: u64,
+    switches: i64,
+    /// Long yields in a row, and whether one came since the last check.
+    long_yields: u32,
+    late: bool,
+    /// Back-offs in a row.
+    backoffs: u32,
+}
+
+impl Default for Spinner {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Spinner {
+    pub const fn new() -> Spinner {
+        Spinner {
+            mode: Mode::Spinning,
+            last_pause: 0,
+            checked_at: 0,
+            switches: 0,
+            long_yields: 0,
+            late: false,
+            backoffs: 0,
+        }
+    }
+
+    /// The mode it is in.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// At the start of a wait: whether to spin (false while backing off: sleep instead).
+    pub fn begin(&mut self) -> bool {
+        self.last_pause = 0;
+        self.may_spin(now_ns())
+    }
+
+    /// Whether to spin now (false while backing off), at clock `now`.
+    fn may_spin(&mut self, now: u64) -> bool {
+        match self.mode {
+            Mode::BackingOff { until } if now < until => false,
+            Mode::BackingOff { .. } => {
+                // Try again, yielding: a CPU still crowded shows in two yields (a spin would
+                // first hold it for a whole time slice); one that is free in a check.
+                self.mode = Mode::Yielding;
+                self.long_yields = 0;
+                self.late = false;
+                self.preempted(now);
+                true
+            }
+            _ => true,
+        }
+    }
+
+    /// Whether a waiter that goes by rounds (a valed worker) may keep a dry ring polled now:
+    /// false while backing off. One clock read, and none unless it is backing off.
+    pub fn spinning(&mut self) -> bool {
+        match self.mode {
+            Mode::BackingOff { .. } => self.may_spin(now_ns()),
+            _ => true,
+        }
+    }
+
+    /// The waiter found work: the time until its next pause is work, not a gap.
+    pub fn worked(&mut self) {
+        self.last_pause = 0;
+    }
+
+    /// After a look that found nothing: waits a little (a CPU pause, or a `sched_yield` when
+    /// other tasks want the CPU) and says whether to go on spinning (false: sleep instead,
+    /// the spinner is backing off).
+    pub fn pause(&mut self) -> bool {
+        let now = now_ns();
+        match self.mode {
+            Mode::Spinning => {
+                let gap = self.last_pause != 0 && now - self.last_pause > GAP_NS;
+                self.last_pause = now;
+                if (gap || self.check_due(now)) && self.preempted(now) {
+                    self.mode = Mode::Yielding;
+                    self.long_yields = 0;
+                    self.late = false;
+                    return self.yield_now(now);
+                }
+                std::hint::spin_loop();
+                true
+            }
+            Mode::Yielding => {
+                if self.check_due(now) {
+                    if !self.late {
+                        self.backoffs = 0;
+                    }
+                    self.late = false;
+                    if !self.preempted(now) {
+                        // Nobody took the CPU for a whole check: it is ours again.
+                        self.mode = Mode::Spinning;
+                        self.last_pause = now;
+                        std::hint::spin_loop();
+                        return true;
+                    }
+                }
+                self.yield_now(now)
+            }
+            Mode::BackingOff { .. } => self.may_spin(now),
+        }
+    }
+
+    /// Yields the CPU; backs off after [`LONG_YIELDS`] long yields in a row.
+    fn yield_now(&mut self, before: u64) -> bool {
+        // SAFETY: sched_yield has no preconditions.
+        unsafe { libc::sched_yield() };
+        let after = now_ns();
+        self.last_pause = after;
+        if after - before < LONG_YIELD_NS {
+            self.long_yields = 0;
+            return true;
+        }
+        self.late = true;
+        self.long_yields += 1;
+        if self.long_yields < LONG_YIELDS {
+            return true;
+        }
+        let backoff = (BACKOFF_MIN_NS << self.backoffs.min(16)).min(BACKOFF_MAX_NS);
+        self.backoffs = self.backoffs.saturating_add(1);
+        self.long_yields = 0;
+        self.mode = Mode::BackingOff {
+            until: after + backoff,
+        };
+        false
+    }
+
+    fn check_due(&self, now: u64) -> bool {
+        now.wrapping_sub(self.checked_at) >= CHECK_NS
+    }
+
+    /// Reads the thread's count of involuntary context switches (a yield that let another
+    /// task run counts as one too): whether it moved since the last reading (not at the
+    /// first).
+    fn preempted(&mut self, now: u64) -> bool {
+        // SAFETY: an all-zero rusage is a valid value.
+        let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: fills the live struct; RUSAGE_THREAD needs nothing else.
+        if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) } != 0 {
+            return false;
+        }
+        let first = self.checked_at == 0;
+        let moved = ru.ru_nivcsw != self.switches;
+        self.checked_at = now;
+        self.switches = ru.ru_nivcsw;
+        moved && !first
+    }
+}
+
+/// The monotonic clock in ns (vDSO: no system call).
+pub fn now_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: plain call with a live timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
