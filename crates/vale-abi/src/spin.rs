@@ -3,24 +3,28 @@
 //! A busy waiter (a client in `Wait::Busy`, a valed worker with `--busy-poll-us`) spins on
 //! shared memory instead of sleeping. With a CPU to itself that is the fastest wait there is;
 //! with another runnable task on its CPU it is the slowest: the spinner keeps the CPU until the
-//! scheduler ends its time slice (a millisecond or more), while the task it waits for — its
-//! partner in a ping-pong, say — waits to run. Three busy parties on two vCPUs took 0.5–1 ms a
+//! scheduler ends its time slice (a millisecond or so), while the task it waits for — its
+//! partner in a ping-pong, say — waits to run. Three busy parties on two vCPUs took 0.2–1 ms a
 //! round trip where three sleeping ones took 0.1 ms.
 //!
 //! A [`Spinner`] watches for that and has three modes:
 //!
 //! - **spinning**: no system call. The caller calls [`Spinner::pause`] after every fruitless
 //!   look at its rings; every pause reads the clock (vDSO). Two pauses more than [`GAP_NS`]
-//!   apart, or [`CHECK_NS`] passing, make it read the thread's count of involuntary context
-//!   switches (`getrusage(RUSAGE_THREAD)`, `ru_nivcsw`): a count that moved means another task
-//!   took this CPU, so it goes on *yielding*.
+//!   apart mean the spinner was off its CPU for a while; if the thread's count of involuntary
+//!   context switches moved meanwhile (`getrusage(RUSAGE_THREAD)`, `ru_nivcsw`, read then and
+//!   every [`CHECK_NS`]), another task had the CPU for that long — one that waited for the
+//!   spinner's time slice to end — so it goes on *yielding*. A task that wakes, preempts the
+//!   spinner and soon sleeps again (a sleeping partner) leaves a short gap: it needs no yield.
 //! - **yielding**: `sched_yield()` in every pause, so a runnable task on this CPU runs at once
 //!   (a partner that yields too hands the CPU back within microseconds: three busy parties on
-//!   one CPU take a few microseconds a round trip). Every [`CHECK_NS`] it reads the count again:
-//!   unchanged, the CPU is its own again (spinning). A yield that comes back only after
-//!   [`LONG_YIELD_NS`], [`LONG_YIELDS`] times in a row, means the CPU went to a task that does
-//!   not give way (a compiler, say): a spinner then waits for that task's time slices, where
-//!   a sleeper's wake-up would preempt it, so it goes on *backing off*.
+//!   one CPU take some 10 µs a round trip). One yield in [`SAMPLE_EVERY`] is bracketed by two
+//!   readings of the count: if none of those let another task run during a whole
+//!   [`CHECK_NS`], nobody is waiting for the CPU any more and it goes back to spinning. A yield
+//!   that comes back only after [`LONG_YIELD_NS`], [`LONG_YIELDS`] times in a row, means the
+//!   CPU went to a task that does not give way (a compiler, say): a spinner then waits for
+//!   that task's time slices, where a sleeper's wake-up would preempt it, so it goes on
+//!   *backing off*.
 //! - **backing off**: the caller sleeps instead of spinning (its waits are those of a sleeping
 //!   client or valed) for [`BACKOFF_MIN_NS`], doubled with each back-off in a row up to
 //!   [`BACKOFF_MAX_NS`]; then it tries again, yielding (a spin would hold a still crowded CPU
@@ -33,11 +37,15 @@
 //! which costs one clock read (about 20 ns) a pause and a `getrusage` (about 0.3 µs) a
 //! [`CHECK_NS`].
 
-/// Two pauses further apart than this: the spinner was likely off its CPU (a look at the
-/// rings takes nanoseconds); the context switch count says whether another task had it.
-pub const GAP_NS: u64 = 20_000;
-/// How often the context switch count is read anyway.
+/// Two pauses further apart than this: the spinner was off its CPU for longer than a sleeping
+/// task's wake-up takes (a look at the rings takes nanoseconds).
+pub const GAP_NS: u64 = 50_000;
+/// How often the context switch count is read while spinning (a fresh baseline for a gap),
+/// and the time without a yield that let another task run after which a yielding spinner
+/// spins again.
 pub const CHECK_NS: u64 = 1_000_000;
+/// One yield in this many is bracketed by readings of the context switch count.
+pub const SAMPLE_EVERY: u32 = 16;
 /// A yield that takes this long handed the CPU to a task that kept it: a partner that yields
 /// too hands it back within microseconds, a task that does not after its time slice.
 pub const LONG_YIELD_NS: u64 = 200_000;
@@ -67,9 +75,14 @@ pub struct Spinner {
     /// Clock of the last pause of the current spin; 0: none yet (the spin began, or the
     /// waiter found work, since: the time between says nothing of the CPU).
     last_pause: u64,
-    /// When the context switch count was read last, and what it said.
+    /// Spinning: when the context switch count was read last (0: never); yielding: when the
+    /// current check began.
     checked_at: u64,
+    /// The count at its last reading.
     switches: i64,
+    /// Yields made, and whether a sampled one let another task run since the last check.
+    yields: u32,
+    switched: bool,
     /// Long yields in a row, and whether one came since the last check.
     long_yields: u32,
     late: bool,
@@ -90,6 +103,8 @@ impl Spinner {
             last_pause: 0,
             checked_at: 0,
             switches: 0,
+            yields: 0,
+            switched: false,
             long_yields: 0,
             late: false,
             backoffs: 0,
@@ -107,25 +122,8 @@ impl Spinner {
         self.may_spin(now_ns())
     }
 
-    /// Whether to spin now (false while backing off), at clock `now`.
-    fn may_spin(&mut self, now: u64) -> bool {
-        match self.mode {
-            Mode::BackingOff { until } if now < until => false,
-            Mode::BackingOff { .. } => {
-                // Try again, yielding: a CPU still crowded shows in two yields (a spin would
-                // first hold it for a whole time slice); one that is free in a check.
-                self.mode = Mode::Yielding;
-                self.long_yields = 0;
-                self.late = false;
-                self.preempted(now);
-                true
-            }
-            _ => true,
-        }
-    }
-
     /// Whether a waiter that goes by rounds (a valed worker) may keep a dry ring polled now:
-    /// false while backing off. One clock read, and none unless it is backing off.
+    /// false while backing off. No clock read unless it is backing off.
     pub fn spinning(&mut self) -> bool {
         match self.mode {
             Mode::BackingOff { .. } => self.may_spin(now_ns()),
@@ -147,24 +145,29 @@ impl Spinner {
             Mode::Spinning => {
                 let gap = self.last_pause != 0 && now - self.last_pause > GAP_NS;
                 self.last_pause = now;
-                if (gap || self.check_due(now)) && self.preempted(now) {
-                    self.mode = Mode::Yielding;
-                    self.long_yields = 0;
-                    self.late = false;
-                    return self.yield_now(now);
+                if gap || now.wrapping_sub(self.checked_at) >= CHECK_NS {
+                    let fresh = self.checked_at != 0;
+                    let moved = self.read_switches();
+                    self.checked_at = now;
+                    if gap && moved && fresh {
+                        self.enter_yielding(now);
+                        return self.yield_now(now);
+                    }
                 }
                 std::hint::spin_loop();
                 true
             }
             Mode::Yielding => {
-                if self.check_due(now) {
+                if now.wrapping_sub(self.checked_at) >= CHECK_NS {
+                    self.checked_at = now;
                     if !self.late {
                         self.backoffs = 0;
                     }
                     self.late = false;
-                    if !self.preempted(now) {
-                        // Nobody took the CPU for a whole check: it is ours again.
+                    if !std::mem::take(&mut self.switched) {
+                        // No yield of a whole check let anyone run: the CPU is ours again.
                         self.mode = Mode::Spinning;
+                        self.read_switches();
                         self.last_pause = now;
                         std::hint::spin_loop();
                         return true;
@@ -176,16 +179,48 @@ impl Spinner {
         }
     }
 
+    /// Whether to spin now (false while backing off), at clock `now`.
+    fn may_spin(&mut self, now: u64) -> bool {
+        match self.mode {
+            Mode::BackingOff { until } if now < until => false,
+            Mode::BackingOff { .. } => {
+                // Try again, yielding: a CPU still crowded shows in two yields (a spin would
+                // first hold it for a whole time slice); one that is free in a check.
+                self.enter_yielding(now);
+                true
+            }
+            _ => true,
+        }
+    }
+
+    /// Yields from now on; the first check is [`CHECK_NS`] after `now`.
+    fn enter_yielding(&mut self, now: u64) {
+        self.mode = Mode::Yielding;
+        self.checked_at = now;
+        self.switched = false;
+        self.long_yields = 0;
+        self.late = false;
+    }
+
     /// Yields the CPU; backs off after [`LONG_YIELDS`] long yields in a row.
     fn yield_now(&mut self, before: u64) -> bool {
+        self.yields = self.yields.wrapping_add(1);
+        let sample = self.yields % SAMPLE_EVERY == 0;
+        if sample {
+            self.read_switches();
+        }
         // SAFETY: sched_yield has no preconditions.
         unsafe { libc::sched_yield() };
         let after = now_ns();
+        if sample && self.read_switches() {
+            self.switched = true;
+        }
         self.last_pause = after;
         if after - before < LONG_YIELD_NS {
             self.long_yields = 0;
             return true;
         }
+        self.switched = true;
         self.late = true;
         self.long_yields += 1;
         if self.long_yields < LONG_YIELDS {
@@ -200,25 +235,18 @@ impl Spinner {
         false
     }
 
-    fn check_due(&self, now: u64) -> bool {
-        now.wrapping_sub(self.checked_at) >= CHECK_NS
-    }
-
     /// Reads the thread's count of involuntary context switches (a yield that let another
-    /// task run counts as one too): whether it moved since the last reading (not at the
-    /// first).
-    fn preempted(&mut self, now: u64) -> bool {
+    /// task run counts as one too): whether it moved since the last reading.
+    fn read_switches(&mut self) -> bool {
         // SAFETY: an all-zero rusage is a valid value.
         let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
         // SAFETY: fills the live struct; RUSAGE_THREAD needs nothing else.
         if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) } != 0 {
             return false;
         }
-        let first = self.checked_at == 0;
         let moved = ru.ru_nivcsw != self.switches;
-        self.checked_at = now;
         self.switches = ru.ru_nivcsw;
-        moved && !first
+        moved
     }
 }
 
