@@ -1,11 +1,11 @@
 //! A port as its client sees it: the mapped region, its rings, and the sync calls.
 
+use std::cell::Cell;
 use std::io::{self, Read};
 use std::ops::Range;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::cell::Cell;
 use std::ptr::NonNull;
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex};

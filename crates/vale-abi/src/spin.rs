@@ -205,7 +205,7 @@ impl Spinner {
     /// Yields the CPU; backs off after [`LONG_YIELDS`] long yields in a row.
     fn yield_now(&mut self, before: u64) -> bool {
         self.yields = self.yields.wrapping_add(1);
-        let sample = self.yields % SAMPLE_EVERY == 0;
+        let sample = self.yields.is_multiple_of(SAMPLE_EVERY);
         if sample {
             self.read_switches();
         }

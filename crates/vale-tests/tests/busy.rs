@@ -148,14 +148,22 @@ impl OneCpu {
         // sets of the size given, for the calling thread (pid 0).
         unsafe {
             let mut was: libc::cpu_set_t = std::mem::zeroed();
-            assert_eq!(libc::sched_getaffinity(0, size, &mut was), 0, "sched_getaffinity");
+            assert_eq!(
+                libc::sched_getaffinity(0, size, &mut was),
+                0,
+                "sched_getaffinity"
+            );
             let cpu = (0..libc::CPU_SETSIZE as usize)
                 .rev()
                 .find(|&c| libc::CPU_ISSET(c, &was))
                 .expect("a CPU to run on");
             let mut one: libc::cpu_set_t = std::mem::zeroed();
             libc::CPU_SET(cpu, &mut one);
-            assert_eq!(libc::sched_setaffinity(0, size, &one), 0, "pin to cpu {cpu}");
+            assert_eq!(
+                libc::sched_setaffinity(0, size, &one),
+                0,
+                "pin to cpu {cpu}"
+            );
             OneCpu { was }
         }
     }
