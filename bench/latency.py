@@ -31,9 +31,12 @@ pong on cpus 1, 2, 3, or 0, 1, 2 with three); --busy-cpus V,P,Q sets them. With 
 someone shares: valed-busy takes the split layout (valed cpu1, both clients cpu0),
 busy-clients puts ping on cpu0 and pong and valed on cpu1, busy-ping puts the sleeping pong
 on valed's cpu1 (its wake-up preempts valed's spin), and busy has two spinners on one CPU
-(ping and pong on cpu0): they take turns at the scheduler's pace, milliseconds a round trip,
-and the table marks such rows "oversubscribed". The sleeping rows of the main table are
-untouched by all this.
+(ping and pong on cpu0; the table marks such rows "oversubscribed"): they yield the CPU to
+each other between looks, and sleep while other tasks keep it (vale_abi::spin). The column
+"/sleep" is a busy row's median over the sleeping median of the main table, same frame size
+(measured minutes apart: compare it over several runs on a busy machine), and "crowded"
+the waits of ping (summed over runs) that slept because its CPU was crowded. The sleeping
+rows of the main table are untouched by all this.
 
     cargo build --release && bench/latency.py [--runs 5] [--seconds 2] [--sizes 60,1514]
     bench/latency.py --no-peers --variants busy,busy-ping --busy-cpus 2,4,6 --sizes 60
@@ -77,10 +80,12 @@ def vale_ping(v, size, seconds, ping_args=(), pong_args=()):
                                  "-D", common.mac_of(1), *ping_args), timeout=seconds + 30, env=v.env)
     finally:
         common.stop(pong)
-    rtt = json.loads(out).get("rtt")
+    report = json.loads(out)
+    rtt = report.get("rtt")
     if not rtt:
         raise RuntimeError(f"vale-pktgen ping measured nothing: {out}")
-    return rtt
+    # With --busy: the waits that slept because the CPU was crowded.
+    return dict(rtt, crowded_waits=report.get("crowded_waits"))
 
 
 def one_thread_ping(v, size, seconds):
@@ -133,6 +138,9 @@ def busy_variants(a, sizes, names, fixed_cpus):
                          "valed_args": extra, "ping_args": ping_args, "pong_args": pong_args,
                          "oversubscribed": name != "busy-1thread"
                                            and oversubscribed(cpus, (valed_busy, ping_busy, pong_busy)),
+                         "ping_crowded_waits": (sum(r["crowded_waits"] for r in runs)
+                                                if ping_busy and all(r.get("crowded_waits") is not None
+                                                                     for r in runs) else None),
                          **{k: summary([r[f"{k}_us"] for r in runs]) for k in ("min", "median", "p99", "max")}})
             print(f"vale {name} {s} B: median RTT {fmt(rows[-1]['median'])} us", flush=True)
         common.stop(v.proc, common.signal.SIGTERM)
@@ -211,14 +219,20 @@ def main():
                  [[r["switch"], r["frame_len"], fmt(r["min"]), fmt(r["median"]), fmt(r["p99"]), r["samples"],
                    common.fmt_ratio(r.get("linux_bridge_over_vale")) if r["switch"] == "vale" else ""]
                   for r in results])
+    for r in busy:
+        sleeping = next((x for x in results if x["switch"] == "vale" and x["frame_len"] == r["frame_len"]), None)
+        r["over_sleeping"] = common.ratio(r["median"], sleeping["median"]) if sleeping else None
     if busy:
         def who(r, party):
             return f"{r['cpus'][party]}{'*' if r['busy'][party] else ''}"
         print(f"\nround-trip time with busy parties, us, {a.runs} runs of {a.seconds} s; CPU of each party, "
               f"* = busy (valed --busy-poll-us {a.busy_poll_us}, vale-pktgen --busy)")
-        common.table(["variant", "valed", "ping", "pong", "len", "min", "median", "p99", "max", "samples", ""],
+        common.table(["variant", "valed", "ping", "pong", "len", "min", "median", "p99", "max", "samples", "/sleep",
+                      "crowded", ""],
                      [[r["variant"], who(r, "valed"), who(r, "ping"), who(r, "pong"), r["frame_len"], fmt(r["min"]),
                        fmt(r["median"]), fmt(r["p99"]), fmt(r["max"]), r["samples"],
+                       common.fmt_ratio(r["over_sleeping"]),
+                       "-" if r["ping_crowded_waits"] is None else r["ping_crowded_waits"],
                        "oversubscribed" if r["oversubscribed"] else ""] for r in busy])
         setup["vale_busy"] = (f"as vale, with valed --busy-poll-us {a.busy_poll_us} where valed is busy and "
                               "vale-pktgen --busy where a client is (spins on the CSB, asks for no interrupt); "

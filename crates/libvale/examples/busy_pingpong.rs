@@ -5,7 +5,8 @@
 //! Opens `valepp:a` and `valepp:b`, both in busy-wait mode, and for SECONDS (default 2)
 //! sends a frame from a, spins until it arrives at b, echoes it from b, and spins until the
 //! echo is back at a. It prints the round-trip times (min, median, 99th percentile, max, in
-//! µs) as one JSON object.
+//! µs) as one JSON object, with the waits that slept because the CPU was crowded
+//! (`crowded_waits`, see `vale::Spinner`).
 //!
 //! The path of every round trip is that of `vale-pktgen -f ping --busy` and `-f pong --busy`
 //! on cores of their own: client, valed, client, valed, client, with nobody sleeping and no
@@ -89,12 +90,14 @@ fn main() -> std::io::Result<()> {
     rtt.sort_unstable();
     let at = |q: f64| rtt[((rtt.len() - 1) as f64 * q).round() as usize] as f64 / 1e3;
     println!(
-        "{{\"samples\":{},\"min_us\":{:.3},\"median_us\":{:.3},\"p99_us\":{:.3},\"max_us\":{:.3}}}",
+        "{{\"samples\":{},\"min_us\":{:.3},\"median_us\":{:.3},\"p99_us\":{:.3},\"max_us\":{:.3},\
+         \"crowded_waits\":{}}}",
         rtt.len(),
         at(0.0),
         at(0.5),
         at(0.99),
-        at(1.0)
+        at(1.0),
+        a.crowded_waits() + b.crowded_waits()
     );
     Ok(())
 }

@@ -365,7 +365,9 @@ int vale_arm(struct vale_port *p, int events);
  *                 timeout_ms still bounds the spin (< 0: spin until something happens);
  *   spin_us >  0  spin up to spin_us microseconds per call, then sleep as with 0.
  * Busy waiting burns a whole CPU for as long as the wait lasts: give each busy client a
- * core of its own.  It changes nothing else: vale_txsync() still kicks valed when valed
+ * core of its own.  On a CPU that other tasks want, the spin gives way: it yields the CPU
+ * between looks (sched_yield), and while others keep the CPU it sleeps as with 0 instead,
+ * for a while (then it may set appl_need_kick and consume interrupts).  It changes nothing else: vale_txsync() still kicks valed when valed
  * sleeps on the ring and asked for a kick, so a busy client works with any valed; only
  * with valed busy-polling too (valed --busy-poll-us) is there no kick and no interrupt per
  * packet.  vale_txsync()/vale_rxsync() never wait, in either mode.  Returns 0, or -1 if p

@@ -19,7 +19,8 @@
 //! when valed asked to be kicked. Use one thread per ring.
 //!
 //! [`Port::poll`] sleeps by default; [`Port::set_wait`] with [`Wait::Busy`] makes it spin on
-//! the CSB instead, for the lowest latency (a core per waiting client):
+//! the CSB instead, for the lowest latency (a core per waiting client; on a crowded CPU the
+//! spin yields, or sleeps, as its [`Spinner`] says):
 //!
 //! ```no_run
 //! let port = vale::Port::open("vale0:a")?;
@@ -36,3 +37,4 @@ pub use port::{Events, OpenOptions, Port, Ring, RingSet, Wait, Waiter};
 pub use vale_abi::control::PortCounters;
 pub use vale_abi::netmap::{NetmapSlot, NS_BUF_CHANGED, NS_MOREFRAG, NS_NO_LEARN};
 pub use vale_abi::region::{PortParams, DEFAULT_BUF_SIZE};
+pub use vale_abi::spin::Spinner;

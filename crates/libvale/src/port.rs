@@ -1,5 +1,6 @@
 //! A port as its client sees it: the mapped region, its rings, and the sync calls.
 
+use std::cell::Cell;
 use std::io::{self, Read};
 use std::ops::Range;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -15,6 +16,7 @@ use vale_abi::csb::{CsbAtok, CsbKtoa};
 use vale_abi::error::{ErrorKind, Refused};
 use vale_abi::netmap::{NetmapIf, NetmapRing, NetmapSlot, RING_SLOTS_OFS};
 use vale_abi::region::{Layout, PortParams, RegionHeader, VALE_ABI_VERSION};
+use vale_abi::spin::Spinner;
 use vale_abi::{eventfd, pipe};
 
 use crate::connect;
@@ -137,6 +139,7 @@ impl OpenOptions {
             kick,
             irq,
             interrupts: AtomicU64::new(0),
+            crowded: AtomicU64::new(0),
             gone: AtomicBool::new(false),
             looked_ns: AtomicU64::new(coarse_ns()),
             spin_ns: AtomicU64::new(0),
@@ -180,6 +183,8 @@ pub struct Port {
     irq: Vec<OwnedFd>,
     /// Interrupts valed raised that `poll` consumed.
     interrupts: AtomicU64,
+    /// Busy waits that slept because the CPU was crowded (see [`Port::crowded_waits`]).
+    crowded: AtomicU64,
     /// The control connection was seen closed: valed is gone, and the port with it.
     gone: AtomicBool,
     /// When a sync last looked at the control connection (coarse clock, ns).
@@ -226,10 +231,13 @@ pub enum Wait {
     /// call and a trip through the scheduler on both sides.
     #[default]
     Sleep,
-    /// Never sleep: spin on the indices valed writes in the CSB, with valed asked *not* to
-    /// interrupt the client. No system call while waiting but one look at the control
-    /// connection a millisecond (so a valed that has gone away is still noticed); a whole
-    /// core is burned for as long as the wait lasts.
+    /// Spin on the indices valed writes in the CSB, with valed asked *not* to interrupt the
+    /// client. On a CPU of its own: no system call while waiting but one look at the control
+    /// connection a millisecond (so a valed that has gone away is still noticed), and a
+    /// whole core burned for as long as the wait lasts. On a CPU that other tasks want it
+    /// gives way ([`crate::Spinner`]): it yields the CPU between looks, so a partner on the
+    /// same CPU runs at once, and while the CPU goes to tasks that keep it, it sleeps as
+    /// [`Wait::Sleep`] instead (counted in [`Port::crowded_waits`]), then tries again.
     Busy,
     /// Spin as [`Wait::Busy`] for up to this long per wait, then sleep as [`Wait::Sleep`]
     /// for the rest of it.
@@ -238,6 +246,22 @@ pub enum Wait {
 
 /// Spins between two looks at the clock and at valed's liveness, in a busy wait.
 const SPINS_PER_LOOK: u32 = 128;
+
+thread_local! {
+    /// How busy waits of this thread pause: the CPU it runs on is what decides, whatever the
+    /// port (see [`vale_abi::spin`]).
+    static SPINNER: Cell<Spinner> = const { Cell::new(Spinner::new()) };
+}
+
+/// How a busy wait ended.
+enum Spun {
+    /// A ring is ready.
+    Ready(Events),
+    /// Its end passed.
+    Ended,
+    /// The CPU is crowded with tasks that do not give way: the wait sleeps instead.
+    GaveWay,
+}
 
 /// How often, at most, a sync that found nothing new looks at the control connection.
 const LOOK_EVERY_NS: u64 = 1_000_000;
@@ -530,6 +554,13 @@ impl Port {
     /// thousands unread loses the surplus, which changes nothing: it has a wake-up pending).
     pub fn interrupts(&self) -> u64 {
         self.interrupts.load(Relaxed)
+    }
+
+    /// Busy waits ([`Wait::Busy`], [`Wait::BusyFor`]) on this port that slept instead of
+    /// spinning because the waiting thread's CPU was crowded: other tasks kept it when the
+    /// wait yielded it (see [`crate::Spinner`]). 0 on a CPU of the waiter's own.
+    pub fn crowded_waits(&self) -> u64 {
+        self.crowded.load(Relaxed)
     }
 
     /// Chooses how [`Port::poll`] waits from now on (the default is [`Wait::Sleep`]).
@@ -843,8 +874,9 @@ impl Port {
             .any(|i| self.ktoa(i).hwtail.load(Relaxed) != self.ring(i).tail())
     }
 
-    /// The busy wait of [`Port::poll`]: spins until a ring `want` names is ready (`Some`) or
-    /// `end` passes (`None`; `end` `None`: never). Fails as soon as valed is seen gone.
+    /// The busy wait of [`Port::poll`]: spins until a ring `want` names is ready, `end`
+    /// passes (`None`: never), or the CPU is too crowded to spin on (see [`Spun`]). Fails as
+    /// soon as valed is seen gone.
     ///
     /// It syncs the rings once (pushing out pending tx slots, and kicking valed if it
     /// sleeps, as a sleeping poll does), then only reads `hwtail` in the CSB, a cache line
@@ -854,37 +886,57 @@ impl Port {
     /// a loop (which would get its ring muted). `appl_need_kick` stays 0, so valed raises no
     /// interrupt either.
     ///
-    /// Every [`SPINS_PER_LOOK`] spins it reads the clock (vDSO, no system call) and, at
-    /// most once a millisecond, polls the control connection without waiting: a valed that
-    /// died ends the spin with the error of a gone port.
-    fn spin(
+    /// Between two looks it pauses as the thread's [`Spinner`] says: a CPU pause while the
+    /// CPU is its own, a `sched_yield` while other tasks want it (a partner on the same CPU
+    /// runs at once instead of after a time slice), and no spin at all while it backs off
+    /// from a CPU that others keep (the wait sleeps instead). Every [`SPINS_PER_LOOK`] looks
+    /// it reads the clock (vDSO, no system call) and, at most once a millisecond, polls the
+    /// control connection without waiting: a valed that died ends the spin with the error of
+    /// a gone port.
+    fn spin(&self, set: &RingSet, want: Events, end: Option<Instant>) -> io::Result<Spun> {
+        SPINNER.with(|cell| {
+            let mut spinner = cell.get();
+            let r = self.spin_with(&mut spinner, set, want, end);
+            cell.set(spinner);
+            r
+        })
+    }
+
+    fn spin_with(
         &self,
+        spinner: &mut Spinner,
         set: &RingSet,
         want: Events,
         end: Option<Instant>,
-    ) -> io::Result<Option<Events>> {
+    ) -> io::Result<Spun> {
+        if !spinner.begin() {
+            return Ok(Spun::GaveWay);
+        }
         let got = self.ready(set, want)?;
         if got != Events::default() {
-            return Ok(Some(got));
+            return Ok(Spun::Ready(got));
         }
         loop {
             for _ in 0..SPINS_PER_LOOK {
                 // Relaxed: only a hint that something moved; the sync reads it again with
                 // acquire ordering before the client touches a slot.
                 if self.moved(set, want) {
+                    spinner.worked();
                     let got = self.ready(set, want)?;
                     if got != Events::default() {
-                        return Ok(Some(got));
+                        return Ok(Spun::Ready(got));
                     }
                 }
-                std::hint::spin_loop();
+                if !spinner.pause() {
+                    return Ok(Spun::GaveWay);
+                }
             }
             if self.gone.load(Relaxed) {
                 return Err(gone_error());
             }
             self.check_alive()?;
             if end.is_some_and(|e| Instant::now() >= e) {
-                return Ok(None);
+                return Ok(Spun::Ended);
             }
         }
     }
@@ -986,11 +1038,17 @@ impl Port {
                 (Some(d), Some(s)) => Some(d.min(s)),
                 (d, s) => d.or(s),
             };
-            if let Some(got) = self.spin(set, want, end)? {
-                return Ok(got);
-            }
-            if spin == u64::MAX || deadline.is_some_and(|d| Instant::now() >= d) {
-                return Ok(Events::default());
+            match self.spin(set, want, end)? {
+                Spun::Ready(got) => return Ok(got),
+                Spun::Ended => {
+                    if spin == u64::MAX || deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Ok(Events::default());
+                    }
+                }
+                // The rest of the wait sleeps, as with Wait::Sleep.
+                Spun::GaveWay => {
+                    self.crowded.fetch_add(1, Relaxed);
+                }
             }
         }
         loop {

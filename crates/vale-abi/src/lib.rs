@@ -8,6 +8,7 @@
 //! - [`name`]: the `valeX:Y` naming rules.
 //! - [`control`]: the messages spoken on valed's control socket.
 //! - [`rundir`]: the run directory, opened only when no other user can change its names.
+//! - [`spin`]: busy waiting that gives way on a crowded CPU (clients and valed alike).
 //!
 //! `docs/abi.md` is the prose version of this crate; keep them in step.
 
@@ -21,3 +22,4 @@ pub mod netmap;
 pub mod pipe;
 pub mod region;
 pub mod rundir;
+pub mod spin;

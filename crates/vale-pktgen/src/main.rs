@@ -4,12 +4,13 @@
 mod frame;
 mod report;
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Parser, ValueEnum};
-use vale::{Events, OpenOptions, Port, Wait, NS_MOREFRAG};
+use vale::{Events, OpenOptions, Port, Spinner, Wait, NS_MOREFRAG};
 
 use report::{Final, Meter, Rtt};
 
@@ -113,7 +114,10 @@ struct Args {
     /// system call but a look, about once a millisecond, at whether valed is still there.
     /// With =US it spins at most US microseconds per wait and then sleeps as
     /// without --busy; plain --busy (or --busy=0) never sleeps and keeps a CPU 100% busy for
-    /// the whole run, so give it a CPU of its own (taskset). Meant for -f ping and -f pong
+    /// the whole run, so give it a CPU of its own (taskset). On a CPU that other tasks want
+    /// it gives way: it yields the CPU between looks (a partner on the same CPU runs at once),
+    /// and while others keep the CPU it sleeps instead for a while (the report's
+    /// crowded_waits counts those waits). Meant for -f ping and -f pong
     /// with valed --busy-poll-us, where no party sleeps and no kick or interrupt is needed
     /// per round trip; against a valed that sleeps it still works (vale-pktgen kicks valed when
     /// valed asks for it) and saves only its own wake-ups. A valed that goes away is noticed
@@ -257,22 +261,31 @@ fn run() -> anyhow::Result<()> {
         bps: meter.bytes as f64 * 8.0 / secs.max(1e-9),
         drops,
         rtt,
+        crowded_waits: args.busy.map(|_| port.crowded_waits()),
     }
     .print(args.json);
     Ok(())
 }
 
 /// Waits `d` between two frames of a --rate: sleeps, or with --busy spins (as long as the
-/// port's busy wait would before it sleeps).
+/// port's busy wait would before it sleeps), pausing as a busy wait of libvale does: on a
+/// crowded CPU it yields between looks at the clock, or sleeps at once (see `vale::Spinner`).
 fn pause(port: &Port, d: Duration) {
+    thread_local! {
+        static SPINNER: Cell<Spinner> = const { Cell::new(Spinner::new()) };
+    }
     let spin = match port.wait_mode() {
         Wait::Sleep => Duration::ZERO,
         Wait::Busy => d,
         Wait::BusyFor(s) => s.min(d),
     };
     let start = Instant::now();
-    while start.elapsed() < spin {
-        std::hint::spin_loop();
+    if !spin.is_zero() {
+        let mut spinner = SPINNER.get();
+        if spinner.begin() {
+            while start.elapsed() < spin && spinner.pause() {}
+        }
+        SPINNER.set(spinner);
     }
     if let Some(rest) = d.checked_sub(start.elapsed()) {
         std::thread::sleep(rest);

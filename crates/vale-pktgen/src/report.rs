@@ -130,6 +130,9 @@ pub struct Final {
     pub drops: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rtt: Option<Rtt>,
+    /// With --busy: the waits that slept instead of spinning because the CPU was crowded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub crowded_waits: Option<u64>,
 }
 
 impl Final {
@@ -154,6 +157,9 @@ impl Final {
                 "rtt over {} samples: min {:.1} us, median {:.1} us, p99 {:.1} us, max {:.1} us",
                 r.samples, r.min_us, r.median_us, r.p99_us, r.max_us
             );
+        }
+        if let Some(n) = self.crowded_waits.filter(|&n| n != 0) {
+            println!("{n} busy waits slept: others kept the CPU");
         }
     }
 }

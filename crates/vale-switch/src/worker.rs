@@ -6,7 +6,11 @@
 //! ring once more; only if nothing arrived does it drop the ring from the active list. A worker
 //! with no active ring sleeps in `epoll_wait` on the kick eventfds: idle ports cost no CPU
 //! (mSwitch). An optional busy-poll interval keeps a dry ring active a little longer, trading
-//! CPU for latency.
+//! CPU for latency. While it polls dry rings only, the worker pauses between passes as a
+//! [`Spinner`] says: on a CPU of its own it just spins; when other tasks want the CPU it yields
+//! it after each dry pass (a busy client on the same CPU runs at once, not after a time slice);
+//! and when the CPU goes to tasks that keep it, the spinner backs off and dry rings go to sleep
+//! at once, as without busy-polling, until it tries again.
 //!
 //! Kicks cost valed no system call: kick eventfds are watched edge-triggered and never read
 //! (each write of the client is an event; the counter just grows). A kick is work only if the
@@ -34,6 +38,7 @@ use crate::forward::Pipeline;
 use crate::port::Port;
 use crate::switch::Switch;
 use vale_abi::eventfd;
+use vale_abi::spin::Spinner;
 
 pub enum Cmd {
     /// Serve tx ring `ring` of `port`.
@@ -202,6 +207,8 @@ struct Loop {
     muted: Vec<usize>,
     pipe: Pipeline,
     busy_poll_ns: u64,
+    /// How the busy-poll pauses between dry passes (see [`Spinner`]).
+    spinner: Spinner,
     /// Every worker (set once all have started).
     peers: Arc<OnceLock<Vec<Arc<Worker>>>>,
     /// Engine clock of the next look, and passes of the loop until the clock is read again.
@@ -229,6 +236,7 @@ impl Loop {
             muted: Vec::new(),
             pipe: Pipeline::new(epoch),
             busy_poll_ns: busy_poll.as_nanos() as u64,
+            spinner: Spinner::new(),
             peers,
             next_look: LOOK_EVERY_NS,
             passes: 0,
@@ -266,7 +274,17 @@ impl Loop {
             if !self.muted.is_empty() {
                 self.unmute_due();
             }
-            self.round();
+            let moved = self.round();
+            if self.busy_poll_ns != 0 && !self.active.is_empty() {
+                // Every active ring was dry (busy-polled) unless something moved: pause, or
+                // yield the CPU to whoever wants it; a spinner that backs off makes the next
+                // round put the dry rings to sleep.
+                if moved {
+                    self.spinner.worked();
+                } else {
+                    self.spinner.pause();
+                }
+            }
             self.passes += 1;
             if self.passes >= LOOK_PASSES {
                 self.passes = 0;
@@ -509,9 +527,15 @@ impl Loop {
         }
     }
 
-    /// One batch from every active ring; rings that ran dry go back to sleep.
-    fn round(&mut self) {
+    /// One batch from every active ring; rings that ran dry go back to sleep (after the
+    /// busy-poll interval, unless the spinner backs off). Whether any ring moved.
+    fn round(&mut self) -> bool {
         let (mut batches, mut slots) = (0u64, 0u64);
+        let busy_poll_ns = if self.busy_poll_ns != 0 && self.spinner.spinning() {
+            self.busy_poll_ns
+        } else {
+            0
+        };
         let mut i = 0;
         while i < self.active.len() {
             let token = self.active[i];
@@ -525,10 +549,10 @@ impl Loop {
                 i += 1;
                 continue;
             }
-            if self.busy_poll_ns != 0 {
+            if busy_poll_ns != 0 {
                 let now = self.pipe.notifier.now_ns();
                 let since = *s.dry_since.get_or_insert(now);
-                if now - since < self.busy_poll_ns {
+                if now - since < busy_poll_ns {
                     i += 1;
                     continue;
                 }
@@ -551,6 +575,7 @@ impl Loop {
         if batches != 0 {
             self.me.stats.count(batches, slots);
         }
+        batches != 0
     }
 
     fn arm_timer(&self, next_ns: Option<u64>) {

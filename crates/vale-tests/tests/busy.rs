@@ -1,11 +1,15 @@
 //! Busy-waiting clients (`vale::Wait::Busy`, `vale-pktgen --busy`): ping-pong through a valed
 //! that busy-polls and through one that sleeps, clients whose valed is killed, and what a busy
-//! wait asks of valed (no interrupt). Every check is of correctness (frames delivered, exit
-//! status, flags), never of a latency: busy clients on a small machine share its CPUs.
+//! wait asks of valed (no interrupt). Most checks are of correctness (frames delivered, exit
+//! status, flags), never of a latency: busy clients on a small machine share its CPUs. Two
+//! are of a count in a time, with margins of ten times and more: busy parties that share one
+//! CPU, alone or beside a task that never gives way, must take turns at once or sleep, not
+//! hold the CPU for a time slice a turn (see `vale_abi::spin`).
 
 use std::process::Output;
-use std::sync::atomic::{AtomicU32, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use vale::Wait;
@@ -28,6 +32,18 @@ fn num(r: &serde_json::Value, field: &str) -> u64 {
 /// pong (busy or not, as `pong_args` says) on vale0:b, announced, then `ROUND_TRIPS` pings
 /// from vale0:a to it with `ping_args`; checks that every ping was answered and counted.
 fn ping_pong(v: &Valed, ping_args: &[&str], pong_args: &[&str]) {
+    ping_pong_within(v, ROUND_TRIPS, None, ping_args, pong_args);
+}
+
+/// As [`ping_pong`], `n` round trips, all of them within `limit` if given (ping stops there,
+/// and the test fails with the count it reached); ping's report.
+fn ping_pong_within(
+    v: &Valed,
+    n: u64,
+    limit: Option<Duration>,
+    ping_args: &[&str],
+    pong_args: &[&str],
+) -> serde_json::Value {
     let mut args = vec![
         "-i",
         "vale0:b",
@@ -48,39 +64,48 @@ fn ping_pong(v: &Valed, ping_args: &[&str], pong_args: &[&str]) {
         wait_until(T, || v.counters("vale0:b").tx_packets >= 1),
         "pong never announced itself"
     );
-    let n = ROUND_TRIPS.to_string();
+    let count = n.to_string();
+    let seconds = limit.map(|l| l.as_secs_f64().to_string());
     let mut args = vec![
         "-i",
         "vale0:a",
         "-f",
         "ping",
         "-n",
-        &n,
+        &count,
         "-D",
         "02:00:00:00:00:0b",
         "--json",
         "-q",
     ];
+    if let Some(s) = &seconds {
+        args.extend_from_slice(&["-T", s]);
+    }
     args.extend_from_slice(ping_args);
     let ping = Kid::spawn(v.pktgen(&args), "vale-pktgen ping").finish(Duration::from_secs(120));
     let r = report(&ping, "vale-pktgen ping");
-    assert_eq!(num(&r, "packets"), ROUND_TRIPS, "{r}");
+    assert_eq!(
+        num(&r, "packets"),
+        n,
+        "round trips within {limit:?} (ping {ping_args:?}, pong {pong_args:?}): {r}"
+    );
     assert_eq!(
         num(&r, "drops"),
         0,
         "every ping answered within a second: {r}"
     );
-    assert_eq!(num(&r["rtt"], "samples"), ROUND_TRIPS, "{r}");
+    assert_eq!(num(&r["rtt"], "samples"), n, "{r}");
     // (a's port went away with ping.) b's announcement plus one echo per ping.
     let bc = v.counters("vale0:b");
     assert_eq!(
         (bc.rx_packets, bc.tx_packets, bc.rx_drops),
-        (ROUND_TRIPS, ROUND_TRIPS + 1, 0),
+        (n, n + 1, 0),
         "{bc:?}"
     );
     pong.signal(libc::SIGTERM);
     let p = report(&pong.finish(T), "vale-pktgen pong");
-    assert_eq!(num(&p, "packets"), ROUND_TRIPS, "{p}");
+    assert_eq!(num(&p, "packets"), n, "{p}");
+    r
 }
 
 /// Nobody sleeps: valed busy-polls, both clients busy-wait.
@@ -108,6 +133,132 @@ fn mixed_waits_ping_pong() {
     ping_pong(&v, &["--busy"], &[]);
     let v = Valed::start_with(&["--busy-poll-us", "50"]);
     ping_pong(&v, &["--busy=20"], &["--busy"]);
+}
+
+/// Pins the calling thread to one CPU of those it may use, and so everything it starts from
+/// then on (processes and threads inherit the mask); the old mask comes back on drop.
+struct OneCpu {
+    was: libc::cpu_set_t,
+}
+
+impl OneCpu {
+    fn pin() -> OneCpu {
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        // SAFETY: an all-zero cpu_set_t is a valid (empty) set; the calls fill or read live
+        // sets of the size given, for the calling thread (pid 0).
+        unsafe {
+            let mut was: libc::cpu_set_t = std::mem::zeroed();
+            assert_eq!(
+                libc::sched_getaffinity(0, size, &mut was),
+                0,
+                "sched_getaffinity"
+            );
+            let cpu = (0..libc::CPU_SETSIZE as usize)
+                .rev()
+                .find(|&c| libc::CPU_ISSET(c, &was))
+                .expect("a CPU to run on");
+            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut one);
+            assert_eq!(
+                libc::sched_setaffinity(0, size, &one),
+                0,
+                "pin to cpu {cpu}"
+            );
+            OneCpu { was }
+        }
+    }
+}
+
+impl Drop for OneCpu {
+    fn drop(&mut self) {
+        // SAFETY: restores the set read in `pin`, for the calling thread.
+        unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.was) };
+    }
+}
+
+/// A thread that spins without ever giving way (a compiler's worth of CPU demand), on the
+/// CPUs its creator may use, for at most a minute; stopped on drop.
+struct Hog {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Hog {
+    fn start() -> Hog {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = std::thread::spawn({
+            let stop = stop.clone();
+            move || {
+                let end = Instant::now() + Duration::from_secs(60);
+                while !stop.load(Relaxed) && Instant::now() < end {
+                    for _ in 0..1000 {
+                        std::hint::spin_loop();
+                    }
+                }
+            }
+        });
+        Hog {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Hog {
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Round trips of the one-CPU ping-pongs below, and the time they get: 10–20 µs each when
+/// the parties take turns at once or sleep (2000 took 0.05–0.5 s, with or without the hog,
+/// on a loaded 2-vCPU machine), milliseconds each when every turn waits for a spinner's time
+/// slice to end (before busy waits gave way: 712 round trips in 5 s, 7 ms each on average,
+/// median 1.4 ms; 272 in 5 s with the parties pinned by taskset).
+const ONE_CPU_ROUND_TRIPS: u64 = 4000;
+const ONE_CPU_LIMIT: Duration = Duration::from_secs(5);
+
+/// valed busy-polling, ping and pong busy-waiting, all three on one CPU: each spinner yields
+/// the CPU between looks once it sees the others, so the round trips come at the pace of the
+/// work, not of the scheduler's time slices.
+#[test]
+fn busy_parties_sharing_one_cpu_take_turns() {
+    let _s = serial();
+    let _cpu = OneCpu::pin();
+    let v = Valed::start_with(&["--busy-poll-us", "1000"]);
+    let r = ping_pong_within(
+        &v,
+        ONE_CPU_ROUND_TRIPS,
+        Some(ONE_CPU_LIMIT),
+        &["--busy"],
+        &["--busy"],
+    );
+    eprintln!("three busy parties on one CPU: {r}");
+}
+
+/// As above with a task on the CPU that never gives way: a yield hands the CPU to it for a
+/// whole time slice, so the busy parties must sleep instead (and count it).
+#[test]
+fn busy_parties_beside_a_cpu_hog_sleep_instead() {
+    let _s = serial();
+    let _cpu = OneCpu::pin();
+    let v = Valed::start_with(&["--busy-poll-us", "1000"]);
+    let _hog = Hog::start();
+    let r = ping_pong_within(
+        &v,
+        ONE_CPU_ROUND_TRIPS,
+        Some(ONE_CPU_LIMIT),
+        &["--busy"],
+        &["--busy"],
+    );
+    eprintln!("three busy parties and a hog on one CPU: {r}");
+    assert!(
+        num(&r, "crowded_waits") > 0,
+        "ping never slept beside the hog: {r}"
+    );
 }
 
 /// Busy ping and pong in full swing when valed is killed: both end with a clear error, in
@@ -201,6 +352,7 @@ fn busy_wait_asks_for_no_interrupt_and_keeps_its_timeout() {
         (Wait::BusyFor(Duration::from_millis(1)), true),
     ] {
         b.set_wait(mode);
+        let crowded = b.crowded_waits();
         let waiter = std::thread::spawn({
             let b = b.clone();
             move || {
@@ -226,7 +378,10 @@ fn busy_wait_asks_for_no_interrupt_and_keeps_its_timeout() {
             waited >= Duration::from_millis(300),
             "{mode:?}: returned after {waited:?}, before its timeout"
         );
-        assert_eq!(flag_seen, expect_flag, "{mode:?}: appl_need_kick seen set");
+        // A busy wait on a CPU that others keep sleeps instead, asking for interrupts.
+        if b.crowded_waits() == crowded {
+            assert_eq!(flag_seen, expect_flag, "{mode:?}: appl_need_kick seen set");
+        }
         assert_eq!(
             appl_need_kick(&b, 1).load(SeqCst),
             0,
@@ -247,7 +402,9 @@ fn busy_wait_asks_for_no_interrupt_and_keeps_its_timeout() {
         assert_eq!(got.expect("poll"), READABLE, "frame {seq}");
         assert_eq!(recv_frames(&b), vec![f], "frame {seq}");
     }
-    assert_eq!(b.interrupts(), 0, "a busy client consumed interrupts");
+    if b.crowded_waits() == 0 {
+        assert_eq!(b.interrupts(), 0, "a busy client consumed interrupts");
+    }
 }
 
 /// A library client in a busy `poll` with no timeout when valed dies: the poll fails with
