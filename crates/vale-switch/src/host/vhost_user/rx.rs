@@ -2,6 +2,7 @@
 //! or held in the port's rx ring while the guest has none.
 
 use super::*;
+use vale_abi::spin::Spinner;
 
 /// The rx queue as the way out of the egress step and of the direct sink, for one pass.
 pub(super) struct GuestRx<'a, 'm> {
@@ -351,7 +352,10 @@ impl Net {
             // With busy-polling, a dry guest is looked at again until the interval passes
             // since the last frame, before its notifications are turned on and the thread
             // sleeps (a kick and a wake-up less per burst, for a core kept busy).
+            // On a crowded CPU the spin gives way as valed's workers do ([`Spinner`]): it
+            // yields between looks, and sleeps on the notifications while others keep the CPU.
             let mut dry_since: Option<std::time::Instant> = None;
+            let mut spinner = SPINNER.get();
             loop {
                 let moved_in;
                 (moved_in, tx_stuck) = self.guest_tx(p, &mut steps, tx, &mem, &acked);
@@ -361,14 +365,15 @@ impl Net {
                 }
                 if moved_in + moved_out != 0 {
                     dry_since = None;
+                    spinner.worked();
                     continue;
                 }
                 let since = *dry_since.get_or_insert_with(std::time::Instant::now);
-                if since.elapsed() >= busy_poll {
+                if since.elapsed() >= busy_poll || !spinner.pause() {
                     break;
                 }
-                std::hint::spin_loop();
             }
+            SPINNER.set(spinner);
             // A chain the guest made available meanwhile is served now, not left for a
             // notification that will not come. An avail index that cannot be right waits
             // for the guest's next kick (looking again at once would spin for as long as
@@ -412,4 +417,9 @@ impl Net {
         }
         (done.moved, false)
     }
+}
+
+thread_local! {
+    /// The busy poll's state on each queue pair's thread (the library runs one per pair).
+    static SPINNER: std::cell::Cell<Spinner> = const { std::cell::Cell::new(Spinner::new()) };
 }
