@@ -21,12 +21,13 @@ use vale::{Events, Port, Wait};
 
 /// Queues `frame` on `port`'s tx ring 0 and publishes it.
 fn send(port: &Port, frame: &[u8]) -> std::io::Result<()> {
-    let ring = port.tx_ring(0);
+    let mut ring = port.tx_ring(0);
     while ring.space() == 0 {
         port.poll(Events::WRITABLE, Some(Duration::from_secs(1)))?;
     }
-    let slot = ring.slot(ring.cur());
-    ring.buf(slot.buf_idx)[..frame.len()].copy_from_slice(frame);
+    let cur = ring.cur();
+    let (slot, buf) = ring.slot_and_buf(cur);
+    buf[..frame.len()].copy_from_slice(frame);
     slot.len = frame.len() as u16;
     slot.flags = 0;
     ring.advance(1);
@@ -35,7 +36,7 @@ fn send(port: &Port, frame: &[u8]) -> std::io::Result<()> {
 
 /// Spins until a frame is on `port`'s rx ring 0, copies it into `out` and releases it.
 fn recv(port: &Port, out: &mut Vec<u8>) -> std::io::Result<()> {
-    let ring = port.rx_ring(0);
+    let mut ring = port.rx_ring(0);
     loop {
         port.rxsync(0)?;
         if !ring.is_empty() {

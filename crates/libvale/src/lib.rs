@@ -2,10 +2,11 @@
 //!
 //! ```no_run
 //! let port = vale::Port::open("vale0:a")?;
-//! let ring = port.tx_ring(0);
+//! let mut ring = port.tx_ring(0); // a view that borrows the port
 //! while ring.space() > 0 {
-//!     let slot = ring.slot(ring.cur());
-//!     ring.buf(slot.buf_idx)[..6].fill(0xff);
+//!     let cur = ring.cur();
+//!     let (slot, buf) = ring.slot_and_buf(cur); // `&mut` only through `&mut ring`
+//!     buf[..6].fill(0xff);
 //!     slot.len = 60;
 //!     ring.advance(1);
 //! }

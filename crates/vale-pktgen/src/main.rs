@@ -294,14 +294,17 @@ fn pause(port: &Port, d: Duration) {
 
 /// Writes `frame` into the slots from `cur` on, chaining with NS_MOREFRAG when it does not fit
 /// one buffer; returns the slot after the last one used.
-fn put_frame(ring: &vale::Ring, mut cur: u32, frame: &[u8], prefilled: bool) -> u32 {
+fn put_frame(ring: &mut vale::Ring, mut cur: u32, frame: &[u8], prefilled: bool) -> u32 {
     let bsize = ring.buf_size() as usize;
     let mut chunks = frame.chunks(bsize).peekable();
     while let Some(chunk) = chunks.next() {
-        let slot = ring.slot(cur);
-        if !prefilled {
-            ring.buf(slot.buf_idx)[..chunk.len()].copy_from_slice(chunk);
-        }
+        let slot = if prefilled {
+            ring.slot_mut(cur)
+        } else {
+            let (slot, buf) = ring.slot_and_buf(cur);
+            buf[..chunk.len()].copy_from_slice(chunk);
+            slot
+        };
         slot.len = chunk.len() as u16;
         slot.flags = if chunks.peek().is_some() {
             NS_MOREFRAG
@@ -326,10 +329,10 @@ fn tx(
     let prefilled = per_frame == 1;
     if prefilled {
         for r in 0..rings {
-            let ring = port.tx_ring(r);
+            let mut ring = port.tx_ring(r);
             for s in 0..ring.num_slots() {
                 let idx = ring.slot(s).buf_idx;
-                ring.buf(idx)[..frame.len()].copy_from_slice(frame);
+                ring.buf_mut(idx)[..frame.len()].copy_from_slice(frame);
             }
         }
     }
@@ -341,7 +344,7 @@ fn tx(
         if limits.done(meter.packets, now) {
             break;
         }
-        let ring = port.tx_ring(r);
+        let mut ring = port.tx_ring(r);
         let mut want = (ring.space() / per_frame).min(args.batch) as u64;
         if limits.count != 0 {
             want = want.min(limits.count - meter.packets);
@@ -364,10 +367,10 @@ fn tx(
         let mut cur = ring.cur();
         for k in 0..want {
             let first = ring.slot(cur).buf_idx;
-            cur = put_frame(&ring, cur, frame, prefilled);
+            cur = put_frame(&mut ring, cur, frame, prefilled);
             if args.flows > 1 {
                 let flow = ((meter.packets + k) % args.flows as u64) as u16;
-                frame::set_flow(ring.buf(first), flow, args.vary);
+                frame::set_flow(ring.buf_mut(first), flow, args.vary);
             }
         }
         ring.set_cur(cur);
@@ -391,7 +394,7 @@ fn tx(
 /// Sends one 60-byte broadcast frame from `src` and waits (up to a second) until valed has
 /// taken it: from then on the switch knows which port `src` is behind.
 fn announce(port: &Port, src: [u8; 6]) -> anyhow::Result<()> {
-    let ring = port.tx_ring(0);
+    let mut ring = port.tx_ring(0);
     let deadline = Instant::now() + Duration::from_secs(1);
     while ring.space() == 0 {
         if Instant::now() >= deadline {
@@ -399,7 +402,8 @@ fn announce(port: &Port, src: [u8; 6]) -> anyhow::Result<()> {
         }
         port.poll(Events::WRITABLE, Some(Duration::from_millis(10)))?;
     }
-    let cur = put_frame(&ring, ring.cur(), &frame::build(60, src, [0xff; 6]), false);
+    let cur = ring.cur();
+    let cur = put_frame(&mut ring, cur, &frame::build(60, src, [0xff; 6]), false);
     ring.set_cur(cur);
     ring.set_head(cur);
     port.txsync(0)?;
@@ -428,7 +432,7 @@ fn drain_rx(
     let mut chain: Vec<u32> = Vec::new();
     for r in 0..port.params().rx_rings {
         port.rxsync(r)?;
-        let ring = port.rx_ring(r);
+        let mut ring = port.rx_ring(r);
         // tail changes only in a sync: read it once, not once a frame.
         let tail = ring.tail();
         let mut cur = ring.cur();
@@ -495,7 +499,7 @@ fn rx(port: &Port, batch: u32, limits: &Limits, meter: &mut Meter) -> anyhow::Re
 }
 
 fn pong(port: &Port, batch: u32, limits: &Limits, meter: &mut Meter) -> anyhow::Result<()> {
-    let txr = port.tx_ring(0);
+    let mut txr = port.tx_ring(0);
     let mut echo = Vec::with_capacity(9000);
     loop {
         let now = Instant::now();
@@ -515,7 +519,8 @@ fn pong(port: &Port, batch: u32, limits: &Limits, meter: &mut Meter) -> anyhow::
                 d.swap_with_slice(&mut s[..6]);
                 let need = echo.len().div_ceil(txr.buf_size() as usize) as u32;
                 if txr.space() >= need {
-                    let cur = put_frame(&txr, txr.cur(), &echo, false);
+                    let cur = txr.cur();
+                    let cur = put_frame(&mut txr, cur, &echo, false);
                     txr.set_cur(cur);
                     txr.set_head(cur);
                     queued = true;
@@ -539,7 +544,7 @@ fn ping(
     limits: &Limits,
     meter: &mut Meter,
 ) -> anyhow::Result<(Vec<u64>, u64)> {
-    let txr = port.tx_ring(0);
+    let mut txr = port.tx_ring(0);
     let epoch = Instant::now();
     let mut f = frame.to_vec();
     let mut samples = Vec::new();
@@ -565,7 +570,8 @@ fn ping(
         while txr.space() == 0 {
             port.poll(Events::WRITABLE, Some(Duration::from_millis(100)))?;
         }
-        let cur = put_frame(&txr, txr.cur(), &f, false);
+        let cur = txr.cur();
+        let cur = put_frame(&mut txr, cur, &f, false);
         txr.set_cur(cur);
         txr.set_head(cur);
         port.txsync(0)?;

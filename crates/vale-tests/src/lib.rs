@@ -637,15 +637,15 @@ pub fn test_frame(len: usize, src: [u8; 6], dst: [u8; 6], seq: u64) -> Vec<u8> {
 /// but the last marked NS_MOREFRAG (the last too unless `last_ends`), without publishing
 /// them. Returns the slot after the last written.
 pub fn write_chain<'a>(
-    ring: &vale::Ring,
+    ring: &mut vale::Ring,
     chunks: impl ExactSizeIterator<Item = &'a [u8]>,
     last_ends: bool,
 ) -> u32 {
     let n = chunks.len();
     let mut cur = ring.cur();
     for (i, c) in chunks.enumerate() {
-        let slot = ring.slot(cur);
-        ring.buf(slot.buf_idx)[..c.len()].copy_from_slice(c);
+        let (slot, buf) = ring.slot_and_buf(cur);
+        buf[..c.len()].copy_from_slice(c);
         slot.len = c.len() as u16;
         slot.flags = if i + 1 == n && last_ends {
             0
@@ -659,7 +659,7 @@ pub fn write_chain<'a>(
 
 /// [`write_chain`], then publishes the slots (moves `head` and `cur` past them).
 pub fn queue_chain<'a>(
-    ring: &vale::Ring,
+    ring: &mut vale::Ring,
     chunks: impl ExactSizeIterator<Item = &'a [u8]>,
     last_ends: bool,
 ) {
@@ -671,12 +671,12 @@ pub fn queue_chain<'a>(
 /// Queues `frame` on tx ring `r` (chained over slots if needed). False if the ring lacks
 /// room.
 pub fn send_frame_on(port: &vale::Port, r: u32, frame: &[u8]) -> bool {
-    let ring = port.tx_ring(r);
+    let mut ring = port.tx_ring(r);
     let chunks = frame.chunks(ring.buf_size() as usize);
     if ring.space() < chunks.len() as u32 {
         return false;
     }
-    queue_chain(&ring, chunks, true);
+    queue_chain(&mut ring, chunks, true);
     true
 }
 
@@ -736,7 +736,7 @@ pub fn send_all(port: &vale::Port, frames: &[Vec<u8>]) {
 /// Takes every complete frame waiting on rx ring `r`, reassembling chains.
 pub fn recv_ring(port: &vale::Port, r: u32) -> Vec<Vec<u8>> {
     port.rxsync(r).expect("rxsync");
-    let ring = port.rx_ring(r);
+    let mut ring = port.rx_ring(r);
     let mut out = Vec::new();
     let mut cur = ring.cur();
     let mut release = cur;

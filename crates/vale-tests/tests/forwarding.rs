@@ -380,13 +380,14 @@ fn chain_cut_by_head_waits_for_its_last_slot() {
     let v = Valed::start();
     let (a, b) = v.open_ab();
     let f = test_frame(5000, MAC_A, MAC_B, 7);
-    let ring = a.tx_ring(0);
+    let mut ring = a.tx_ring(0);
     let bsize = ring.buf_size() as usize;
     assert_eq!(f.chunks(bsize).len(), 3);
-    let cur = write_chain(&ring, f.chunks(bsize), true);
+    let cur = write_chain(&mut ring, f.chunks(bsize), true);
     // Publish the first two slots only.
-    ring.set_cur(ring.next(ring.next(ring.cur())));
-    ring.set_head(ring.cur());
+    let two = ring.next(ring.next(ring.cur()));
+    ring.set_cur(two);
+    ring.set_head(two);
     a.txsync(0).unwrap();
     std::thread::sleep(Duration::from_millis(100));
     a.txsync(0).unwrap();
@@ -975,19 +976,19 @@ fn unicast_to_a_port_that_left_is_flooded_and_counted() {
 /// Queues one frame of `len` bytes whose first slot `bad` may spoil, syncs, waits until
 /// valed took it, and restores the slot's buffer.
 fn send_spoiled(a: &Port, len: usize, seq: u64, bad: impl FnOnce(&mut vale::NetmapSlot)) {
-    let ring = a.tx_ring(0);
+    let mut ring = a.tx_ring(0);
     let f = test_frame(len.max(22), MAC_A, MAC_B, seq);
     let cur = ring.cur();
-    let slot = ring.slot(cur);
+    let (slot, buf) = ring.slot_and_buf(cur);
     let idx = slot.buf_idx;
-    ring.buf(idx)[..f.len().min(2048)].copy_from_slice(&f[..f.len().min(2048)]);
+    buf[..f.len().min(2048)].copy_from_slice(&f[..f.len().min(2048)]);
     slot.len = len as u16;
     slot.flags = 0;
     bad(slot);
     ring.advance(1);
     a.txsync(0).unwrap();
     wait_tx_drained(a, 0);
-    let slot = ring.slot(cur);
+    let slot = ring.slot_mut(cur);
     slot.buf_idx = idx;
     slot.flags = 0;
 }
@@ -1041,17 +1042,17 @@ fn malformed_slots_count_as_bad_input_and_deliver_nothing() {
     assert_eq!(v.counters("vale0:a").bad_input, bad);
 
     // A chain with a bad slot in the middle is dropped whole, counted once.
-    let ring = a.tx_ring(0);
+    let mut ring = a.tx_ring(0);
     let f = test_frame(5000, MAC_A, MAC_B, 1000);
     let middle = ring.next(ring.cur());
-    let cur = write_chain(&ring, f.chunks(2048), true);
+    let cur = write_chain(&mut ring, f.chunks(2048), true);
     let saved = ring.slot(middle).buf_idx;
-    ring.slot(middle).buf_idx = 0;
+    ring.slot_mut(middle).buf_idx = 0;
     ring.set_cur(cur);
     ring.set_head(cur);
     a.txsync(0).unwrap();
     wait_tx_drained(&a, 0);
-    ring.slot(middle).buf_idx = saved;
+    ring.slot_mut(middle).buf_idx = saved;
     assert_eq!(v.counters("vale0:a").bad_input, bad + 1);
     assert_nothing(&b);
 
@@ -1068,7 +1069,7 @@ fn malformed_slots_count_as_bad_input_and_deliver_nothing() {
     let g1 = test_frame(70, MAC_A, MAC_B, 2000);
     let g2 = test_frame(71, MAC_A, MAC_B, 2001);
     assert!(send_frame(&a, &g1));
-    let slot = ring.slot(ring.cur());
+    let slot = ring.slot_mut(ring.cur());
     let saved = slot.buf_idx;
     slot.buf_idx = 0;
     slot.len = 60;
@@ -1078,7 +1079,7 @@ fn malformed_slots_count_as_bad_input_and_deliver_nothing() {
     assert!(send_frame(&a, &g2));
     a.txsync(0).unwrap();
     wait_tx_drained(&a, 0);
-    ring.slot(bad_at).buf_idx = saved;
+    ring.slot_mut(bad_at).buf_idx = saved;
     assert_eq!(recv_n(&b, 2), vec![g1, g2]);
     let ac = v.counters("vale0:a");
     assert_eq!(ac.bad_input, bad + 3, "{ac:?}");
@@ -1092,11 +1093,11 @@ fn bad_buffer_index_on_an_rx_ring_costs_the_receiver_only() {
     let _s = serial();
     let v = Valed::start();
     let (a, b) = v.open_ab();
-    let ring = b.rx_ring(0);
+    let mut ring = b.rx_ring(0);
     // b spoils the slot valed fills next (its ring is empty: cur == tail).
     let at = ring.cur();
     let saved = ring.slot(at).buf_idx;
-    ring.slot(at).buf_idx = 0;
+    ring.slot_mut(at).buf_idx = 0;
     let f = test_frame(60, MAC_A, MAC_B, 0);
     send_all(&a, std::slice::from_ref(&f));
     let bc = v.counters("vale0:b");
@@ -1109,7 +1110,7 @@ fn bad_buffer_index_on_an_rx_ring_costs_the_receiver_only() {
     assert_eq!((ac.tx_packets, ac.bad_input), (1, 0), "{ac:?}");
     assert_nothing(&b);
     // Repaired, the slot takes frames again.
-    ring.slot(at).buf_idx = saved;
+    ring.slot_mut(at).buf_idx = saved;
     send_all(&a, std::slice::from_ref(&f));
     assert_eq!(recv_n(&b, 1), vec![f]);
 }
@@ -1132,7 +1133,7 @@ fn chain_of_uneven_fragments_arrives_as_one_frame() {
             chunk
         })
         .collect();
-    queue_chain(&a.tx_ring(0), chunks.into_iter(), true);
+    queue_chain(&mut a.tx_ring(0), chunks.into_iter(), true);
     a.txsync(0).unwrap();
     let got = recv_n(&b, 1);
     assert!(got[0] == f, "reassembled frame differs");
@@ -1148,9 +1149,10 @@ fn no_learn_flag_keeps_the_source_address_unlearnt() {
     let (a, b, c) = v.open_abc();
     // a's first frame carries NS_NO_LEARN: MAC_A stays unknown.
     let f = test_frame(60, MAC_A, BROADCAST, 0);
-    let ring = a.tx_ring(0);
-    let slot = ring.slot(ring.cur());
-    ring.buf(slot.buf_idx)[..60].copy_from_slice(&f);
+    let mut ring = a.tx_ring(0);
+    let cur = ring.cur();
+    let (slot, buf) = ring.slot_and_buf(cur);
+    buf[..60].copy_from_slice(&f);
     slot.len = 60;
     slot.flags = vale::NS_NO_LEARN;
     ring.advance(1);
@@ -1339,13 +1341,14 @@ fn zero_copy_buffer_swaps_are_accepted() {
             .collect();
         send_all(&a, &frames);
         b.rxsync(0).unwrap();
-        let (rx, tx) = (b.rx_ring(0), b.tx_ring(0));
+        let (mut rx, mut tx) = (b.rx_ring(0), b.tx_ring(0));
         let mut n = 0;
         while !rx.is_empty() {
-            let rs = rx.slot(rx.cur());
-            let ts = tx.slot(tx.cur());
+            let (rc, tc) = (rx.cur(), tx.cur());
+            let (rs, rbuf) = rx.slot_and_buf(rc);
+            let ts = tx.slot_mut(tc);
             // Rewrite the destination in place, then swap.
-            rx.buf(rs.buf_idx)[..6].copy_from_slice(&MAC_C);
+            rbuf[..6].copy_from_slice(&MAC_C);
             std::mem::swap(&mut rs.buf_idx, &mut ts.buf_idx);
             ts.len = rs.len;
             ts.flags = vale::NS_BUF_CHANGED;

@@ -37,7 +37,7 @@ impl Rng {
 /// Sends 60-byte frames to `dst`, each from a new random source address, as fast as valed
 /// takes them, until `stop`. Returns how many it sent.
 fn mac_flood(x: &vale::Port, dst: [u8; 6], stop: &AtomicBool) -> u64 {
-    let ring = x.tx_ring(0);
+    let mut ring = x.tx_ring(0);
     let mut rng = Rng(0x0f10_0d5e_ed00_0001);
     let mut sent = 0u64;
     while !stop.load(Relaxed) {
@@ -50,8 +50,7 @@ fn mac_flood(x: &vale::Port, dst: [u8; 6], stop: &AtomicBool) -> u64 {
         }
         let mut cur = ring.cur();
         for _ in 0..room {
-            let slot = ring.slot(cur);
-            let buf = ring.buf(slot.buf_idx);
+            let (slot, buf) = ring.slot_and_buf(cur);
             buf[..6].copy_from_slice(&dst);
             buf[6..12].copy_from_slice(&rng.mac());
             buf[12..14].copy_from_slice(&[0x88, 0xb5]);

@@ -539,11 +539,12 @@ fn two_waiters_on_one_port_keep_each_others_wake_ups() {
     let tx_side = vale::Waiter::new(&port, all.clone()).unwrap();
     let rx_side = vale::Waiter::new(&port, all).unwrap();
     // Fill tx ring 0 without a sync: no room until valed takes the frames.
-    let ring = port.tx_ring(0);
+    let mut ring = port.tx_ring(0);
     let frame = vale_tests::test_frame(60, [2, 0, 0, 0, 0, 1], [0xff; 6], 0);
     while ring.space() > 0 {
-        let slot = ring.slot(ring.cur());
-        ring.buf(slot.buf_idx)[..60].copy_from_slice(&frame);
+        let cur = ring.cur();
+        let (slot, buf) = ring.slot_and_buf(cur);
+        buf[..60].copy_from_slice(&frame);
         slot.len = 60;
         ring.advance(1);
     }

@@ -624,7 +624,7 @@ fn poll_for_frames_pushes_out_queued_slots() {
     let v = Valed::start();
     let (a, b) = v.open_ab();
     let f = test_frame(60, MAC_X, MAC_D, 2);
-    queue_chain(&a.tx_ring(0), std::iter::once(&f[..]), true);
+    queue_chain(&mut a.tx_ring(0), std::iter::once(&f[..]), true);
     // Waiting for a reply that cannot come: only the push matters here.
     a.poll(vale::Events::READABLE, Some(Duration::from_millis(50)))
         .expect("poll");

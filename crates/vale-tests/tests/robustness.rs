@@ -585,7 +585,7 @@ fn bad_head_is_counted_once_and_costs_no_cpu() {
 /// Queues `chunks` on x's tx ring 0 as (part of) a chain, one a slot, and publishes them; the
 /// last ends the chain if `last_ends`.
 fn queue_fragments(x: &vale::Port, chunks: &[&[u8]], last_ends: bool) {
-    queue_chain(&x.tx_ring(0), chunks.iter().copied(), last_ends);
+    queue_chain(&mut x.tx_ring(0), chunks.iter().copied(), last_ends);
 }
 
 #[test]
@@ -638,11 +638,10 @@ fn bad_slot_in_unfinished_chain_drops_the_whole_chain() {
     let whole = test_frame(180, MAC_C, MAC_B, 5);
     let chunks: Vec<&[u8]> = whole.chunks(60).collect();
     // First slot: a reserved buffer index (bad), "more follows"; published alone.
-    let ring = x.tx_ring(0);
-    let first = ring.cur();
+    let first = x.tx_ring(0).cur();
     queue_fragments(&x, &chunks[..1], false);
-    let good_idx = ring.slot(first).buf_idx;
-    ring.slot(first).buf_idx = 0;
+    let good_idx = x.tx_ring(0).slot(first).buf_idx;
+    x.tx_ring(0).slot_mut(first).buf_idx = 0;
     x.txsync(0).unwrap();
     assert!(
         wait_until_every(Duration::from_secs(2), LOOK, || v
@@ -657,7 +656,7 @@ fn bad_slot_in_unfinished_chain_drops_the_whole_chain() {
     x.txsync(0).unwrap();
     let got = wait_frames(&b, Duration::from_millis(500));
     // Put the buffer back where it belongs before anything else uses the ring.
-    ring.slot(first).buf_idx = good_idx;
+    x.tx_ring(0).slot_mut(first).buf_idx = good_idx;
     let cx = v.counters("vale0:x");
     assert!(
         got.is_empty(),

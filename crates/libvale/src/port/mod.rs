@@ -203,7 +203,8 @@ impl Port {
         unsafe { self.base.as_ptr().add(self.layout.nifp_ofs as usize) as *mut NetmapIf }
     }
 
-    fn ring(&self, i: u32) -> Ring {
+    /// A view of region ring `i`, borrowing the port.
+    fn ring(&self, i: u32) -> Ring<'_> {
         // Our own layout, not the (writable) ring_ofs[] in the mapping.
         // SAFETY: both offsets lie inside the mapping.
         let (ring, bufs) = unsafe {
@@ -218,6 +219,7 @@ impl Port {
             num_bufs: self.layout.num_bufs,
             num_slots: self.layout.params.slots,
             buf_size: self.layout.params.buf_size,
+            _port: std::marker::PhantomData,
         }
     }
 
@@ -257,11 +259,13 @@ impl Port {
         }
     }
 
-    pub fn tx_ring(&self, ring: u32) -> Ring {
+    /// A view of tx ring `ring`, which borrows the port.
+    pub fn tx_ring(&self, ring: u32) -> Ring<'_> {
         self.ring(self.tx_index(ring).expect("tx ring index in range"))
     }
 
-    pub fn rx_ring(&self, ring: u32) -> Ring {
+    /// A view of rx ring `ring`, which borrows the port.
+    pub fn rx_ring(&self, ring: u32) -> Ring<'_> {
         self.ring(self.rx_index(ring).expect("rx ring index in range"))
     }
 
@@ -272,7 +276,7 @@ impl Port {
             return Err(gone_error());
         }
         if !self.shared() {
-            return self.sync_ring(i, ring, ring.head(), ring.cur(), may_kick);
+            return self.sync_ring(i, &ring, ring.head(), ring.cur(), may_kick);
         }
         // Shared: one sync of a ring at a time (two would publish heads out of order); a
         // sync that finds the ring busy is skipped, as netmap's `nm_kr_tryget` does.
@@ -281,13 +285,20 @@ impl Port {
             return Ok(());
         }
         // Read the ring again under the flag: the other sync may have moved it.
-        let r = self.sync_ring(i, ring, ring.head(), ring.cur(), may_kick);
+        let r = self.sync_ring(i, &ring, ring.head(), ring.cur(), may_kick);
         busy.store(false, Release);
         r
     }
 
     /// The body of [`Port::sync`], `head` and `cur` checked.
-    fn sync_ring(&self, i: u32, ring: Ring, head: u32, cur: u32, may_kick: bool) -> io::Result<()> {
+    fn sync_ring(
+        &self,
+        i: u32,
+        ring: &Ring,
+        head: u32,
+        cur: u32,
+        may_kick: bool,
+    ) -> io::Result<()> {
         let n = ring.num_slots();
         if head >= n || cur >= n {
             return Err(io::Error::new(

@@ -3,9 +3,16 @@
 
 use super::*;
 
-/// A netmap ring of an open port, with netmap's helpers. Valid while its [`Port`] is.
-#[derive(Clone, Copy)]
-pub struct Ring {
+/// A netmap ring of an open port, with netmap's helpers: a view that borrows its [`Port`], so
+/// it cannot outlive the mapping, and gives `&mut` to a slot or a buffer only through
+/// `&mut self` (it is neither `Copy` nor `Clone`), so one view never hands out two `&mut` to
+/// one slot.
+///
+/// What a view cannot stop: two views of the same ring (each [`Port::tx_ring`] call makes
+/// one) or two rings whose slots name the same buffer of the port's pool (`NS_BUF_CHANGED`)
+/// reach the same memory. Keep one view of a ring at a time, and hand a buffer from one ring
+/// to another by its index, not while holding a slice of it.
+pub struct Ring<'p> {
     pub(super) ptr: NonNull<NetmapRing>,
     pub(super) bufs: NonNull<u8>,
     pub(super) num_bufs: u32,
@@ -13,9 +20,10 @@ pub struct Ring {
     // client may overwrite: the bounds checks below must hold whatever the header says.
     pub(super) num_slots: u32,
     pub(super) buf_size: u32,
+    pub(super) _port: std::marker::PhantomData<&'p Port>,
 }
 
-impl Ring {
+impl Ring<'_> {
     #[inline(always)]
     fn hdr(&self) -> *mut NetmapRing {
         self.ptr.as_ptr()
@@ -30,8 +38,8 @@ impl Ring {
     }
     #[inline(always)]
     pub fn head(&self) -> u32 {
-        // SAFETY (all accessors): the ring header lies in the port's mapping; the client is
-        // its only writer.
+        // SAFETY (all accessors): the ring header lies in the port's mapping, which outlives
+        // the view; the client is its only writer.
         unsafe { (*self.hdr()).head }
     }
     #[inline(always)]
@@ -43,11 +51,11 @@ impl Ring {
         unsafe { (*self.hdr()).tail }
     }
     #[inline(always)]
-    pub fn set_head(&self, v: u32) {
+    pub fn set_head(&mut self, v: u32) {
         unsafe { (*self.hdr()).head = v }
     }
     #[inline(always)]
-    pub fn set_cur(&self, v: u32) {
+    pub fn set_cur(&mut self, v: u32) {
         unsafe { (*self.hdr()).cur = v }
     }
     #[inline(always)]
@@ -70,28 +78,64 @@ impl Ring {
     }
     /// Moves `head` and `cur` forward by `n` slots.
     #[inline(always)]
-    pub fn advance(&self, n: u32) {
+    pub fn advance(&mut self, n: u32) {
         let v = (self.cur() + n) % self.num_slots();
         self.set_cur(v);
         self.set_head(v);
     }
+    #[inline(always)]
+    fn slot_ptr(&self, i: u32) -> *mut NetmapSlot {
+        assert!(i < self.num_slots(), "slot index out of range");
+        // SAFETY: in range of this ring's slots, in the mapping.
+        unsafe { (self.hdr() as *mut u8).add(RING_SLOTS_OFS + 16 * i as usize) as *mut NetmapSlot }
+    }
+    #[inline(always)]
+    fn buf_ptr(&self, idx: u32) -> *mut u8 {
+        assert!(idx < self.num_bufs, "buffer index out of range");
+        // SAFETY: index checked against the pool of this port's own mapping.
+        unsafe {
+            self.bufs
+                .as_ptr()
+                .add(idx as usize * self.buf_size as usize)
+        }
+    }
     /// Slot `i` (`i` < `num_slots`).
     #[inline(always)]
-    #[allow(clippy::mut_from_ref)]
-    pub fn slot(&self, i: u32) -> &mut NetmapSlot {
-        assert!(i < self.num_slots(), "slot index out of range");
-        // SAFETY: in range; slots of a ring are the client's between head and tail.
-        unsafe {
-            &mut *((self.hdr() as *mut u8).add(RING_SLOTS_OFS + 16 * i as usize) as *mut NetmapSlot)
-        }
+    pub fn slot(&self, i: u32) -> &NetmapSlot {
+        // SAFETY: a slot of this ring; slots between head and tail are the client's.
+        unsafe { &*self.slot_ptr(i) }
+    }
+    /// Slot `i`, to change.
+    #[inline(always)]
+    pub fn slot_mut(&mut self, i: u32) -> &mut NetmapSlot {
+        // SAFETY: as `slot`, borrowed through `&mut self`.
+        unsafe { &mut *self.slot_ptr(i) }
     }
     /// Buffer `idx`, as netmap's `NETMAP_BUF(ring, idx)`.
     #[inline(always)]
-    #[allow(clippy::mut_from_ref)]
-    pub fn buf(&self, idx: u32) -> &mut [u8] {
-        assert!(idx < self.num_bufs, "buffer index out of range");
-        let size = self.buf_size() as usize;
-        // SAFETY: index checked against the pool of this port's own mapping.
-        unsafe { std::slice::from_raw_parts_mut(self.bufs.as_ptr().add(idx as usize * size), size) }
+    pub fn buf(&self, idx: u32) -> &[u8] {
+        // SAFETY: a buffer of the port's pool, `buf_size` bytes.
+        unsafe { std::slice::from_raw_parts(self.buf_ptr(idx), self.buf_size as usize) }
+    }
+    /// Buffer `idx`, to write.
+    #[inline(always)]
+    pub fn buf_mut(&mut self, idx: u32) -> &mut [u8] {
+        // SAFETY: as `buf`, borrowed through `&mut self`.
+        unsafe { std::slice::from_raw_parts_mut(self.buf_ptr(idx), self.buf_size as usize) }
+    }
+    /// Slot `i` and the buffer it names, both to change: how a frame is written (the slot
+    /// lies in the ring, the buffer in the pool: they never overlap).
+    #[inline(always)]
+    pub fn slot_and_buf(&mut self, i: u32) -> (&mut NetmapSlot, &mut [u8]) {
+        let slot = self.slot_ptr(i);
+        // SAFETY: a slot of this ring; its buffer index is read once and checked.
+        let buf = self.buf_ptr(unsafe { (*slot).buf_idx });
+        // SAFETY: disjoint memory, both borrowed through `&mut self`.
+        unsafe {
+            (
+                &mut *slot,
+                std::slice::from_raw_parts_mut(buf, self.buf_size as usize),
+            )
+        }
     }
 }
