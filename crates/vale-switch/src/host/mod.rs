@@ -48,6 +48,59 @@ pub const HOST_PARAMS: PortParams = PortParams {
     buf_size: vale_abi::region::DEFAULT_BUF_SIZE,
 };
 
+/// Why a host port's device could not be attached: the words name the device and what is
+/// wrong; the variant is the kind of failure valed's reply carries (see [`crate::Error`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// An unknown kind or argument, a bad value or name.
+    #[error("{0}")]
+    Invalid(String),
+    /// No such device or interface.
+    #[error("{0}")]
+    NotFound(String),
+    /// The device, name or socket is taken.
+    #[error("{0}")]
+    Busy(String),
+    /// valed may not use it.
+    #[error("{0}")]
+    Denied(String),
+    /// The device could not be opened or set up (a system call failed).
+    #[error("{0}")]
+    Device(String),
+}
+
+impl Error {
+    /// `message`, of the kind that `e`, the system call's failure behind it, says.
+    pub fn of_io(message: String, e: &io::Error) -> Error {
+        match e.raw_os_error() {
+            Some(libc::EEXIST | libc::EADDRINUSE | libc::EBUSY) => Error::Busy(message),
+            Some(libc::ENOENT | libc::ENODEV | libc::ENXIO) => Error::NotFound(message),
+            Some(libc::EACCES | libc::EPERM) => Error::Denied(message),
+            Some(libc::EINVAL | libc::ENAMETOOLONG) => Error::Invalid(message),
+            _ => Error::Device(message),
+        }
+    }
+}
+
+/// A kind's own failure in words: a system call's, so a device error.
+impl From<String> for Error {
+    fn from(message: String) -> Error {
+        Error::Device(message)
+    }
+}
+
+impl From<Error> for crate::Error {
+    fn from(e: Error) -> crate::Error {
+        match e {
+            Error::Invalid(m) => crate::Error::invalid(m),
+            Error::NotFound(m) => crate::Error::not_found(m),
+            Error::Busy(m) => crate::Error::busy(m),
+            Error::Denied(m) => crate::Error::denied(m),
+            Error::Device(m) => crate::Error::io(m),
+        }
+    }
+}
+
 /// The arguments of an attach request: what the control protocol carries besides the kind.
 pub type KindArgs = BTreeMap<String, String>;
 
@@ -59,7 +112,7 @@ pub struct Kind {
     pub name: &'static str,
     /// The arguments it takes.
     pub args: &'static [&'static str],
-    pub open: fn(&KindArgs) -> Result<Box<dyn Device>, String>,
+    pub open: fn(&KindArgs) -> Result<Box<dyn Device>, Error>,
     /// Arguments only a saved configuration carries ([`Kind::saved`] writes them,
     /// [`Kind::restore`] reads them): where a device was found, how it was bound.
     pub saved_args: &'static [&'static str],
@@ -68,46 +121,49 @@ pub struct Kind {
     pub saved: fn(attached: Option<KindArgs>, device: &str, mode: &str) -> KindArgs,
     /// Opens the device again from its saved form at valed's start, with the kind's own
     /// retries and namespace handling.
-    pub restore: fn(&KindArgs) -> Result<Box<dyn Device>, String>,
+    pub restore: fn(&KindArgs) -> Result<Box<dyn Device>, Error>,
 }
 
 /// Every kind valed can attach: a new kind is one module and one entry here.
 pub const KINDS: &[Kind] = &[tap::KIND, nic::KIND, vhost_user::KIND];
 
 /// How a device is opened from a kind's name and arguments ([`open_device`], [`restore_device`]).
-pub type OpenDevice = fn(&str, &KindArgs) -> Result<Box<dyn Device>, String>;
+pub type OpenDevice = fn(&str, &KindArgs) -> Result<Box<dyn Device>, Error>;
 
 /// The kind named `kind`; an unknown one is refused with the list of what is known.
-pub fn kind(kind: &str) -> Result<&'static Kind, String> {
+pub fn kind(kind: &str) -> Result<&'static Kind, Error> {
     KINDS.iter().find(|k| k.name == kind).ok_or_else(|| {
         let known: Vec<&str> = KINDS.iter().map(|k| k.name).collect();
-        format!("no port kind '{kind}' (known: {})", known.join(", "))
+        Error::Invalid(format!(
+            "no port kind '{kind}' (known: {})",
+            known.join(", ")
+        ))
     })
 }
 
 /// Refuses an argument `k` does not take (`saved` too: those of a saved configuration).
-fn check_args(k: &Kind, args: &KindArgs, saved: bool) -> Result<(), String> {
+fn check_args(k: &Kind, args: &KindArgs, saved: bool) -> Result<(), Error> {
     let takes = |a: &str| k.args.contains(&a) || (saved && k.saved_args.contains(&a));
     match args.keys().find(|a| !takes(a)) {
-        Some(bad) => Err(format!(
+        Some(bad) => Err(Error::Invalid(format!(
             "port kind '{}' takes no argument '{bad}' (it takes: {})",
             k.name,
             k.args.join(", ")
-        )),
+        ))),
         None => Ok(()),
     }
 }
 
 /// Opens the device of kind `kind` that `args` describe; unknown kinds and arguments are
 /// refused with the list of what is known.
-pub fn open_device(kind: &str, args: &KindArgs) -> Result<Box<dyn Device>, String> {
+pub fn open_device(kind: &str, args: &KindArgs) -> Result<Box<dyn Device>, Error> {
     let k = self::kind(kind)?;
     check_args(k, args, false)?;
     (k.open)(args)
 }
 
 /// Opens again, at valed's start, the device of a port saved as `args` ([`Kind::restore`]).
-pub fn restore_device(kind: &str, args: &KindArgs) -> Result<Box<dyn Device>, String> {
+pub fn restore_device(kind: &str, args: &KindArgs) -> Result<Box<dyn Device>, Error> {
     let k = self::kind(kind)?;
     check_args(k, args, true)?;
     (k.restore)(args)
@@ -119,18 +175,20 @@ pub(crate) fn interface_exists(name: &str) -> bool {
 }
 
 /// Argument `name` of an attach request, which the kind requires.
-pub fn required<'a>(args: &'a KindArgs, kind: &str, name: &str) -> Result<&'a str, String> {
+pub fn required<'a>(args: &'a KindArgs, kind: &str, name: &str) -> Result<&'a str, Error> {
     args.get(name)
         .map(String::as_str)
-        .ok_or_else(|| format!("port kind '{kind}' needs argument '{name}'"))
+        .ok_or_else(|| Error::Invalid(format!("port kind '{kind}' needs argument '{name}'")))
 }
 
 /// A yes/no argument: absent is no.
-pub fn flag(args: &KindArgs, name: &str) -> Result<bool, String> {
+pub fn flag(args: &KindArgs, name: &str) -> Result<bool, Error> {
     match args.get(name).map(String::as_str) {
         None | Some("no") | Some("false") | Some("0") => Ok(false),
         Some("yes") | Some("true") | Some("1") => Ok(true),
-        Some(v) => Err(format!("argument '{name}' must be yes or no, not '{v}'")),
+        Some(v) => Err(Error::Invalid(format!(
+            "argument '{name}' must be yes or no, not '{v}'"
+        ))),
     }
 }
 

@@ -18,7 +18,12 @@ pub struct NicDevice {
 }
 
 impl NicDevice {
-    pub fn open(iface: &str, mode: Option<vale_nic::Mode>) -> Result<NicDevice, String> {
+    pub fn open(iface: &str, mode: Option<vale_nic::Mode>) -> Result<NicDevice, super::Error> {
+        if !super::interface_exists(iface) {
+            return Err(super::Error::NotFound(format!(
+                "interface '{iface}' does not exist"
+            )));
+        }
         let nic = vale_nic::Nic::open(iface, mode).map_err(|e| e.to_string())?;
         Ok(NicDevice {
             nic,
@@ -98,7 +103,8 @@ pub const KIND: super::Kind = super::Kind {
         let mode = args
             .get("mode")
             .map(|m| vale_nic::Mode::parse(m))
-            .transpose()?;
+            .transpose()
+            .map_err(super::Error::Invalid)?;
         Ok(Box::new(NicDevice::open(iface, mode)?))
     },
     saved_args: &["bound"],
@@ -133,8 +139,8 @@ pub const KIND: super::Kind = super::Kind {
 /// `open`, tried up to ten times 50 ms apart while interface `iface` exists.
 fn retried(
     iface: &str,
-    open: impl Fn() -> Result<Box<dyn Device>, String>,
-) -> Result<Box<dyn Device>, String> {
+    open: impl Fn() -> Result<Box<dyn Device>, super::Error>,
+) -> Result<Box<dyn Device>, super::Error> {
     let mut r = open();
     for _ in 0..9 {
         if r.is_ok() || !super::interface_exists(iface) {

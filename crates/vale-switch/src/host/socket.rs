@@ -42,9 +42,11 @@ impl Drop for SocketName {
 /// Listens at `path`: a free name, or one that holds a stale stream socket (removed first).
 /// Anything else at `path` is refused and left as it is; the message names the path, what is
 /// there and the errno.
-pub fn listen(path: &Path) -> Result<(UnixListener, SocketName), String> {
+pub fn listen(path: &Path) -> Result<(UnixListener, SocketName), super::Error> {
     let shown = path.display();
-    let fail = |e: io::Error, why: &str| format!("cannot listen at '{shown}': {e}{why}");
+    let fail = |e: io::Error, why: &str| {
+        super::Error::of_io(format!("cannot listen at '{shown}': {e}{why}"), &e)
+    };
     // A stale socket is removed once; a name that comes back busy then is refused.
     for _ in 0..2 {
         match UnixListener::bind(path) {
@@ -188,6 +190,8 @@ mod tests {
         let file = d.join("disk.img");
         std::fs::write(&file, b"precious").unwrap();
         let e = listen(&file).unwrap_err();
+        assert!(matches!(e, crate::host::Error::Busy(_)), "{e:?}");
+        let e = e.to_string();
         assert!(
             e.contains("File exists") && e.contains("a regular file"),
             "{e}"
@@ -196,12 +200,12 @@ mod tests {
         // A directory, a symbolic link (to the file, and dangling).
         let sub = d.join("sub");
         std::fs::create_dir(&sub).unwrap();
-        let e = listen(&sub).unwrap_err();
+        let e = listen(&sub).unwrap_err().to_string();
         assert!(e.contains("a directory"), "{e}");
         assert!(sub.is_dir());
         let link = d.join("link");
         std::os::unix::fs::symlink(&file, &link).unwrap();
-        let e = listen(&link).unwrap_err();
+        let e = listen(&link).unwrap_err().to_string();
         assert!(e.contains("a symbolic link"), "{e}");
         let dangling = d.join("dangling");
         std::os::unix::fs::symlink(d.join("nothing"), &dangling).unwrap();
@@ -212,6 +216,8 @@ mod tests {
         let busy = d.join("busy.sock");
         let theirs = UnixListener::bind(&busy).unwrap();
         let e = listen(&busy).unwrap_err();
+        assert!(matches!(e, crate::host::Error::Busy(_)), "{e:?}");
+        let e = e.to_string();
         assert!(
             e.contains("Address already in use") && e.contains("listens"),
             "{e}"
@@ -221,7 +227,7 @@ mod tests {
         // A datagram socket: not of this kind.
         let dgram = d.join("dgram.sock");
         let _dg = std::os::unix::net::UnixDatagram::bind(&dgram).unwrap();
-        let e = listen(&dgram).unwrap_err();
+        let e = listen(&dgram).unwrap_err().to_string();
         assert!(e.contains("stale"), "{e}");
         assert!(dgram.exists());
         // A stale socket: taken, and removed when the name is dropped.

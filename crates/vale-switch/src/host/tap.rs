@@ -70,10 +70,16 @@ pub struct Tap {
 // SAFETY: the iovecs are scratch space rebuilt before every use; nothing points across calls.
 unsafe impl Send for Tap {}
 
-fn ioctl(fd: RawFd, req: libc::c_ulong, arg: libc::c_ulong, what: &str) -> Result<(), String> {
+fn ioctl(
+    fd: RawFd,
+    req: libc::c_ulong,
+    arg: libc::c_ulong,
+    what: &str,
+) -> Result<(), super::Error> {
     // SAFETY: each request passes an integer or a pointer to a live, properly sized struct.
     if unsafe { libc::ioctl(fd, req, arg) } < 0 {
-        return Err(format!("{what}: {}", io::Error::last_os_error()));
+        let e = io::Error::last_os_error();
+        return Err(super::Error::of_io(format!("{what}: {e}"), &e));
     }
     Ok(())
 }
@@ -109,27 +115,28 @@ pub const KIND: super::Kind = super::Kind {
 /// own that ends right after, so that no other work runs there.
 fn in_netns<T: Send + 'static>(
     ns: &str,
-    f: impl FnOnce() -> Result<T, String> + Send + 'static,
-) -> Result<T, String> {
+    f: impl FnOnce() -> Result<T, super::Error> + Send + 'static,
+) -> Result<T, super::Error> {
     let path = if ns.contains('/') {
         std::path::PathBuf::from(ns)
     } else {
         std::path::Path::new("/run/netns").join(ns)
     };
-    let nsfd = std::fs::File::open(&path)
-        .map_err(|e| format!("network namespace {}: {e}", path.display()))?;
+    let nsfd = std::fs::File::open(&path).map_err(|e| {
+        super::Error::of_io(format!("network namespace {}: {e}", path.display()), &e)
+    })?;
     std::thread::spawn(move || {
         // SAFETY: setns on this thread only (CLONE_NEWNET), with a descriptor we own.
         if unsafe { libc::setns(nsfd.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            return Err(format!(
+            return Err(super::Error::Device(format!(
                 "cannot enter network namespace: {}",
                 io::Error::last_os_error()
-            ));
+            )));
         }
         f()
     })
     .join()
-    .map_err(|_| "the thread in the network namespace failed".to_string())?
+    .map_err(|_| super::Error::Device("the thread in the network namespace failed".into()))?
 }
 
 /// The network namespace (a name under /run/netns) interface `dev` lives in, if it is not in
@@ -151,12 +158,12 @@ fn netns_of(dev: &str) -> Option<String> {
 
 impl Tap {
     /// Creates TAP device `name`, or adopts it if a persistent one exists and is free.
-    pub fn open(name: &str, persist: bool) -> Result<Tap, String> {
+    pub fn open(name: &str, persist: bool) -> Result<Tap, super::Error> {
         if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains(['/', ' ', '\0']) {
-            return Err(format!(
+            return Err(super::Error::Invalid(format!(
                 "bad TAP name '{name}': 1 to {} characters, no '/' or spaces",
                 libc::IFNAMSIZ - 1
-            ));
+            )));
         }
         let path = CString::new("/dev/net/tun").expect("no NUL");
         // SAFETY: plain syscall with a valid C string.
@@ -167,9 +174,10 @@ impl Tap {
             )
         };
         if fd < 0 {
-            return Err(format!(
-                "cannot open /dev/net/tun: {}",
-                io::Error::last_os_error()
+            let e = io::Error::last_os_error();
+            return Err(super::Error::of_io(
+                format!("cannot open /dev/net/tun: {e}"),
+                &e,
             ));
         }
         // SAFETY: fresh descriptor we own.

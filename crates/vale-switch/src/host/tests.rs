@@ -368,7 +368,11 @@ fn unknown_kinds_and_arguments_are_refused_by_name() {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
     };
-    let err = |r: Result<Box<dyn Device>, String>| r.err().expect("refused");
+    let err = |r: Result<Box<dyn Device>, super::Error>| {
+        let e = r.err().expect("refused");
+        assert!(matches!(e, super::Error::Invalid(_)), "{e:?}");
+        e.to_string()
+    };
     let e = err(super::open_device("vxlan", &args(&[])));
     assert!(
         e.contains("no port kind 'vxlan'") && e.contains("tap, nic"),

@@ -119,7 +119,11 @@ pub const KIND: super::Kind = super::Kind {
             None => DEFAULT_PAIRS,
             Some(q) => match q.parse::<usize>() {
                 Ok(n @ 1..=MAX_PAIRS) => n,
-                _ => return Err(format!("queues must be 1 to {MAX_PAIRS}, not '{q}'")),
+                _ => {
+                    return Err(super::Error::Invalid(format!(
+                        "queues must be 1 to {MAX_PAIRS}, not '{q}'"
+                    )))
+                }
             },
         };
         Ok(Box::new(VhostUser::open(
@@ -178,9 +182,11 @@ impl DirectSink for RxSink {
 }
 
 impl VhostUser {
-    pub fn open(path: &str, client: bool, pairs: usize) -> Result<VhostUser, String> {
-        if path.is_empty() || path.contains('\0') {
-            return Err(format!("bad vhost-user socket path '{path}'"));
+    pub fn open(path: &str, client: bool, pairs: usize) -> Result<VhostUser, super::Error> {
+        if path.is_empty() || path.contains('\0') || !path.starts_with('/') {
+            return Err(super::Error::Invalid(format!(
+                "bad vhost-user socket path '{path}' (an absolute path: valed resolves none)"
+            )));
         }
         // Client mode creates and removes nothing at `path`; server mode binds only a free
         // name or a stale socket, and never replaces anything else (see [`super::socket`]).
