@@ -70,6 +70,23 @@ type Switches = BTreeMap<String, Arc<Switch>>;
 /// Largest capture buffer of a user that is not an administrator.
 pub const USER_CAPTURE_BYTES: u64 = 64 << 20;
 
+/// Switch `name` (`valeX`), which must exist.
+fn existing_switch<'a>(sws: &'a Switches, name: &str) -> Result<&'a Arc<Switch>, Error> {
+    parse_switch(name)?;
+    sws.get(name)
+        .ok_or_else(|| Error::not_found(format!("no such switch '{name}'")))
+}
+
+/// Port `name` (`valeX:Y`), which must exist, and its switch.
+fn existing_port<'a>(sws: &'a Switches, name: &str) -> Result<(&'a Arc<Switch>, Arc<Port>), Error> {
+    let (sw_name, _) = parse_port(name)?;
+    let sw = existing_switch(sws, sw_name)?;
+    let p = sw
+        .find(name)
+        .ok_or_else(|| Error::not_found(format!("no such port '{name}'")))?;
+    Ok((sw, p))
+}
+
 fn forget_if_empty(sws: &mut Switches, sw: &Switch) {
     if sw.port_count() == 0 {
         sws.remove(&sw.name);
@@ -313,14 +330,7 @@ impl Engine {
     pub fn detach(&self, name: &str, caller: &Caller) -> Result<(), Error> {
         let port = {
             let sws = self.lock();
-            let (sw_name, _) = parse_port(name)?;
-            let sw = sws
-                .get(sw_name)
-                .cloned()
-                .ok_or_else(|| Error::not_found(format!("no such switch '{sw_name}'")))?;
-            let p = sw
-                .find(name)
-                .ok_or_else(|| Error::not_found(format!("no such port '{name}'")))?;
+            let (_, p) = existing_port(&sws, name)?;
             caller.must_own(&p.shared, "detach")?;
             if p.attachment
                 .as_ref()
@@ -419,25 +429,15 @@ impl Engine {
         {
             let mut sws = self.lock();
             if name.contains(':') {
-                let (sw_name, _) = parse_port(name)?;
-                let sw = sws
-                    .get(sw_name)
-                    .cloned()
-                    .ok_or_else(|| Error::not_found(format!("no such switch '{sw_name}'")))?;
-                let p = sw
-                    .find(name)
-                    .ok_or_else(|| Error::not_found(format!("no such port '{name}'")))?;
+                let (sw, p) = existing_port(&sws, name)?;
+                let sw = sw.clone();
                 caller.must_own(&p.shared, "destroy")?;
                 p.shared.persistent.store(false, Relaxed);
                 sw.replace(&p, None);
                 gone.push(p);
                 forget_if_empty(&mut sws, &sw);
             } else {
-                parse_switch(name)?;
-                let sw = sws
-                    .get(name)
-                    .cloned()
-                    .ok_or_else(|| Error::not_found(format!("no such switch '{name}'")))?;
+                let sw = existing_switch(&sws, name)?.clone();
                 // A user may remove a switch whose every port is theirs.
                 if !caller.admin {
                     for p in sw.ports().iter().flatten() {
@@ -476,13 +476,7 @@ impl Engine {
         caller: &Caller,
     ) -> Result<(Arc<PortShared>, Arc<CaptureRing>), Error> {
         let sws = self.lock();
-        let (sw_name, _) = parse_port(name)?;
-        let sw = sws
-            .get(sw_name)
-            .ok_or_else(|| Error::not_found(format!("no such switch '{sw_name}'")))?;
-        let p = sw
-            .find(name)
-            .ok_or_else(|| Error::not_found(format!("no such port '{name}'")))?;
+        let (_, p) = existing_port(&sws, name)?;
         caller.must_own(&p.shared, "capture")?;
         if !caller.admin && bytes > USER_CAPTURE_BYTES {
             return Err(Error::limit(format!(
@@ -521,11 +515,9 @@ impl Engine {
         let sw_name = if target.contains(':') {
             parse_port(target)?.0
         } else {
-            parse_switch(target)?
+            target
         };
-        let sw = sws
-            .get(sw_name)
-            .ok_or_else(|| Error::not_found(format!("no such switch '{sw_name}'")))?;
+        let sw = existing_switch(&sws, sw_name)?;
         let number = |max: u64| -> Result<u64, Error> {
             value
                 .parse::<u64>()

@@ -15,10 +15,7 @@ impl Engine {
         caller: &Caller,
     ) -> Result<LookupInfo, Error> {
         let sws = self.lock();
-        parse_switch(switch)?;
-        let sw = sws
-            .get(switch)
-            .ok_or_else(|| Error::not_found(format!("no such switch '{switch}'")))?;
+        let sw = existing_switch(&sws, switch)?;
         caller.must_be_admin(&format!("setting 'lookup' of switch '{switch}'"))?;
         let args = args
             .iter()
@@ -42,7 +39,7 @@ impl Engine {
     /// none. An administrator's, as choosing the module is.
     pub fn flow_add(&self, switch: &str, text: &str, caller: &Caller) -> Result<FlowTable, Error> {
         let sws = self.lock();
-        let sw = flow_switch(&sws, switch)?;
+        let sw = existing_switch(&sws, switch)?;
         caller.must_be_admin(&format!("changing the flow rules of switch '{switch}'"))?;
         let m = sw.lookup();
         let flow = as_flow(&m).ok_or_else(|| not_flow(switch, &m))?;
@@ -59,7 +56,7 @@ impl Engine {
         caller: &Caller,
     ) -> Result<FlowTable, Error> {
         let sws = self.lock();
-        let sw = flow_switch(&sws, switch)?;
+        let sw = existing_switch(&sws, switch)?;
         caller.must_be_admin(&format!("changing the flow rules of switch '{switch}'"))?;
         let m = sw.lookup();
         let flow = as_flow(&m).ok_or_else(|| not_flow(switch, &m))?;
@@ -72,7 +69,7 @@ impl Engine {
     /// `lookup_info` is.
     pub fn flow_dump(&self, switch: &str) -> Result<FlowTable, Error> {
         let sws = self.lock();
-        let sw = flow_switch(&sws, switch)?;
+        let sw = existing_switch(&sws, switch)?;
         let m = sw.lookup();
         let flow = as_flow(&m).ok_or_else(|| not_flow(switch, &m))?;
         Ok(flow.dump(switch))
@@ -83,7 +80,7 @@ impl Engine {
     /// page. Open to anyone, as `flow_dump` is.
     pub fn flow_dump_page(&self, switch: &str, after: u64, max: usize) -> Result<FlowTable, Error> {
         let sws = self.lock();
-        let sw = flow_switch(&sws, switch)?;
+        let sw = existing_switch(&sws, switch)?;
         let m = sw.lookup();
         let flow = as_flow(&m).ok_or_else(|| not_flow(switch, &m))?;
         Ok(flow.dump_page(switch, after, max))
@@ -92,24 +89,13 @@ impl Engine {
     /// The lookup module of switch `switch`.
     pub fn lookup_info(&self, switch: &str) -> Result<LookupInfo, Error> {
         let sws = self.lock();
-        parse_switch(switch)?;
-        let sw = sws
-            .get(switch)
-            .ok_or_else(|| Error::not_found(format!("no such switch '{switch}'")))?;
-        Ok(lookup_info(sw))
+        Ok(lookup_info(existing_switch(&sws, switch)?))
     }
 }
 
 /// The module as the `flow` module, if it is one.
 pub(super) fn as_flow(m: &Installed) -> Option<&lookup::flow::Flow> {
     m.as_any()?.downcast_ref::<lookup::flow::Flow>()
-}
-
-pub(super) fn flow_switch<'a>(sws: &'a Switches, switch: &str) -> Result<&'a Switch, Error> {
-    parse_switch(switch)?;
-    sws.get(switch)
-        .map(|s| &**s)
-        .ok_or_else(|| Error::not_found(format!("no such switch '{switch}'")))
 }
 
 pub(super) fn not_flow(switch: &str, m: &Installed) -> String {
