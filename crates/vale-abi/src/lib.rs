@@ -8,11 +8,13 @@
 //! - [`name`]: the `valeX:Y` naming rules.
 //! - [`control`]: the messages spoken on valed's control socket.
 //! - [`rundir`]: the run directory, opened only when no other user can change its names.
+//! - [`clock`]: a clock in nanoseconds.
 //! - [`spin`]: busy waiting that gives way on a crowded CPU (clients and valed alike).
 //!
 //! `docs/abi.md` is the prose version of this crate; keep them in step.
 
 pub mod capture;
+pub mod clock;
 pub mod control;
 pub mod csb;
 pub mod error;

@@ -252,13 +252,7 @@ impl Spinner {
 
 /// The monotonic clock in ns (vDSO: no system call).
 pub fn now_ns() -> u64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: plain call with a live timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+    crate::clock::ns(libc::CLOCK_MONOTONIC)
 }
 
 #[cfg(test)]

@@ -48,13 +48,7 @@ pub(super) const LOOK_EVERY_NS: u64 = 1_000_000;
 
 /// A clock read without a system call (vDSO), at the kernel's tick resolution.
 pub(super) fn coarse_ns() -> u64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: plain call with a live timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut t) };
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+    vale_abi::clock::ns(libc::CLOCK_MONOTONIC_COARSE)
 }
 
 /// Most rings a port has (both directions), plus the control connection: what `poll` watches.

@@ -469,13 +469,7 @@ impl Captures {
 
 /// Now, CLOCK_REALTIME in nanoseconds (once per captured batch).
 pub fn now_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: writes the timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    vale_abi::clock::ns(libc::CLOCK_REALTIME)
 }
 
 #[cfg(test)]

@@ -43,13 +43,7 @@ fn measure(m: &dyn Lookup, frames: &[Vec<u8>]) -> f64 {
 
 /// This thread's CPU time: what other processes on the machine take is not counted.
 fn thread_cpu_ns() -> u64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: a valid timespec for the call to fill.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+    vale_abi::clock::ns(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
 #[test]
