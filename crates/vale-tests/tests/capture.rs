@@ -197,17 +197,9 @@ fn pktgen_traffic_is_read_by_tcpdump_and_tshark() {
     assert_eq!(rows[0], ["60", "10.0.0.1", "10.0.0.2"], "{:?}", rows[0]);
 }
 
-#[test]
-fn a_stopped_reader_costs_capture_drops_never_frames() {
-    let _s = serial();
-    let v = Valed::start();
-    // Both persistent, so their counters stay listed after the clients exit.
-    v.ctl_ok(&["create", "vale0:a"]);
-    v.ctl_ok(&["create", "vale0:b"]);
-    // A rate any receiver keeps up with, on a busy machine too: a frame lost at b would be
-    // the receiver's, not the capture's.
-    let count = 20_000u64;
-    let rx = v.spawn_client(
+/// The receiver of a checked stream: `count` frames at vale0:b, reported as JSON.
+fn checked_receiver(v: &Valed, count: u64) -> Kid {
+    v.spawn_client(
         v.pktgen(&[
             "-i",
             "vale0:b",
@@ -221,11 +213,12 @@ fn a_stopped_reader_costs_capture_drops_never_frames() {
         ]),
         "vale-pktgen rx",
         "vale0:b",
-    );
-    // Its stdout is a pipe nobody reads until the end: the capture stops reading once the
-    // pipe is full, with 1 MiB of buffer in valed.
-    let cap = capture(&v, &["vale0:b", "-B", "1", "-w", "-"]);
-    captures_started(&v, 1);
+    )
+}
+
+/// The checked stream itself: `count` 60-byte frames from vale0:a at 20 kpps, a rate any
+/// receiver keeps up with on a busy machine too.
+fn send_checked(v: &Valed, count: u64) {
     let tx = v.pktgen(&[
         "-i",
         "vale0:a",
@@ -241,6 +234,24 @@ fn a_stopped_reader_costs_capture_drops_never_frames() {
         &Kid::spawn(tx, "vale-pktgen tx").finish(T * 2),
         "vale-pktgen tx",
     );
+}
+
+#[test]
+fn a_stopped_reader_costs_capture_drops_never_frames() {
+    let _s = serial();
+    let v = Valed::start();
+    // Both persistent, so their counters stay listed after the clients exit.
+    v.ctl_ok(&["create", "vale0:a"]);
+    v.ctl_ok(&["create", "vale0:b"]);
+    // A rate any receiver keeps up with, on a busy machine too: a frame lost at b would be
+    // the receiver's, not the capture's.
+    let count = 20_000u64;
+    let rx = checked_receiver(&v, count);
+    // Its stdout is a pipe nobody reads until the end: the capture stops reading once the
+    // pipe is full, with 1 MiB of buffer in valed.
+    let cap = capture(&v, &["vale0:b", "-B", "1", "-w", "-"]);
+    captures_started(&v, 1);
+    send_checked(&v, count);
     let r = report(&rx.finish(T), "vale-pktgen rx");
     assert_eq!(r["packets"], count, "every frame reaches b: {r}");
     let c = v.counters("vale0:b");
@@ -622,21 +633,7 @@ fn capture_filters_run_on_their_owners_budget_never_the_traffic() {
     let caps: Vec<RawCapture> = (0..8).map(|_| RawCapture::start(&sock, &req)).collect();
 
     let count = 20_000u64;
-    let rx = v.spawn_client(
-        v.pktgen(&[
-            "-i",
-            "vale0:b",
-            "-f",
-            "rx",
-            "-T",
-            "60",
-            "-n",
-            &count.to_string(),
-            "--json",
-        ]),
-        "vale-pktgen rx",
-        "vale0:b",
-    );
+    let rx = checked_receiver(&v, count);
     let stop = AtomicBool::new(false);
     let sent = std::thread::scope(|s| {
         let attack = s.spawn(|| {
@@ -656,21 +653,7 @@ fn capture_filters_run_on_their_owners_budget_never_the_traffic() {
             wait_tx_drained(&x, 0);
             sent
         });
-        let tx = v.pktgen(&[
-            "-i",
-            "vale0:a",
-            "-f",
-            "tx",
-            "-n",
-            &count.to_string(),
-            "-R",
-            "20000",
-            "--json",
-        ]);
-        report(
-            &Kid::spawn(tx, "vale-pktgen tx").finish(T * 2),
-            "vale-pktgen tx",
-        );
+        send_checked(&v, count);
         stop.store(true, Relaxed);
         attack.join().expect("the attacking thread")
     });
