@@ -70,13 +70,17 @@ pub enum Error {
 }
 
 impl Error {
-    /// `message`, of the kind that `e`, the system call's failure behind it, says.
+    /// `message`, of the kind that `e`, the failure behind it, says: by its errno, else (an
+    /// error made in words, as vale-nic's) by its kind.
     pub fn of_io(message: String, e: &io::Error) -> Error {
-        match e.raw_os_error() {
-            Some(libc::EEXIST | libc::EADDRINUSE | libc::EBUSY) => Error::Busy(message),
-            Some(libc::ENOENT | libc::ENODEV | libc::ENXIO) => Error::NotFound(message),
-            Some(libc::EACCES | libc::EPERM) => Error::Denied(message),
-            Some(libc::EINVAL | libc::ENAMETOOLONG) => Error::Invalid(message),
+        match (e.raw_os_error(), e.kind()) {
+            (Some(libc::EEXIST | libc::EADDRINUSE | libc::EBUSY), _) => Error::Busy(message),
+            (Some(libc::ENOENT | libc::ENODEV | libc::ENXIO), _) => Error::NotFound(message),
+            (Some(libc::EACCES | libc::EPERM), _) => Error::Denied(message),
+            (Some(libc::EINVAL | libc::ENAMETOOLONG), _) => Error::Invalid(message),
+            (None, io::ErrorKind::NotFound) => Error::NotFound(message),
+            (None, io::ErrorKind::PermissionDenied) => Error::Denied(message),
+            (None, io::ErrorKind::InvalidInput) => Error::Invalid(message),
             _ => Error::Device(message),
         }
     }

@@ -19,12 +19,8 @@ pub struct NicDevice {
 
 impl NicDevice {
     pub fn open(iface: &str, mode: Option<vale_nic::Mode>) -> Result<NicDevice, super::Error> {
-        if !super::interface_exists(iface) {
-            return Err(super::Error::NotFound(format!(
-                "interface '{iface}' does not exist"
-            )));
-        }
-        let nic = vale_nic::Nic::open(iface, mode).map_err(|e| e.to_string())?;
+        let nic =
+            vale_nic::Nic::open(iface, mode).map_err(|e| super::Error::of_io(e.to_string(), &e))?;
         Ok(NicDevice {
             nic,
             name: iface.to_string(),
