@@ -168,8 +168,9 @@ pub trait Device: Send {
     fn direct(&self) -> Option<Arc<dyn DirectSink>> {
         None
     }
-    /// The port's driver, which takes the device: [`polled`](crate::host::polled) for a device the generic driver
-    /// runs; a kind whose library runs its own threads brings its own.
+    /// The port's driver, which takes the device: [`polled`](crate::host::polled) for a
+    /// device the generic driver runs; a kind whose library runs its own threads brings its
+    /// own.
     fn driver(self: Box<Self>) -> Box<dyn Driver>;
 }
 

@@ -27,7 +27,6 @@ pub use crate::kind::{
     flag, required, Delivered, DevError, Device, DirectSink, Driver, Egress, Error, HostState,
     Kind, KindArgs, OutFrame, OutFrames, Polled, HOST_PARAMS,
 };
-pub use vale_nic::Mode as NicMode;
 
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -50,7 +49,7 @@ use crate::switch::Switch;
 pub const KINDS: &[Kind] = &[tap::KIND, nic::KIND, vhost_user::KIND];
 
 /// How a device is opened from a kind's name and arguments ([`open_device`], [`restore_device`]).
-pub type OpenDevice = fn(&str, &KindArgs) -> Result<Box<dyn Device>, Error>;
+pub(crate) type OpenDevice = fn(&str, &KindArgs) -> Result<Box<dyn Device>, Error>;
 
 /// The kind named `kind`; an unknown one is refused with the list of what is known.
 pub fn kind(kind: &str) -> Result<&'static Kind, Error> {
@@ -78,14 +77,14 @@ fn check_args(k: &Kind, args: &KindArgs, saved: bool) -> Result<(), Error> {
 
 /// Opens the device of kind `kind` that `args` describe; unknown kinds and arguments are
 /// refused with the list of what is known.
-pub fn open_device(kind: &str, args: &KindArgs) -> Result<Box<dyn Device>, Error> {
+pub(crate) fn open_device(kind: &str, args: &KindArgs) -> Result<Box<dyn Device>, Error> {
     let k = self::kind(kind)?;
     check_args(k, args, false)?;
     (k.open)(args)
 }
 
 /// Opens again, at valed's start, the device of a port saved as `args` ([`Kind::restore`]).
-pub fn restore_device(kind: &str, args: &KindArgs) -> Result<Box<dyn Device>, Error> {
+pub(crate) fn restore_device(kind: &str, args: &KindArgs) -> Result<Box<dyn Device>, Error> {
     let k = self::kind(kind)?;
     check_args(k, args, true)?;
     (k.restore)(args)
@@ -97,7 +96,7 @@ pub(crate) fn interface_exists(name: &str) -> bool {
 }
 
 /// The control plane's view of the port of `dev`.
-pub fn state_of(dev: &dyn Device) -> io::Result<Arc<HostState>> {
+pub(crate) fn state_of(dev: &dyn Device) -> io::Result<Arc<HostState>> {
     let (kind, device, mode) = dev.describe();
     HostState::new(kind, device, mode)
 }
@@ -470,7 +469,7 @@ const EGRESS_BURST: usize = 256;
 
 /// Starts the driver of host port `port` (whose attachment holds `state`), which owns `dev`
 /// from now on.
-pub fn start(
+pub(crate) fn start(
     sw: Arc<Switch>,
     port: Arc<Port>,
     dev: Box<dyn Device>,
