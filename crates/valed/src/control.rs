@@ -27,7 +27,7 @@ use std::sync::Arc;
 
 use vale_abi::control::{self, Reply, Request, FLOW_DUMP_PAGE, MAX_ADMIN_REQUEST, MAX_REQUEST};
 use vale_abi::region::VALE_ABI_VERSION;
-use vale_switch::port::Port;
+use vale_switch::Port;
 use vale_switch::{epoll, Caller, Engine, Error, ErrorKind};
 
 use crate::peer;
