@@ -535,7 +535,7 @@ pub(crate) enum FlowOp {
 
 /// A switch (`valeX`).
 pub(crate) fn switch_name(s: &str) -> Result<String, String> {
-    parse_switch(s)?;
+    parse_switch(s).map_err(|e| e.to_string())?;
     Ok(s.to_string())
 }
 
@@ -566,7 +566,7 @@ pub(crate) fn vlan_args(
             } else {
                 format!("{switch}:{port}")
             };
-            let (sw, _) = parse_port(&port)?;
+            let (sw, _) = parse_port(&port).map_err(|e| e.to_string())?;
             if sw != switch {
                 return Err(format!(
                     "--{key} {a}: port '{port}' is not on switch '{switch}'"
@@ -590,15 +590,15 @@ pub(crate) fn vlan_args(
 /// A switch (`valeX`) or a port (`valeX:Y`).
 pub(crate) fn any_name(s: &str) -> Result<String, String> {
     if s.contains(':') {
-        parse_port(s)?;
+        parse_port(s).map_err(|e| e.to_string())?;
     } else {
-        parse_switch(s)?;
+        parse_switch(s).map_err(|e| e.to_string())?;
     }
     Ok(s.to_string())
 }
 
 /// A port (`valeX:Y`).
 pub(crate) fn port_name(s: &str) -> Result<String, String> {
-    parse_port(s)?;
+    parse_port(s).map_err(|e| e.to_string())?;
     Ok(s.to_string())
 }
