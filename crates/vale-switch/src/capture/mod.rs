@@ -552,6 +552,34 @@ mod tests {
         assert!(!div.matches(&f, 60));
     }
 
+    /// A port's captures at their most refuse one more as a limit (ENOSPC in C), a bad
+    /// geometry or filter as an invalid argument.
+    #[test]
+    fn a_capture_past_the_most_of_a_port_is_a_limit() {
+        let captures = Captures::default();
+        let ring = || Arc::new(CaptureRing::new("test:most", 0, DIR_TX, 64, 0, None).unwrap());
+        for _ in 0..MAX_CAPTURES_PER_PORT {
+            captures.add(ring()).unwrap();
+        }
+        let e = crate::Error::from(captures.add(ring()).unwrap_err());
+        assert_eq!(e.kind, crate::ErrorKind::LimitReached, "{e}");
+        assert_eq!(e.kind.errno(), libc::ENOSPC);
+        assert_eq!(
+            e.message,
+            "the port has 8 captures running, the most it may have"
+        );
+        captures.end_all();
+        let e = crate::Error::from(Geometry::new(DIR_TX, 0, 1 << 20).unwrap_err());
+        assert_eq!(e.kind, crate::ErrorKind::InvalidArgument, "{e}");
+        assert_eq!(e.message, "snap length must be from 1 to 65535, not 0");
+        let e = crate::Error::from(Filter::new(vec![i(0x28, 0, 0, 12)]).err().unwrap());
+        assert_eq!(e.kind, crate::ErrorKind::InvalidArgument, "{e}");
+        assert_eq!(
+            e.message,
+            "bad capture filter: instruction 0: the program must end with a return"
+        );
+    }
+
     /// `n` instructions: `ld #k` n - 1 times, then `ret #k`, all of them run.
     fn straight(n: usize, accept: bool) -> Filter {
         let mut v = vec![i(0x00, 0, 0, 7); n - 1];
