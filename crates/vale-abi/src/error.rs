@@ -199,11 +199,19 @@ mod tests {
                 libc::ECONNRESET,
                 libc::ECONNRESET,
             ),
-            (words(io::ErrorKind::InvalidInput), libc::EINVAL, libc::EINVAL),
+            (
+                words(io::ErrorKind::InvalidInput),
+                libc::EINVAL,
+                libc::EINVAL,
+            ),
             (words(io::ErrorKind::NotFound), libc::EIO, libc::ENOENT),
             (io::Error::other("m"), libc::EIO, libc::EIO),
         ] {
-            assert_eq!((Api::C.errno_of(&e), Api::Netmap.errno_of(&e)), (c, netmap), "{e:?}");
+            assert_eq!(
+                (Api::C.errno_of(&e), Api::Netmap.errno_of(&e)),
+                (c, netmap),
+                "{e:?}"
+            );
         }
     }
 }

@@ -108,10 +108,7 @@ mod tests {
             words(parse_port("vale0")),
             "bad name 'vale0': a port is named valeX:Y"
         );
-        assert_eq!(
-            words(parse_port("vale0:")),
-            "bad name 'vale0:': empty port"
-        );
+        assert_eq!(words(parse_port("vale0:")), "bad name 'vale0:': empty port");
         assert_eq!(
             words(parse_port("vale0:a b")),
             "bad name 'vale0:a b': port may hold letters, digits, '_' and '-', not ' '"

@@ -351,7 +351,10 @@ mod tests {
             format!("valed speaks vale ABI version 1, this client speaks {VALE_ABI_VERSION}")
         );
         h.magic = 0;
-        assert_eq!(l.check_header(&h).unwrap_err().to_string(), "bad region magic 0x0");
+        assert_eq!(
+            l.check_header(&h).unwrap_err().to_string(),
+            "bad region magic 0x0"
+        );
         let mut h = l.header("vale0:a");
         h.num_bufs += 1;
         assert_eq!(l.check_header(&h), Err(RegionError::Geometry));

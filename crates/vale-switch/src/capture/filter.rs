@@ -70,7 +70,11 @@ impl Filter {
                 _ => matches!(c, 0x07 | 0x87),
             };
             if !ok {
-                return Err(super::Error::FilterInsn { pc, code: c, k: i.k });
+                return Err(super::Error::FilterInsn {
+                    pc,
+                    code: c,
+                    k: i.k,
+                });
             }
         }
         if insns[n - 1].code & 0x07 != RET {
