@@ -20,19 +20,10 @@ fn fail(msg: impl std::fmt::Display, errno: c_int) {
     unsafe { *libc::__errno_location() = errno };
 }
 
-/// A failure's errno: valed's refusals by their kind ([`vale_abi::error::ErrorKind::errno`],
-/// the one table), a system call's own errno, else by the error's kind.
+/// A failure's errno as the C API gives it ([`vale_abi::error::Api::errno_of`], shared with
+/// the netmap emulation).
 fn fail_io(e: &std::io::Error) {
-    let errno = match vale_abi::error::Refused::kind_of(e) {
-        Some(kind) => kind.errno(),
-        None => e.raw_os_error().unwrap_or(match e.kind() {
-            // valed went away: the port is gone (vale.h).
-            std::io::ErrorKind::ConnectionReset => libc::ECONNRESET,
-            std::io::ErrorKind::InvalidInput => libc::EINVAL,
-            _ => libc::EIO,
-        }),
-    };
-    fail(e, errno);
+    fail(e, vale_abi::error::Api::C.errno_of(e));
 }
 
 /// `struct vale_open_opts`.

@@ -4,7 +4,8 @@
 //! valed's error reply carries a [`ErrorKind`] beside its message (the message says what is
 //! wrong and names the thing and the limit; the kind says what to do about it). libvale's C
 //! API sets `errno` from [`ErrorKind::errno`]; the netmap emulation from
-//! [`ErrorKind::netmap_errno`], which follows netmap's own choices where netmap has one.
+//! [`ErrorKind::netmap_errno`], which follows netmap's own choices where netmap has one. Both
+//! turn any failure (a refusal or a system call's) into their errno with [`Api::errno_of`].
 
 use std::fmt;
 use std::io;
@@ -87,6 +88,41 @@ impl ErrorKind {
     }
 }
 
+/// Whose errnos a failure is told in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Api {
+    /// libvale's C API: [`ErrorKind::errno`].
+    C,
+    /// The netmap emulation: [`ErrorKind::netmap_errno`].
+    Netmap,
+}
+
+impl Api {
+    /// The errno of a refusal of kind `kind`.
+    pub fn errno(self, kind: ErrorKind) -> i32 {
+        match self {
+            Api::C => kind.errno(),
+            Api::Netmap => kind.netmap_errno(),
+        }
+    }
+
+    /// The errno of failure `e`: valed's refusal by its kind ([`Api::errno`]), a system
+    /// call's own errno, else by the error's kind: ECONNRESET when valed went away (vale.h),
+    /// EINVAL for a bad argument, in netmap ENOENT for a thing that is not there (no valed to
+    /// reach, as netmap's missing device file), EIO for the rest.
+    pub fn errno_of(self, e: &io::Error) -> i32 {
+        match Refused::kind_of(e) {
+            Some(kind) => self.errno(kind),
+            None => e.raw_os_error().unwrap_or(match (self, e.kind()) {
+                (_, io::ErrorKind::ConnectionReset) => libc::ECONNRESET,
+                (_, io::ErrorKind::InvalidInput) => libc::EINVAL,
+                (Api::Netmap, io::ErrorKind::NotFound) => libc::ENOENT,
+                _ => libc::EIO,
+            }),
+        }
+    }
+}
+
 /// valed's refusal as a client sees it: the kind and valed's message. Carried inside an
 /// [`io::Error`] by libvale ([`Refused::into_io`]), so that a caller that only has the
 /// `io::Error` still finds the kind ([`Refused::kind_of`]).
@@ -134,5 +170,48 @@ mod tests {
         }
         assert_eq!(ErrorKind::default(), ErrorKind::Io);
         assert_eq!(Refused::kind_of(&io::Error::other("x")), None);
+    }
+
+    #[test]
+    fn a_failure_is_the_same_errno_in_c_and_in_netmap_but_where_netmap_differs() {
+        let refused = |kind| {
+            Refused {
+                kind,
+                message: "m".into(),
+            }
+            .into_io()
+        };
+        for k in ErrorKind::ALL {
+            assert_eq!(Api::C.errno_of(&refused(k)), k.errno(), "{k:?}");
+            assert_eq!(Api::Netmap.errno_of(&refused(k)), k.netmap_errno(), "{k:?}");
+        }
+        let limit = refused(ErrorKind::LimitReached);
+        assert_eq!(
+            (Api::C.errno_of(&limit), Api::Netmap.errno_of(&limit)),
+            (libc::ENOSPC, libc::ENOMEM)
+        );
+        let os = io::Error::from_raw_os_error(libc::EMFILE);
+        let words = |kind| io::Error::new(kind, "m");
+        for (e, c, netmap) in [
+            (os, libc::EMFILE, libc::EMFILE),
+            (
+                words(io::ErrorKind::ConnectionReset),
+                libc::ECONNRESET,
+                libc::ECONNRESET,
+            ),
+            (
+                words(io::ErrorKind::InvalidInput),
+                libc::EINVAL,
+                libc::EINVAL,
+            ),
+            (words(io::ErrorKind::NotFound), libc::EIO, libc::ENOENT),
+            (io::Error::other("m"), libc::EIO, libc::EIO),
+        ] {
+            assert_eq!(
+                (Api::C.errno_of(&e), Api::Netmap.errno_of(&e)),
+                (c, netmap),
+                "{e:?}"
+            );
+        }
     }
 }

@@ -42,6 +42,34 @@ pub const MAX_FRAGS: u32 = 512;
 
 const PAGE: u64 = 4096;
 
+/// Why port parameters or a region header are refused: the words name the field and its
+/// allowed range, or what in the header is wrong.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RegionError {
+    /// Tx or rx rings (`what`) out of 1 to [`MAX_RINGS`].
+    #[error("{what} must be 1 to {MAX_RINGS}, not {n}")]
+    Rings { what: &'static str, n: u32 },
+    /// Slots per ring not a power of two from [`MIN_SLOTS`] to [`MAX_SLOTS`].
+    #[error("slots per ring must be a power of two from {MIN_SLOTS} to {MAX_SLOTS}, not {0}")]
+    Slots(u32),
+    /// A buffer size not a multiple of [`BUF_SIZE_ALIGN`] from [`MIN_BUF_SIZE`] to
+    /// [`MAX_BUF_SIZE`].
+    #[error("buffer size must be a multiple of {BUF_SIZE_ALIGN} from {MIN_BUF_SIZE} to {MAX_BUF_SIZE}, not {0}")]
+    BufSize(u32),
+    /// The region these parameters make would be larger than [`MAX_REGION_SIZE`].
+    #[error("port memory would be {0} bytes, more than the limit of {MAX_REGION_SIZE}")]
+    TooLarge(u64),
+    /// The header does not start with [`VALE_MAGIC`].
+    #[error("bad region magic {0:#x}")]
+    Magic(u32),
+    /// The header is of another ABI version than [`VALE_ABI_VERSION`].
+    #[error("valed speaks vale ABI version {0}, this client speaks {VALE_ABI_VERSION}")]
+    Version(u32),
+    /// The header's geometry is not the one the client computed.
+    #[error("region header does not match the requested port geometry")]
+    Geometry,
+}
+
 /// What a client chooses when it opens a port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PortParams {
@@ -72,31 +100,23 @@ impl Default for PortParams {
 
 impl PortParams {
     /// Checks every field; the message names the field and its allowed range.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), RegionError> {
         for (what, n) in [("tx rings", self.tx_rings), ("rx rings", self.rx_rings)] {
             if !(1..=MAX_RINGS).contains(&n) {
-                return Err(format!("{what} must be 1 to {MAX_RINGS}, not {n}"));
+                return Err(RegionError::Rings { what, n });
             }
         }
         if !(MIN_SLOTS..=MAX_SLOTS).contains(&self.slots) || !self.slots.is_power_of_two() {
-            return Err(format!(
-                "slots per ring must be a power of two from {MIN_SLOTS} to {MAX_SLOTS}, not {}",
-                self.slots
-            ));
+            return Err(RegionError::Slots(self.slots));
         }
         if !(MIN_BUF_SIZE..=MAX_BUF_SIZE).contains(&self.buf_size)
             || !self.buf_size.is_multiple_of(BUF_SIZE_ALIGN)
         {
-            return Err(format!(
-                "buffer size must be a multiple of {BUF_SIZE_ALIGN} from {MIN_BUF_SIZE} to {MAX_BUF_SIZE}, not {}",
-                self.buf_size
-            ));
+            return Err(RegionError::BufSize(self.buf_size));
         }
         let size = Layout::compute(self).region_size;
         if size > MAX_REGION_SIZE {
-            return Err(format!(
-                "port memory would be {size} bytes, more than the limit of {MAX_REGION_SIZE}"
-            ));
+            return Err(RegionError::TooLarge(size));
         }
         Ok(())
     }
@@ -121,7 +141,7 @@ fn align_up(x: u64, a: u64) -> u64 {
 
 impl Layout {
     /// The layout for valid parameters (see [`PortParams::validate`]).
-    pub fn new(params: &PortParams) -> Result<Layout, String> {
+    pub fn new(params: &PortParams) -> Result<Layout, RegionError> {
         params.validate()?;
         Ok(Self::compute(params))
     }
@@ -195,15 +215,12 @@ impl Layout {
     }
 
     /// Checks a header read from a mapped region against this layout.
-    pub fn check_header(&self, h: &RegionHeader) -> Result<(), String> {
+    pub fn check_header(&self, h: &RegionHeader) -> Result<(), RegionError> {
         if h.magic != VALE_MAGIC {
-            return Err(format!("bad region magic {:#x}", h.magic));
+            return Err(RegionError::Magic(h.magic));
         }
         if h.abi_version != VALE_ABI_VERSION {
-            return Err(format!(
-                "valed speaks vale ABI version {}, this client speaks {}",
-                h.abi_version, VALE_ABI_VERSION
-            ));
+            return Err(RegionError::Version(h.abi_version));
         }
         let expect = self.header("");
         let same = h.header_size == expect.header_size
@@ -221,7 +238,7 @@ impl Layout {
         if same {
             Ok(())
         } else {
-            Err("region header does not match the requested port geometry".into())
+            Err(RegionError::Geometry)
         }
     }
 }
@@ -305,5 +322,41 @@ mod tests {
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }
+        let words = |p: PortParams| p.validate().unwrap_err().to_string();
+        assert_eq!(
+            words(PortParams { rx_rings: 17, ..ok }),
+            "rx rings must be 1 to 16, not 17"
+        );
+        assert_eq!(
+            words(PortParams { slots: 1000, ..ok }),
+            "slots per ring must be a power of two from 64 to 4096, not 1000"
+        );
+        assert_eq!(
+            words(PortParams {
+                buf_size: 100,
+                ..ok
+            }),
+            "buffer size must be a multiple of 64 from 128 to 16384, not 100"
+        );
+    }
+
+    #[test]
+    fn header_checks_name_what_is_wrong() {
+        let l = Layout::new(&PortParams::default()).unwrap();
+        let mut h = l.header("vale0:a");
+        assert_eq!(l.check_header(&h), Ok(()));
+        h.abi_version = 1;
+        assert_eq!(
+            l.check_header(&h).unwrap_err().to_string(),
+            format!("valed speaks vale ABI version 1, this client speaks {VALE_ABI_VERSION}")
+        );
+        h.magic = 0;
+        assert_eq!(
+            l.check_header(&h).unwrap_err().to_string(),
+            "bad region magic 0x0"
+        );
+        let mut h = l.header("vale0:a");
+        h.num_bufs += 1;
+        assert_eq!(l.check_header(&h), Err(RegionError::Geometry));
     }
 }

@@ -354,20 +354,11 @@ pub fn refuse(feature: &str, why: &str) -> Errno {
     )
 }
 
-/// A failure's errno as netmap gives it: valed's refusals by their kind
-/// ([`vale_abi::error::ErrorKind::netmap_errno`]: EPERM, EBUSY, ENXIO, EINVAL, ...), a system
-/// call's own errno, else by the error's kind.
+/// A failure's errno as netmap gives it ([`vale_abi::error::Api::errno_of`], shared with
+/// libvale's C API): valed's refusals by [`vale_abi::error::ErrorKind::netmap_errno`] (EPERM,
+/// EBUSY, ENXIO, EINVAL, ...), a system call's own errno, else by the error's kind.
 fn io_errno(e: &io::Error) -> Errno {
-    let errno = match vale_abi::error::Refused::kind_of(e) {
-        Some(kind) => kind.netmap_errno(),
-        None => e.raw_os_error().unwrap_or(match e.kind() {
-            io::ErrorKind::ConnectionReset => libc::ECONNRESET,
-            io::ErrorKind::InvalidInput => libc::EINVAL,
-            io::ErrorKind::NotFound => libc::ENOENT,
-            _ => libc::EIO,
-        }),
-    };
-    fail(errno, e)
+    fail(vale_abi::error::Api::Netmap.errno_of(e), e)
 }
 
 /// What a register request asks for, from either request format.

@@ -70,15 +70,25 @@ impl Mode {
         }
     }
 
-    pub fn parse(s: &str) -> Result<Mode, String> {
+    pub fn parse(s: &str) -> Result<Mode, UnknownMode> {
         match s {
             "xdp" => Ok(Mode::Xdp),
             "xdp-generic" => Ok(Mode::XdpGeneric),
             "packet" => Ok(Mode::Packet),
-            _ => Err(format!(
-                "unknown mode '{s}' (known: xdp, xdp-generic, packet)"
-            )),
+            _ => Err(UnknownMode(s.to_string())),
         }
+    }
+}
+
+/// A mode name that is none of [`Mode`]'s.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown mode '{0}' (known: xdp, xdp-generic, packet)")]
+pub struct UnknownMode(pub String);
+
+impl std::str::FromStr for Mode {
+    type Err = UnknownMode;
+    fn from_str(s: &str) -> Result<Mode, UnknownMode> {
+        Mode::parse(s)
     }
 }
 

@@ -11,16 +11,25 @@ pub const MAGIC: [u8; 2] = *b"vp";
 pub const SEQ_OFS: usize = PAYLOAD_OFS + 2;
 pub const TS_OFS: usize = SEQ_OFS + 4;
 
-pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+/// A MAC address `--src-mac`/`--dst-mac` refuses.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MacError {
+    /// Not six parts separated by `:`.
+    #[error("bad MAC address '{0}': want six hex octets like 02:00:00:00:00:01")]
+    Parts(String),
+    /// A part that is not a hex octet.
+    #[error("bad MAC address '{0}'")]
+    Octet(String),
+}
+
+pub fn parse_mac(s: &str) -> Result<[u8; 6], MacError> {
     let parts: Vec<&str> = s.split(':').collect();
     let mut mac = [0u8; 6];
     if parts.len() != 6 {
-        return Err(format!(
-            "bad MAC address '{s}': want six hex octets like 02:00:00:00:00:01"
-        ));
+        return Err(MacError::Parts(s.to_string()));
     }
     for (m, p) in mac.iter_mut().zip(parts) {
-        *m = u8::from_str_radix(p, 16).map_err(|_| format!("bad MAC address '{s}'"))?;
+        *m = u8::from_str_radix(p, 16).map_err(|_| MacError::Octet(s.to_string()))?;
     }
     Ok(mac)
 }

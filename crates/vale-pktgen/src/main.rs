@@ -193,10 +193,10 @@ fn run() -> anyhow::Result<()> {
         opts.run_dir(d);
     }
     let src = match &args.src_mac {
-        Some(m) => frame::parse_mac(m).map_err(anyhow::Error::msg)?,
+        Some(m) => frame::parse_mac(m)?,
         None => frame::mac_for(&args.port),
     };
-    let dst = frame::parse_mac(&args.dst_mac).map_err(anyhow::Error::msg)?;
+    let dst = frame::parse_mac(&args.dst_mac)?;
     if !(args.duration >= 0.0 && args.duration.is_finite()) {
         bail!("bad --duration {}", args.duration);
     }

@@ -49,6 +49,20 @@ impl From<String> for Error {
     }
 }
 
+/// A bad name is an invalid argument.
+impl From<vale_abi::name::NameError> for Error {
+    fn from(e: vale_abi::name::NameError) -> Error {
+        Error::invalid(e.to_string())
+    }
+}
+
+/// Port parameters out of their ranges are an invalid argument.
+impl From<vale_abi::region::RegionError> for Error {
+    fn from(e: vale_abi::region::RegionError) -> Error {
+        Error::invalid(e.to_string())
+    }
+}
+
 /// For code that only reports (valed's log of a configuration it could not apply): the words.
 impl From<Error> for String {
     fn from(e: Error) -> String {

@@ -59,8 +59,8 @@ impl OpenOptions {
             }
             .into_io()
         };
-        vale_abi::name::parse_port(name).map_err(invalid)?;
-        let layout = Layout::new(&self.params).map_err(invalid)?;
+        vale_abi::name::parse_port(name).map_err(|e| invalid(e.to_string()))?;
+        let layout = Layout::new(&self.params).map_err(|e| invalid(e.to_string()))?;
         let run_dir = self.run_dir.clone().unwrap_or_else(default_run_dir);
         let ctl = connect::connect(&run_dir, self.autostart)?;
         let req = Request::Open {

@@ -27,15 +27,11 @@ pub(super) const JMP: u16 = 0x05;
 pub(super) const RET: u16 = 0x06;
 
 impl Filter {
-    pub fn new(insns: Vec<vale_abi::capture::BpfInsn>) -> Result<Filter, String> {
+    pub fn new(insns: Vec<vale_abi::capture::BpfInsn>) -> Result<Filter, super::Error> {
         let n = insns.len();
         if n == 0 || n > MAX_FILTER_INSNS {
-            return Err(format!(
-                "a capture filter has 1 to {MAX_FILTER_INSNS} instructions, not {n}"
-            ));
+            return Err(super::Error::FilterLength(n));
         }
-        let bad =
-            |pc: usize, why: &str| Err(format!("bad capture filter: instruction {pc}: {why}"));
         for (pc, i) in insns.iter().enumerate() {
             let c = i.code;
             let mode = c & 0xe0;
@@ -74,11 +70,15 @@ impl Filter {
                 _ => matches!(c, 0x07 | 0x87),
             };
             if !ok {
-                return bad(pc, &format!("code {c:#06x} k {} not accepted", i.k));
+                return Err(super::Error::FilterInsn {
+                    pc,
+                    code: c,
+                    k: i.k,
+                });
             }
         }
         if insns[n - 1].code & 0x07 != RET {
-            return bad(n - 1, "the program must end with a return");
+            return Err(super::Error::FilterEnd { pc: n - 1 });
         }
         Ok(Filter { insns })
     }

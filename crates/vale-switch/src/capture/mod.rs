@@ -40,6 +40,54 @@ use vale_abi::capture::{
 mod filter;
 pub use filter::{Filter, MAX_FILTER_INSNS};
 
+/// Why a capture cannot start: the words name the value and its limit, the variant is the
+/// kind valed's reply carries ([`crate::Error`]).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Directions other than [`DIR_TX`] and [`DIR_RX`], or none.
+    #[error("bad capture direction {0}")]
+    Direction(u32),
+    /// A snap length out of 1 to [`MAX_SNAPLEN`].
+    #[error("snap length must be from 1 to {MAX_SNAPLEN}, not {0}")]
+    Snaplen(u32),
+    /// A buffer larger than [`MAX_CAPTURE_BYTES`].
+    #[error("capture buffer must be at most {} MiB", MAX_CAPTURE_BYTES >> 20)]
+    Buffer,
+    /// A filter of no instructions or more than [`MAX_FILTER_INSNS`].
+    #[error("a capture filter has 1 to {MAX_FILTER_INSNS} instructions, not {0}")]
+    FilterLength(usize),
+    /// A filter instruction the checks refuse (see [`Filter`]).
+    #[error("bad capture filter: instruction {pc}: code {code:#06x} k {k} not accepted")]
+    FilterInsn { pc: usize, code: u16, k: u32 },
+    /// A filter that does not end with a return (`pc`: its last instruction).
+    #[error("bad capture filter: instruction {pc}: the program must end with a return")]
+    FilterEnd { pc: usize },
+    /// The port has [`MAX_CAPTURES_PER_PORT`] captures already.
+    #[error("the port has {MAX_CAPTURES_PER_PORT} captures running, the most it may have")]
+    TooMany,
+    /// The buffer's memory could not be made (a system call failed).
+    #[error("cannot make a capture buffer: {0}")]
+    Memory(io::Error),
+}
+
+/// A bad direction, snap length, size or filter is an invalid argument; a port's captures
+/// at their most a limit (ENOSPC in C); a buffer that could not be made an I/O error.
+impl From<Error> for crate::Error {
+    fn from(e: Error) -> crate::Error {
+        let message = e.to_string();
+        match e {
+            Error::TooMany => crate::Error::limit(message),
+            Error::Memory(_) => crate::Error::io(message),
+            Error::Direction(_)
+            | Error::Snaplen(_)
+            | Error::Buffer
+            | Error::FilterLength(_)
+            | Error::FilterInsn { .. }
+            | Error::FilterEnd { .. } => crate::Error::invalid(message),
+        }
+    }
+}
+
 /// One capture: its memfd, valed's mapping of it, and the producer's lock (several workers
 /// may deliver to the same port at once).
 pub struct CaptureRing {
@@ -78,20 +126,15 @@ pub struct Geometry {
 impl Geometry {
     /// The buffer of about `bytes` bytes of records of `snaplen` bytes, capturing `dirs`, or
     /// why it cannot be made.
-    pub fn new(dirs: u32, snaplen: u32, bytes: u64) -> Result<Geometry, String> {
+    pub fn new(dirs: u32, snaplen: u32, bytes: u64) -> Result<Geometry, Error> {
         if dirs & (DIR_TX | DIR_RX) == 0 || dirs & !(DIR_TX | DIR_RX) != 0 {
-            return Err(format!("bad capture direction {dirs}"));
+            return Err(Error::Direction(dirs));
         }
         if snaplen == 0 || snaplen > MAX_SNAPLEN {
-            return Err(format!(
-                "snap length must be from 1 to {MAX_SNAPLEN}, not {snaplen}"
-            ));
+            return Err(Error::Snaplen(snaplen));
         }
         if bytes > MAX_CAPTURE_BYTES {
-            return Err(format!(
-                "capture buffer must be at most {} MiB",
-                MAX_CAPTURE_BYTES >> 20
-            ));
+            return Err(Error::Buffer);
         }
         let rec_size = record_size(snaplen);
         let records = (bytes as usize / rec_size).max(16);
@@ -115,7 +158,7 @@ impl CaptureRing {
         snaplen: u32,
         bytes: u64,
         filter: Option<(Filter, Arc<FilterBudget>)>,
-    ) -> Result<CaptureRing, String> {
+    ) -> Result<CaptureRing, Error> {
         let Geometry {
             records,
             rec_size,
@@ -149,7 +192,7 @@ impl CaptureRing {
                 }
                 r
             })
-            .map_err(|e| format!("cannot make a capture buffer: {e}"))
+            .map_err(Error::Memory)
     }
 
     fn map(name: &str, size: usize) -> io::Result<(OwnedFd, NonNull<u8>)> {
@@ -431,12 +474,10 @@ impl Captures {
         self.active.load(Relaxed)
     }
 
-    pub fn add(&self, c: Arc<CaptureRing>) -> Result<(), String> {
+    pub fn add(&self, c: Arc<CaptureRing>) -> Result<(), Error> {
         let mut l = self.list.write().unwrap_or_else(|e| e.into_inner());
         if l.len() >= MAX_CAPTURES_PER_PORT {
-            return Err(format!(
-                "the port has {MAX_CAPTURES_PER_PORT} captures running, the most it may have"
-            ));
+            return Err(Error::TooMany);
         }
         l.push(c);
         self.active.store(true, Relaxed);
@@ -509,6 +550,34 @@ mod tests {
         // Division by an X of 0 at run time rejects the frame.
         let div = Filter::new(vec![i(0x3c, 0, 0, 0), i(0x16, 0, 0, 0)]).unwrap();
         assert!(!div.matches(&f, 60));
+    }
+
+    /// A port's captures at their most refuse one more as a limit (ENOSPC in C), a bad
+    /// geometry or filter as an invalid argument.
+    #[test]
+    fn a_capture_past_the_most_of_a_port_is_a_limit() {
+        let captures = Captures::default();
+        let ring = || Arc::new(CaptureRing::new("test:most", 0, DIR_TX, 64, 0, None).unwrap());
+        for _ in 0..MAX_CAPTURES_PER_PORT {
+            captures.add(ring()).unwrap();
+        }
+        let e = crate::Error::from(captures.add(ring()).unwrap_err());
+        assert_eq!(e.kind, crate::ErrorKind::LimitReached, "{e}");
+        assert_eq!(e.kind.errno(), libc::ENOSPC);
+        assert_eq!(
+            e.message,
+            "the port has 8 captures running, the most it may have"
+        );
+        captures.end_all();
+        let e = crate::Error::from(Geometry::new(DIR_TX, 0, 1 << 20).unwrap_err());
+        assert_eq!(e.kind, crate::ErrorKind::InvalidArgument, "{e}");
+        assert_eq!(e.message, "snap length must be from 1 to 65535, not 0");
+        let e = crate::Error::from(Filter::new(vec![i(0x28, 0, 0, 12)]).err().unwrap());
+        assert_eq!(e.kind, crate::ErrorKind::InvalidArgument, "{e}");
+        assert_eq!(
+            e.message,
+            "bad capture filter: instruction 0: the program must end with a return"
+        );
     }
 
     /// `n` instructions: `ld #k` n - 1 times, then `ret #k`, all of them run.

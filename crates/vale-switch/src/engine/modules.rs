@@ -109,7 +109,7 @@ pub(super) fn not_flow(switch: &str, m: &Installed) -> String {
 /// Refuses a rule set naming a port of another switch: it could never match or be sent to.
 pub(super) fn on_switch(switch: &str, names: &[String]) -> Result<(), String> {
     for n in names {
-        if parse_port(n)?.0 != switch {
+        if parse_port(n).map_err(|e| e.to_string())?.0 != switch {
             return Err(format!("port '{n}' is not on switch '{switch}'"));
         }
     }

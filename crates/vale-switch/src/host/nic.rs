@@ -100,7 +100,7 @@ pub const KIND: super::Kind = super::Kind {
             .get("mode")
             .map(|m| vale_nic::Mode::parse(m))
             .transpose()
-            .map_err(super::Error::Invalid)?;
+            .map_err(|e| super::Error::Invalid(e.to_string()))?;
         Ok(Box::new(NicDevice::open(iface, mode)?))
     },
     saved_args: &["bound"],

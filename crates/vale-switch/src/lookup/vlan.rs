@@ -109,7 +109,7 @@ fn port_value<'a>(key: &str, arg: &'a str) -> Result<(&'a str, &'a str), String>
     let (port, value) = arg
         .split_once('=')
         .ok_or_else(|| format!("{key} takes PORT=VLANS (valeX:Y=10), not '{arg}'"))?;
-    vale_abi::name::parse_port(port)?;
+    vale_abi::name::parse_port(port).map_err(|e| e.to_string())?;
     Ok((port, value))
 }
 

@@ -244,7 +244,7 @@ pub(super) fn parse_match(text: &str, mut prio: Option<&mut Option<u16>>) -> Res
             }
             "in_port" => {
                 once("in_port", &mut seen).map_err(err)?;
-                vale_abi::name::parse_port(v).map_err(err)?;
+                vale_abi::name::parse_port(v).map_err(|e| err(e.to_string()))?;
                 m.in_port = Some(v.to_string());
                 m.mask.set(IN_PORT, 0xffff);
             }
