@@ -32,5 +32,5 @@ pub mod wire;
 pub mod worker;
 
 pub use access::{Caller, UserLimits};
-pub use engine::{Engine, EngineConfig, OpenedPort};
+pub use engine::{Engine, EngineConfig, OpenedPort, SavedLookup};
 pub use error::{Error, ErrorKind};
