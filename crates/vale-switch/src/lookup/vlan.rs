@@ -473,16 +473,16 @@ mod tests {
             (("colour", "red"), "no argument 'colour'"),
         ] {
             let e = Vlan::new(&args(&[a])).err().expect("refused");
-            assert!(e.contains(why), "{a:?}: {e}");
+            assert!(e.to_string().contains(why), "{a:?}: {e}");
         }
         let e = Vlan::new(&args(&[("access", "vale0:a=1"), ("trunk", "vale0:a=2")]))
             .err()
             .unwrap();
-        assert!(e.contains("configured twice"), "{e}");
+        assert!(e.to_string().contains("configured twice"), "{e}");
         let e = Vlan::new(&args(&[("trunk", "vale0:u=1-4094")]))
             .err()
             .unwrap();
-        assert!(e.contains("more than 256 VLANs"), "{e}");
+        assert!(e.to_string().contains("more than 256 VLANs"), "{e}");
         // default=none: unnamed ports are in no VLAN.
         let v = Vlan::new(&args(&[("default", "none")])).unwrap();
         v.port_added(0, "vale0:x");
