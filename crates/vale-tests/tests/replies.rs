@@ -87,7 +87,7 @@ fn flood_beside_root(v: &Valed, conns: u32) -> serde_json::Value {
         v,
         conns,
         5000,
-        r#"{"op":"flow_dump","switch":"vale0","after":0}"#,
+        r#"{"op":"lookup_control","switch":"vale0","command":"dump","body":"after=0"}"#,
     );
     let (mut peak, mut slowest, mut lists) = (before, Duration::ZERO, 0);
     let until = Instant::now() + Duration::from_secs(3);
