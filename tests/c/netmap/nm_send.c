@@ -8,6 +8,8 @@
  * exits, "close_range" one that does it with close_range(), "exec" one that execs
  * /bin/true, "exit" one that exits; the sender waits for it, then sends.  "handover" forks
  * a child that sends instead, once the parent has closed its own descriptor (nmport_close).
+ *
+ * NM_SEND_PAUSE_US in the environment: the pause after each burst (default 20 us).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -71,6 +73,8 @@ int main(int argc, char **argv)
 	unsigned rings = d->last_tx_ring - d->first_tx_ring + 1;
 	unsigned long sent = 0;
 	double deadline = now_s() + 30;
+	const char *pause_env = getenv("NM_SEND_PAUSE_US");
+	useconds_t pause_us = pause_env ? (useconds_t)strtoul(pause_env, NULL, 0) : 20;
 
 	while (sent < count && now_s() < deadline) {
 		unsigned queued = 0;
@@ -97,7 +101,7 @@ int main(int argc, char **argv)
 				return 1;
 			}
 		} else {
-			usleep(20); /* pace: a receiver that sleeps in poll keeps up */
+			usleep(pause_us); /* pace: a receiver that sleeps in poll keeps up */
 		}
 	}
 	/* Let valed take the last slots before the port goes away. */

@@ -339,7 +339,8 @@ impl Engine {
                 .is_none()
             {
                 return Err(Error::invalid(format!(
-                    "port '{name}' has no device to detach (only TAP, NIC and vhost-user ports do)"
+                    "port '{name}' has no device to detach (only ports made by 'vale-ctl \
+                     attach' have one)"
                 )));
             }
             p
