@@ -928,7 +928,12 @@ const NOBODY: u32 = 65534;
 /// Command `op` with `body` of switch `sw`'s lookup module, sent by this process (root, an
 /// administrator) as one request: the module's name and answer, or the refusal's kind and
 /// words.
-fn command(v: &Valed, sw: &str, op: &str, body: &str) -> Result<(String, String), (ErrorKind, String)> {
+fn command(
+    v: &Valed,
+    sw: &str,
+    op: &str,
+    body: &str,
+) -> Result<(String, String), (ErrorKind, String)> {
     let sock = UnixStream::connect(v.run_dir().join(control::SOCKET_NAME)).expect("connect");
     let req = Request::LookupControl {
         switch: sw.into(),
@@ -946,8 +951,9 @@ fn command(v: &Valed, sw: &str, op: &str, body: &str) -> Result<(String, String)
 /// in): control-flood's report of the one reply.
 fn command_as_nobody(v: &Valed, sw: &str, op: &str, body: &str) -> serde_json::Value {
     let sock = v.run_dir().join(control::SOCKET_NAME);
-    let json = serde_json::json!({"op": "lookup_control", "switch": sw, "command": op, "body": body})
-        .to_string();
+    let json =
+        serde_json::json!({"op": "lookup_control", "switch": sw, "command": op, "body": body})
+            .to_string();
     let args = [sock.to_str().unwrap(), "ask", "1", "0", &json];
     report(
         &run_bounded(&mut v.tool_as(NOBODY, 1024, "control-flood", &args), T),
@@ -970,12 +976,21 @@ fn flow_commands_go_through_the_one_lookup_request() {
     // The learning bridge takes no commands.
     let (kind, message) = command(&v, "vale0", "dump", "").unwrap_err();
     assert_eq!(kind, ErrorKind::Unsupported, "{message}");
-    assert!(message.contains("lookup module 'learning' has no command 'dump'"), "{message}");
+    assert!(
+        message.contains("lookup module 'learning' has no command 'dump'"),
+        "{message}"
+    );
     let (kind, _) = command(&v, "vale9", "dump", "").unwrap_err();
     assert_eq!(kind, ErrorKind::NotFound);
 
     v.ctl_ok(&["lookup", "vale0", "flow"]);
-    let (module, out) = command(&v, "vale0", "add", "prio=5 udp actions=drop\narp actions=flood").unwrap();
+    let (module, out) = command(
+        &v,
+        "vale0",
+        "add",
+        "prio=5 udp actions=drop\narp actions=flood",
+    )
+    .unwrap();
     assert_eq!(module, "flow");
     let added: FlowTable = serde_json::from_str(&out).expect("a FlowTable");
     assert_eq!(added.rules.iter().map(|r| r.id).collect::<Vec<_>>(), [1, 2]);
@@ -987,7 +1002,10 @@ fn flow_commands_go_through_the_one_lookup_request() {
     assert!(message.contains("is not on switch 'vale0'"), "{message}");
     let (kind, message) = command(&v, "vale0", "frobnicate", "").unwrap_err();
     assert_eq!(kind, ErrorKind::Unsupported);
-    assert_eq!(message, "lookup module 'flow' has no command 'frobnicate' (known: add, del, dump)");
+    assert_eq!(
+        message,
+        "lookup module 'flow' has no command 'frobnicate' (known: add, del, dump)"
+    );
     let (kind, _) = command(&v, "vale0", "del", "99").unwrap_err();
     assert_eq!(kind, ErrorKind::NotFound);
     let (_, out) = command(&v, "vale0", "dump", "").unwrap();
@@ -1001,7 +1019,13 @@ fn flow_commands_go_through_the_one_lookup_request() {
     let r = command_as_nobody(&v, "vale0", "add", "actions=drop");
     assert_eq!(r["errors"], 1, "{r}");
     assert_eq!(r["kind"], "permission_denied", "{r}");
-    assert!(r["error"].as_str().unwrap().contains("needs an administrator"), "{r}");
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .contains("needs an administrator"),
+        "{r}"
+    );
     let r = command_as_nobody(&v, "vale0", "dump", "");
     assert_eq!(r["answered"], 1, "{r}");
     let t: FlowTable = serde_json::from_str(r["reply"]["output"].as_str().unwrap()).unwrap();
@@ -1067,12 +1091,32 @@ fn a_v3_module_answers_its_commands_and_hostile_answers_are_refused() {
         Ok(("v3".to_string(), "echo hello\nworld".to_string()))
     );
     let cases = [
-        ("fail", ErrorKind::InvalidArgument, "lookup module 'v3' refused 'fail': no fail today"),
-        ("overlong", ErrorKind::Io, "out_len 1052672, more than the 1048576 bytes of room"),
+        (
+            "fail",
+            ErrorKind::InvalidArgument,
+            "lookup module 'v3' refused 'fail': no fail today",
+        ),
+        (
+            "overlong",
+            ErrorKind::Io,
+            "out_len 1052672, more than the 1048576 bytes of room",
+        ),
         ("latin1", ErrorKind::Io, "with text that is not UTF-8"),
-        ("huge", ErrorKind::LimitReached, "its answer may be at most 1048576 bytes"),
-        ("nosuch", ErrorKind::Unsupported, "lookup module 'v3' has no command 'nosuch'"),
-        ("vale.save", ErrorKind::InvalidArgument, "'vale.save' is reserved"),
+        (
+            "huge",
+            ErrorKind::LimitReached,
+            "its answer may be at most 1048576 bytes",
+        ),
+        (
+            "nosuch",
+            ErrorKind::Unsupported,
+            "lookup module 'v3' has no command 'nosuch'",
+        ),
+        (
+            "vale.save",
+            ErrorKind::InvalidArgument,
+            "'vale.save' is reserved",
+        ),
     ];
     for (op, kind, words) in cases {
         let (k, message) = command(&v, "vale0", op, "").unwrap_err();

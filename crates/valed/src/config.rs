@@ -185,7 +185,11 @@ pub fn load(path: &Path, admin_gid: Option<u32>) -> Result<Option<Config>, Confi
                 "configuration {shown} is a symbolic link: name the file itself"
             )))
         }
-        Err(e) => return Err(ConfigError::Io(format!("cannot open configuration {shown}: {e}"))),
+        Err(e) => {
+            return Err(ConfigError::Io(format!(
+                "cannot open configuration {shown}: {e}"
+            )))
+        }
     };
     let meta = file
         .metadata()
@@ -384,7 +388,8 @@ pub fn apply(engine: &Arc<Engine>, cfg: &Config, attachments: &Attachments) -> V
             let state = &l.state;
             if !state.is_empty() && engine.lookup_restore(&sw.name, state, &me).is_err() {
                 for line in state {
-                    if let Err(why) = engine.lookup_restore(&sw.name, std::slice::from_ref(line), &me)
+                    if let Err(why) =
+                        engine.lookup_restore(&sw.name, std::slice::from_ref(line), &me)
                     {
                         report(
                             format!("switch '{}' {} state '{line}'", sw.name, l.module),
@@ -437,11 +442,7 @@ pub fn snapshot(engine: &Engine, attachments: &Attachments) -> Config {
             ..Default::default()
         };
         if let Ok(saved) = engine.lookup_saved(&sw.name) {
-            let args: Vec<String> = saved
-                .args
-                .iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect();
+            let args: Vec<String> = saved.args.iter().map(|(k, v)| format!("{k}={v}")).collect();
             let default = saved.spec == vale_switch::lookup::MODULES[0].0
                 && args.is_empty()
                 && saved.state.is_empty();
@@ -507,7 +508,11 @@ pub fn save(path: &Path, cfg: &Config) -> Result<(), Error> {
         let rules = cfg
             .switches
             .iter()
-            .filter_map(|s| s.lookup.as_ref().map(|l| (l.state.len(), &s.name, &l.module)))
+            .filter_map(|s| {
+                s.lookup
+                    .as_ref()
+                    .map(|l| (l.state.len(), &s.name, &l.module))
+            })
             .max()
             .filter(|(n, _, _)| *n > 0)
             .map(|(n, sw, m)| format!(" (switch '{sw}' has {n} lines of {m} state)"))
@@ -550,14 +555,12 @@ fn temporaries(path: &Path) -> Result<(PathBuf, String), ConfigError> {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let file_name = path
-        .file_name()
-        .ok_or_else(|| {
-            ConfigError::Invalid(format!(
-                "configuration path {} names no file",
-                path.display()
-            ))
-        })?;
+    let file_name = path.file_name().ok_or_else(|| {
+        ConfigError::Invalid(format!(
+            "configuration path {} names no file",
+            path.display()
+        ))
+    })?;
     Ok((dir, format!(".{}.tmp", file_name.to_string_lossy())))
 }
 

@@ -11,9 +11,7 @@ use std::sync::atomic::{
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use vale_abi::control::{
-    LookupInfo, ModuleArg, ModuleCounter, PortInfo, SwitchInfo, WorkerInfo,
-};
+use vale_abi::control::{LookupInfo, ModuleArg, ModuleCounter, PortInfo, SwitchInfo, WorkerInfo};
 use vale_abi::name::{parse_port, parse_switch};
 use vale_abi::region::{Layout, PortParams};
 

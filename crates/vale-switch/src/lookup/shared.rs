@@ -177,7 +177,9 @@ impl SharedModule {
             )));
         };
         let name = if ops.name.is_null() {
-            return Err(Error::Invalid(format!("lookup module '{shown}' has no name")));
+            return Err(Error::Invalid(format!(
+                "lookup module '{shown}' has no name"
+            )));
         } else {
             // SAFETY: a NUL-terminated string, says the contract; bounded below.
             let n = unsafe { CStr::from_ptr(ops.name) }.to_string_lossy();
@@ -300,9 +302,7 @@ impl SharedModule {
             };
             let message = format!("lookup module '{name}' refused '{op}': {why}");
             return Err(match rc {
-                libc::EOPNOTSUPP | libc::ENOSYS => {
-                    super::Error::unsupported(name, op, &[])
-                }
+                libc::EOPNOTSUPP | libc::ENOSYS => super::Error::unsupported(name, op, &[]),
                 libc::EINVAL => Error::Invalid(message),
                 libc::ENOENT => Error::NotFound(message),
                 libc::ENOSPC | libc::ERANGE => Error::Limit(format!(

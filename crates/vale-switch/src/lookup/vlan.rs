@@ -22,8 +22,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use vale_abi::netmap::NS_NO_LEARN;
 
 use super::{
-    check_keys, invalid, is_group, Args, Error, FrameMeta, LearningBridge, Lookup, SourcePort, TableArgs, Tagging,
-    DEST_DROP, DEST_FLOOD, VLAN_TAGGED, VLAN_VID,
+    check_keys, invalid, is_group, Args, Error, FrameMeta, LearningBridge, Lookup, SourcePort,
+    TableArgs, Tagging, DEST_DROP, DEST_FLOOD, VLAN_TAGGED, VLAN_VID,
 };
 use crate::index::{PortIndex, MAX_PORTS};
 use crate::wire;

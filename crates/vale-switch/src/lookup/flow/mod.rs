@@ -135,7 +135,9 @@ pub fn parse_rules(text: &str) -> Result<Vec<Rule>, Error> {
     let mut out = Vec::new();
     for (n, line) in lines(text) {
         if out.len() >= MAX_RULES {
-            return Err(Error::Limit(format!("more than {MAX_RULES} rules (line {n})")));
+            return Err(Error::Limit(format!(
+                "more than {MAX_RULES} rules (line {n})"
+            )));
         }
         let rule =
             parse_rule(line).map_err(|e| e.context(format!("bad rule at line {n}, '{line}': ")))?;
@@ -566,7 +568,11 @@ impl Lookup for Flow {
             }
             "del" => {
                 let rules = self.del(body)?;
-                tracing::info!(switch = ctx.switch, rules = rules.len(), "flow rules deleted");
+                tracing::info!(
+                    switch = ctx.switch,
+                    rules = rules.len(),
+                    "flow rules deleted"
+                );
                 FlowTable {
                     rules,
                     ..self.summary(ctx.switch)

@@ -30,7 +30,9 @@ pub fn parse_action(s: &str) -> Result<Action, Error> {
         "drop" => Ok(Action::Drop),
         "flood" => Ok(Action::Flood),
         "normal" => Ok(Action::Normal),
-        "" => Err(invalid("no action after 'actions=' (one of output:PORT, drop, flood, normal)")),
+        "" => Err(invalid(
+            "no action after 'actions=' (one of output:PORT, drop, flood, normal)",
+        )),
         _ => match s.strip_prefix("output:") {
             Some(p) => {
                 vale_abi::name::parse_port(p).map_err(|e| invalid(format!("output: {e}")))?;
@@ -89,7 +91,9 @@ pub(super) fn masked_number(s: &str, max: u64) -> Result<(u64, u64), Error> {
 pub(super) fn mac(s: &str) -> Result<u64, Error> {
     let parts: Vec<&str> = s.split(':').collect();
     if parts.len() != 6 {
-        return Err(invalid(format!("'{s}' is not a MAC address (xx:xx:xx:xx:xx:xx)")));
+        return Err(invalid(format!(
+            "'{s}' is not a MAC address (xx:xx:xx:xx:xx:xx)"
+        )));
     }
     let mut v = 0u64;
     for (i, p) in parts.iter().enumerate() {
@@ -244,7 +248,9 @@ pub(super) fn parse_match(text: &str, mut prio: Option<&mut Option<u16>>) -> Res
             }
             "in_port" => {
                 once("in_port", &mut seen).map_err(err)?;
-                vale_abi::name::parse_port(v).map_err(invalid).map_err(err)?;
+                vale_abi::name::parse_port(v)
+                    .map_err(invalid)
+                    .map_err(err)?;
                 m.in_port = Some(v.to_string());
                 m.mask.set(IN_PORT, 0xffff);
             }
@@ -322,12 +328,16 @@ pub(super) fn parse_match(text: &str, mut prio: Option<&mut Option<u16>>) -> Res
         return Err(invalid("ipv6_src and ipv6_dst need ipv6 (dl_type=0x86dd)"));
     }
     if proto.is_some() && !ip4 && !ip6 {
-        return Err(invalid("nw_proto needs ip or ipv6 (dl_type=0x0800 or 0x86dd)"));
+        return Err(invalid(
+            "nw_proto needs ip or ipv6 (dl_type=0x0800 or 0x86dd)",
+        ));
     }
     if seen.iter().any(|f| *f == "tp_src" || *f == "tp_dst")
         && !matches!(proto, Some(IPPROTO_TCP | IPPROTO_UDP))
     {
-        return Err(invalid("tp_src and tp_dst need tcp or udp (nw_proto=6 or 17)"));
+        return Err(invalid(
+            "tp_src and tp_dst need tcp or udp (nw_proto=6 or 17)",
+        ));
     }
     if let Some(t) = dl_type {
         m.value.set(DL_TYPE, t as u64);
@@ -348,7 +358,9 @@ pub(super) fn parse_match(text: &str, mut prio: Option<&mut Option<u16>>) -> Res
 pub fn parse_rule(text: &str) -> Result<Rule, Error> {
     let text = text.trim();
     let Some(at) = text.find("actions=") else {
-        return Err(invalid("no 'actions=' (a rule is '[prio=N] MATCH actions=ACTION')"));
+        return Err(invalid(
+            "no 'actions=' (a rule is '[prio=N] MATCH actions=ACTION')",
+        ));
     };
     let (head, action) = (&text[..at], text[at + "actions=".len()..].trim());
     if !head.is_empty() && !head.ends_with([' ', ',', '\t']) {

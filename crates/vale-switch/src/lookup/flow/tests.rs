@@ -229,10 +229,15 @@ fn the_grammar_refuses_bad_rules_saying_why() {
     for (text, why) in cases {
         match parse_rule(text) {
             Ok(r) => panic!("{text} was taken: {r:?}"),
-            Err(e) => assert!(e.to_string().contains(why), "{text}: '{e}' does not say '{why}'"),
+            Err(e) => assert!(
+                e.to_string().contains(why),
+                "{text}: '{e}' does not say '{why}'"
+            ),
         }
     }
-    let e = parse_rules("# comment\n\nactions=drop\n  tcp,tp_dst=x actions=drop\n").unwrap_err().to_string();
+    let e = parse_rules("# comment\n\nactions=drop\n  tcp,tp_dst=x actions=drop\n")
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("line 4") && e.contains("'tcp,tp_dst=x actions=drop'"),
         "{e}"
@@ -390,11 +395,20 @@ fn add_and_del_are_all_or_nothing() {
     let t = table("prio=1 udp actions=drop\nprio=1 tcp,tp_dst=22 actions=drop\n");
     let e = t
         .add_text("prio=2 udp actions=flood\nprio=2 udp,tp_dst=x actions=flood")
-        .unwrap_err().to_string();
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("line 2"), "{e}");
     assert_eq!(t.dump("vale0").rules.len(), 2, "nothing added");
-    assert!(t.del("99").unwrap_err().to_string().contains("no rule with id 99"));
-    assert!(t.del("tcp").unwrap_err().to_string().contains("no rule has exactly"));
+    assert!(t
+        .del("99")
+        .unwrap_err()
+        .to_string()
+        .contains("no rule with id 99"));
+    assert!(t
+        .del("tcp")
+        .unwrap_err()
+        .to_string()
+        .contains("no rule has exactly"));
     assert!(t.del("tcp,tp_dst=22 actions=drop").is_err());
     assert!(t.del("prio=2 tcp,tp_dst=22").is_err(), "another priority");
     let gone = t.del("tcp,tp_dst=22").unwrap();
@@ -410,7 +424,8 @@ fn add_and_del_are_all_or_nothing() {
     );
     assert!(t
         .add_text("\n# nothing\n")
-        .unwrap_err().to_string()
+        .unwrap_err()
+        .to_string()
         .contains("no rule given"));
 }
 
@@ -738,8 +753,12 @@ fn commands_add_del_dump_through_the_control_seam() {
     let kind = |e: Error| crate::Error::from(e).kind;
     let table = |s: String| serde_json::from_str::<FlowTable>(&s).expect("a FlowTable");
     let added = table(
-        t.control(ctx, "add", "prio=5 udp actions=drop\ntcp actions=output:vale0:p1")
-            .unwrap(),
+        t.control(
+            ctx,
+            "add",
+            "prio=5 udp actions=drop\ntcp actions=output:vale0:p1",
+        )
+        .unwrap(),
     );
     assert_eq!(added.switch, "vale0");
     assert_eq!(added.rules.iter().map(|r| r.id).collect::<Vec<_>>(), [1, 2]);
@@ -765,7 +784,10 @@ fn commands_add_del_dump_through_the_control_seam() {
     assert_eq!(kind(e), ErrorKind::InvalidArgument);
     let gone = table(t.control(ctx, "del", "2").unwrap());
     assert_eq!(gone.rules[0].id, 2);
-    assert_eq!(kind(t.control(ctx, "del", "2").unwrap_err()), ErrorKind::NotFound);
+    assert_eq!(
+        kind(t.control(ctx, "del", "2").unwrap_err()),
+        ErrorKind::NotFound
+    );
     // An unknown command is unsupported, and says which there are.
     let e = t.control(ctx, "frobnicate", "").unwrap_err();
     assert_eq!(
@@ -825,7 +847,9 @@ fn saved_rules_restore_the_same_table() {
     assert_eq!(view(&again), view(&t));
     assert_eq!(again.save(), lines);
     // A rule naming a port of another switch is refused, all or none.
-    let e = again.restore(ControlCtx { switch: "vale1" }, &lines).unwrap_err();
+    let e = again
+        .restore(ControlCtx { switch: "vale1" }, &lines)
+        .unwrap_err();
     assert!(e.to_string().contains("not on switch 'vale1'"), "{e}");
 }
 
