@@ -4,7 +4,7 @@
 //! request, one reply, per invocation. It never starts valed.
 
 use std::collections::BTreeMap;
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -92,30 +92,30 @@ fn run(cli: &Cli) -> Result<(), Failure> {
             }
             Some(req)
         }
-        Command::Flow { switch, op } => Some(match op {
-            FlowOp::Add { rule, rules } => {
-                let mut text = rule.join("\n");
-                if let Some(path) = rules {
-                    if !text.is_empty() {
-                        text.push('\n');
-                    }
-                    text += &read_rules(path)?;
-                }
-                Request::FlowAdd {
-                    switch: switch.clone(),
-                    rules: text,
-                }
-            }
-            FlowOp::Del { selector } => Request::FlowDel {
-                switch: switch.clone(),
-                selector: selector.clone(),
-            },
-            FlowOp::Dump => Request::FlowDump {
-                switch: switch.clone(),
-                after: Some(0),
-            },
-        }),
         _ => None,
+    };
+    // The body of a flow or module command, read before any word with valed too.
+    let body = match &cli.command {
+        Command::Flow {
+            op: FlowOp::Add { rule, rules },
+            ..
+        } => {
+            let mut text = rule.join("\n");
+            if let Some(path) = rules {
+                if !text.is_empty() {
+                    text.push('\n');
+                }
+                text += &read_rules(path)?;
+            }
+            text
+        }
+        Command::Flow {
+            op: FlowOp::Del { selector },
+            ..
+        } => selector.clone(),
+        Command::Module { body: Some(b), .. } if b == "-" => read_stdin()?,
+        Command::Module { body: Some(b), .. } => b.clone(),
+        _ => String::new(),
     };
     let sock = connect(&run_dir)?;
     match &cli.command {
@@ -246,31 +246,37 @@ fn run(cli: &Cli) -> Result<(), Failure> {
                 other => Err(unexpected(&other)),
             }
         }
-        Command::Flow { op, .. } => {
-            let req = lookup_req.expect("made above");
+        Command::Flow { switch, op } => {
             // A bad rule's line is the file's line when the rules came from a file alone.
-            let file = match (op, &cli.command) {
-                (
-                    FlowOp::Add {
-                        rule,
-                        rules: Some(p),
-                    },
-                    _,
-                ) if rule.is_empty() => Some(p),
+            let file = match op {
+                FlowOp::Add {
+                    rule,
+                    rules: Some(p),
+                } if rule.is_empty() => Some(p),
                 _ => None,
             };
-            let reply = match req {
-                Request::FlowDump { .. } => dump_flows(&sock, req)?,
-                _ => ask(&sock, &req).map_err(|e| in_file(e, file))?,
-            };
-            match reply {
-                Reply::Flows { flows } if cli.json => {
-                    let text =
-                        serde_json::to_string_pretty(&flows).context("cannot format JSON")?;
-                    output(&format!("{text}\n"))
-                }
-                Reply::Flows { flows } => output(&render_flows(&flows, op)),
-                other => Err(unexpected(&other)),
+            let flows = match op {
+                FlowOp::Add { .. } => flow_command(&sock, switch, "add", body),
+                FlowOp::Del { .. } => flow_command(&sock, switch, "del", body),
+                FlowOp::Dump => dump_flows(&sock, switch),
+            }
+            .map_err(|e| in_file(e, file))?;
+            if cli.json {
+                let text = serde_json::to_string_pretty(&flows).context("cannot format JSON")?;
+                output(&format!("{text}\n"))
+            } else {
+                output(&render_flows(&flows, op))
+            }
+        }
+        Command::Module { switch, op, .. } => {
+            let (module, text) = module_command(&sock, switch, op, body)?;
+            if cli.json {
+                let v = serde_json::json!({"module": module, "output": text});
+                output(&format!("{v}\n"))
+            } else if text.is_empty() || text.ends_with('\n') {
+                output(&text)
+            } else {
+                output(&format!("{text}\n"))
             }
         }
         Command::Save => match ask(&sock, &Request::Save)? {
@@ -306,6 +312,24 @@ fn run(cli: &Cli) -> Result<(), Failure> {
 }
 
 /// The text of rules file `path`: vale-ctl reads it (valed opens no path a client names).
+/// The body of `vale-ctl module ... -`: standard input, at most what valed takes in a
+/// request.
+fn read_stdin() -> Result<String, Failure> {
+    let limit = control::MAX_ADMIN_REQUEST as u64;
+    let mut text = String::new();
+    io::stdin()
+        .lock()
+        .take(limit + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| Failure::Refused(format!("cannot read the body from standard input: {e}")))?;
+    if text.len() as u64 > limit {
+        return Err(Failure::Refused(format!(
+            "the body on standard input is more than the {limit} bytes valed takes"
+        )));
+    }
+    Ok(text)
+}
+
 fn read_rules(path: &Path) -> Result<String, Failure> {
     std::fs::read_to_string(path)
         .map_err(|e| Failure::Refused(format!("cannot read rules file {}: {e}", path.display())))
