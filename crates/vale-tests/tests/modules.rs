@@ -1125,7 +1125,10 @@ fn a_v3_module_answers_its_commands_and_hostile_answers_are_refused() {
         assert!(message.contains(words), "{op}: {message}");
     }
     // vale-ctl's generic command prints the answer as it is; `-` reads the body from stdin.
-    assert_eq!(v.ctl_ok(&["module", "vale0", "echo", "hi there"]), "echo hi there\n");
+    assert_eq!(
+        v.ctl_ok(&["module", "vale0", "echo", "hi there"]),
+        "echo hi there\n"
+    );
     let mut ctl = tool("vale-ctl", v.run_dir(), &["module", "vale0", "echo", "-"]);
     let mut kid = ctl
         .stdin(std::process::Stdio::piped())
@@ -1133,13 +1136,21 @@ fn a_v3_module_answers_its_commands_and_hostile_answers_are_refused() {
         .spawn()
         .expect("vale-ctl");
     use std::io::Write as _;
-    kid.stdin.take().unwrap().write_all(b"from\nstdin\n").unwrap();
+    kid.stdin
+        .take()
+        .unwrap()
+        .write_all(b"from\nstdin\n")
+        .unwrap();
     let out = kid.wait_with_output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "echo from\nstdin\n");
     let j: serde_json::Value =
         serde_json::from_str(&v.ctl_ok(&["--json", "module", "vale0", "echo", "x"])).unwrap();
     assert_eq!(j, serde_json::json!({"module": "v3", "output": "echo x"}));
-    v.ctl_fails(&["module", "vale0", "fail"], 1, "refused 'fail': no fail today");
+    v.ctl_fails(
+        &["module", "vale0", "fail"],
+        1,
+        "refused 'fail': no fail today",
+    );
     // valed lives, and the module still forwards.
     let (a, b) = v.open_ab();
     let f = test_frame(60, MAC_A, MAC_B, 1);
