@@ -1051,6 +1051,8 @@ static uint64_t lookup(void *s, struct vale_batch *b) {
     for (uint32_t i = 0; i < b->count; i++) b->frames[i].dst = VALE_DST_FLOOD;
     return 0;
 }
+static char restored[256];
+static size_t restored_len;
 static int control(void *s, const char *op, const char *body, size_t body_len, char *out,
                    size_t cap, size_t *out_len) {
     (void)s;
@@ -1070,6 +1072,24 @@ static int control(void *s, const char *op, const char *body, size_t body_len, c
     if (strcmp(op, "overlong") == 0) { out[0] = 'x'; *out_len = cap + 4096; return 0; }
     if (strcmp(op, "latin1") == 0) { out[0] = (char)0xe9; *out_len = 1; return 0; }
     if (strcmp(op, "huge") == 0) return ERANGE;
+    /* What valed keeps in its configuration, and what it gave back at its start. */
+    if (strcmp(op, VALE_OP_SAVE) == 0) {
+        const char *lines = "line one\nline two";
+        memcpy(out, lines, strlen(lines));
+        *out_len = strlen(lines);
+        return 0;
+    }
+    if (strcmp(op, VALE_OP_RESTORE) == 0) {
+        if (body_len >= sizeof restored) return ERANGE;
+        memcpy(restored, body, body_len);
+        restored_len = body_len;
+        return 0;
+    }
+    if (strcmp(op, "restored") == 0) {
+        memcpy(out, restored, restored_len);
+        *out_len = restored_len;
+        return 0;
+    }
     return EOPNOTSUPP;
 }
 static const char *const open_ops[] = {"echo", NULL};
@@ -1082,8 +1102,10 @@ const struct vale_lookup_module *vale_lookup_module(void) { return &m; }
 
 #[test]
 fn a_v3_module_answers_its_commands_and_hostile_answers_are_refused() {
-    let v = Valed::start_with(&["--socket-mode", "666"]);
     let dir = TempDir::new("modules");
+    let cfg = dir.0.join("valed.toml");
+    let args = ["--socket-mode", "666", "--config", cfg.to_str().unwrap()];
+    let mut v = Valed::start_with(&args);
     v.ctl_ok(&["create", "vale0:a"]);
     let so = c_module(&dir.0, "libv3.so", V3_CONTROL_MODULE);
     v.ctl_ok(&["lookup", "vale0", so.to_str().unwrap()]);
@@ -1164,6 +1186,18 @@ fn a_v3_module_answers_its_commands_and_hostile_answers_are_refused() {
     assert_eq!(r["reply"]["output"], "echo hi", "{r}");
     let r = command_as_nobody(&v, "vale0", "fail", "");
     assert_eq!(r["kind"], "permission_denied", "{r}");
+    // What the module saves (vale.save) is kept in valed's configuration and handed back
+    // (vale.restore) at the next start.
+    assert_eq!(command(&v, "vale0", "restored", "").unwrap().1, "");
+    v.ctl_ok(&["save"]);
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(text.contains(r#"state = ["line one", "line two"]"#), "{text}");
+    drop((a, b));
+    v.restart_with(&args);
+    assert_eq!(
+        command(&v, "vale0", "restored", "").unwrap().1,
+        "line one\nline two"
+    );
 }
 
 /// Modules of versions 1 and 2 (whose struct ends before `control`) still load, forward, and

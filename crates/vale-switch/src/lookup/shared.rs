@@ -5,6 +5,11 @@
 //! instance. The switch holds it behind the same `Arc` that every worker takes for the whole
 //! of a batch, so the library is closed (after `destroy`) only once the last batch that could
 //! call into it has finished (see [`crate::switch::Switch::set_lookup`]).
+//!
+//! Version 3 of the header adds the module's own commands (`control`, `open_ops`) after the
+//! version 2 table; they are read only from a module that says version 3. What a module
+//! answers is not trusted: its length is checked against the room it had before any byte is
+//! read, and it must be UTF-8; the refusal names the module and the command.
 
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::Path;
