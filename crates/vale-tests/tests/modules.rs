@@ -1191,7 +1191,10 @@ fn a_v3_module_answers_its_commands_and_hostile_answers_are_refused() {
     assert_eq!(command(&v, "vale0", "restored", "").unwrap().1, "");
     v.ctl_ok(&["save"]);
     let text = std::fs::read_to_string(&cfg).unwrap();
-    assert!(text.contains(r#"state = ["line one", "line two"]"#), "{text}");
+    assert!(
+        text.contains(r#"state = ["line one", "line two"]"#),
+        "{text}"
+    );
     drop((a, b));
     v.restart_with(&args);
     assert_eq!(

@@ -134,3 +134,95 @@ pub(super) fn lookup_info(sw: &Switch) -> LookupInfo {
             .collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lookup::{ControlCtx, FrameMeta, KeptArg, Lookup, SourcePort};
+    use crate::ErrorKind;
+
+    /// A module with two commands: `small` (open to anyone) and `big`, whose answer is one
+    /// byte past what a reply may carry.
+    struct Chatty;
+
+    impl Lookup for Chatty {
+        fn name(&self) -> &str {
+            "chatty"
+        }
+        fn lookup(&self, _src: SourcePort, _frames: &mut [FrameMeta], _now_s: u32) -> u64 {
+            0
+        }
+        fn control(&self, ctx: ControlCtx, op: &str, body: &str) -> Result<String, lookup::Error> {
+            match op {
+                "small" => Ok(format!("{} {body}", ctx.switch)),
+                "big" => Ok("x".repeat(lookup::MAX_CONTROL_OUTPUT + 1)),
+                _ => Err(lookup::Error::unsupported(
+                    self.name(),
+                    op,
+                    &["small", "big"],
+                )),
+            }
+        }
+        fn open_op(&self, op: &str) -> bool {
+            op == "small"
+        }
+    }
+
+    #[test]
+    fn commands_are_checked_for_rights_and_answer_size() {
+        let engine = Engine::new(EngineConfig::default()).unwrap();
+        let admin = Caller::valed();
+        let user = Caller {
+            uid: 4242,
+            pid: 1,
+            admin: false,
+        };
+        engine.create("vale0:a", &admin).unwrap();
+        existing_switch(&engine.lock(), "vale0")
+            .unwrap()
+            .set_lookup(Installed {
+                module: Box::new(Chatty),
+                spec: "chatty".into(),
+                args: vec![KeptArg {
+                    key: "k".into(),
+                    value: "v".into(),
+                    saved: true,
+                }],
+            });
+        let run = |op: &str, who: &Caller| engine.lookup_control("vale0", op, "hi", who);
+        assert_eq!(
+            run("small", &user),
+            Ok(("chatty".to_string(), "vale0 hi".to_string()))
+        );
+        assert_eq!(
+            run("big", &user).unwrap_err().kind,
+            ErrorKind::PermissionDenied
+        );
+        let e = run("big", &admin).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::LimitReached);
+        assert!(
+            e.message.contains("more than the 16777216 a reply carries"),
+            "{e}"
+        );
+        assert_eq!(
+            run("other", &admin).unwrap_err().kind,
+            ErrorKind::Unsupported
+        );
+        let e = engine
+            .lookup_control("vale9", "small", "", &admin)
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::NotFound);
+        // Nothing to save but its argument; restoring needs an administrator.
+        let saved = engine.lookup_saved("vale0").unwrap();
+        assert_eq!(saved.args, [("k".to_string(), "v".to_string())]);
+        assert!(saved.state.is_empty());
+        let e = engine
+            .lookup_restore("vale0", &["x".into()], &user)
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::PermissionDenied);
+        let e = engine
+            .lookup_restore("vale0", &["x".into()], &admin)
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Unsupported);
+    }
+}
