@@ -228,9 +228,9 @@ pub(super) fn parse_match(text: &str, mut prio: Option<&mut Option<u16>>) -> Res
             if value.is_some() {
                 return Err(invalid(format!("'{tok}': {name} takes no value")));
             }
-            agree(&mut dl_type, t, "dl_type").map_err(|e| invalid(format!("'{tok}': {e}")))?;
+            agree(&mut dl_type, t, "dl_type").map_err(|e| e.context(format!("'{tok}': ")))?;
             if let Some(p) = p {
-                agree(&mut proto, p, "nw_proto").map_err(|e| invalid(format!("'{tok}': {e}")))?;
+                agree(&mut proto, p, "nw_proto").map_err(|e| e.context(format!("'{tok}': ")))?;
             }
             continue;
         }
