@@ -16,7 +16,8 @@ use vale_abi::capture::{
 };
 use vale_abi::control::{self, Reply, Request};
 
-use crate::Failure;
+use crate::cli::CaptureCmd;
+use crate::client::Failure;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Format {
@@ -214,6 +215,27 @@ fn now_ns() -> u64 {
 /// A write that failed because the reader of a pipe went away ends the capture quietly.
 fn broken(e: &io::Error) -> bool {
     e.kind() == io::ErrorKind::BrokenPipe
+}
+
+/// `vale-ctl capture PORT ...` as the command line gave it.
+pub(crate) fn command(sock: &UnixStream, c: &CaptureCmd) -> Result<(), Failure> {
+    run(
+        sock,
+        &CaptureArgs {
+            port: &c.port,
+            file: c.file.as_ref(),
+            dir: c.dir,
+            count: c.count,
+            duration: c.duration,
+            snaplen: c.snaplen,
+            buffer_mib: c.buffer,
+            format: c.format,
+            quiet: c.quiet,
+            filter: (!c.expression.is_empty())
+                .then(|| c.expression.join(" "))
+                .as_deref(),
+        },
+    )
 }
 
 pub fn run(sock: &UnixStream, a: &CaptureArgs) -> Result<(), Failure> {

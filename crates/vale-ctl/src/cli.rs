@@ -1,6 +1,42 @@
 //! The command line: what vale-ctl takes, with its help text (the man pages are made from it).
 
-use super::*;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use vale_abi::control::ModuleArg;
+use vale_abi::name::{parse_port, parse_switch};
+
+use crate::capture;
+
+/// Why a value on the command line is refused: clap prints it after "invalid value 'V' for
+/// 'ARG'", vale-ctl's own checks (the vlan flags) as a usage error.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ValueError {
+    /// A malformed switch or port name, in `vale_abi::name`'s words.
+    #[error("{0}")]
+    Name(String),
+    #[error("expected KEY=VALUE, not '{0}'")]
+    KeyValue(String),
+    #[error("expected seconds from 0.1 to 3600, not '{0}'")]
+    Seconds(String),
+    /// `--access`/`--trunk` (the flag) without `PORT=VLANS`.
+    #[error("--{flag} takes PORT=VLANS, not '{value}'")]
+    VlanPort { flag: &'static str, value: String },
+    /// `--access`/`--trunk` naming a port of another switch.
+    #[error("--{flag} {value}: port '{port}' is not on switch '{switch}'")]
+    OtherSwitch {
+        flag: &'static str,
+        value: String,
+        port: String,
+        switch: String,
+    },
+}
+
+impl ValueError {
+    fn name(e: impl std::fmt::Display) -> ValueError {
+        ValueError::Name(e.to_string())
+    }
+}
 
 #[derive(Parser, Debug)]
 #[command(
@@ -119,41 +155,7 @@ vale-ctl capture vale0:h1 --duration 10 --format pcap -w h1.pcap\n  \
 vale-ctl capture vale0:vm1 --snaplen 128 -w - | tshark -r - -q -z io,stat,1\n  \
 vale-ctl capture vale0:h1 -c 10 -w - icmp or arp | tcpdump -nr -"
     )]
-    Capture {
-        /// The port, valeX:Y
-        #[arg(value_name = "PORT", value_parser = port_name)]
-        port: String,
-        /// Write to FILE (- or no -w: standard output)
-        #[arg(short = 'w', long = "write", value_name = "FILE")]
-        file: Option<PathBuf>,
-        /// Which frames: rx (the switch delivers to the port), tx (the port sends), both
-        #[arg(long, value_enum, default_value = "both")]
-        dir: capture::Dir,
-        /// Stop after COUNT frames
-        #[arg(short = 'c', long, value_name = "COUNT",
-              value_parser = clap::value_parser!(u64).range(1..))]
-        count: Option<u64>,
-        /// Stop after SECS seconds (0.1 to 3600)
-        #[arg(long, value_name = "SECS", value_parser = interval)]
-        duration: Option<std::time::Duration>,
-        /// Bytes of each frame kept (1 to 65535); longer frames are cut, their length kept
-        #[arg(short = 's', long, default_value = "2048", value_name = "N",
-              value_parser = clap::value_parser!(u32).range(1..=65535))]
-        snaplen: u32,
-        /// Size of valed's capture buffer, MiB (1 to 256)
-        #[arg(short = 'B', long = "buffer", default_value = "16", value_name = "MIB",
-              value_parser = clap::value_parser!(u32).range(1..=256))]
-        buffer: u32,
-        /// Output format
-        #[arg(long, value_enum, default_value = "pcapng")]
-        format: capture::Format,
-        /// Print nothing on standard error at the end
-        #[arg(short = 'q', long)]
-        quiet: bool,
-        /// Capture only the frames this tcpdump expression accepts (pcap-filter(7))
-        #[arg(value_name = "EXPRESSION", trailing_var_arg = true)]
-        expression: Vec<String>,
-    },
+    Capture(CaptureCmd),
     /// List switches and ports with their counters
     #[command(
         visible_alias = "ls",
@@ -256,38 +258,7 @@ its arguments as the control protocol carries them: 'tap name=NAME [persist=yes]
 a kind or an argument it does not know, naming those it does.",
         group(clap::ArgGroup::new("device").required(true).args(["tap", "iface", "vhost_user", "kind"]))
     )]
-    Attach {
-        /// The port, valeX:Y
-        #[arg(value_name = "PORT", value_parser = port_name)]
-        port: String,
-        /// A TAP device, created or adopted
-        #[arg(long, value_name = "NAME")]
-        tap: Option<String>,
-        /// Keep the TAP device after valed lets it go
-        #[arg(long, requires = "tap", conflicts_with = "iface")]
-        persist: bool,
-        /// A network interface, bound through AF_XDP or AF_PACKET
-        #[arg(long, value_name = "NAME")]
-        iface: Option<String>,
-        /// How to bind the interface (default: the first of these that works)
-        #[arg(long, requires = "iface", value_parser = ["xdp", "xdp-generic", "packet"])]
-        mode: Option<String>,
-        /// A vhost-user socket: valed listens there (connects with --client)
-        #[arg(long, value_name = "PATH")]
-        vhost_user: Option<PathBuf>,
-        /// Connect to a front end listening at the vhost-user socket
-        #[arg(long, requires = "vhost_user")]
-        client: bool,
-        /// Queue pairs the vhost-user port offers, 1-16 (default 4)
-        #[arg(long, value_name = "N", requires = "vhost_user", value_parser = clap::value_parser!(u8).range(1..=16))]
-        queues: Option<u8>,
-        /// The generic form: a port kind (tap, nic, vhost-user), then its arguments
-        #[arg(value_name = "KIND")]
-        kind: Option<String>,
-        /// The kind's arguments
-        #[arg(value_name = "KEY=VALUE", requires = "kind", value_parser = key_value)]
-        kind_args: Vec<(String, String)>,
-    },
+    Attach(AttachCmd),
     /// Give a TAP or NIC port's device back
     #[command(
         long_about = "Stops port valeX:Y's traffic and gives its device back: a TAP device is \
@@ -381,29 +352,7 @@ vale-ctl lookup vale0 flow --rules rules.txt --arg default=drop\n  \
 vale-ctl lookup vale0 ./libmylookup.so --arg k=v\n  \
 vale-ctl lookup vale0 learning        back to the default"
     )]
-    Lookup {
-        /// The switch, valeX
-        #[arg(value_name = "SWITCH", value_parser = switch_name)]
-        switch: String,
-        /// A built-in module's name, or a shared object's path
-        #[arg(value_name = "MODULE")]
-        module: Option<String>,
-        /// A module argument (repeatable)
-        #[arg(long = "arg", value_name = "KEY=VALUE", requires = "module", value_parser = key_value)]
-        args: Vec<(String, String)>,
-        /// vlan: an access port and its VLAN (repeatable)
-        #[arg(long, value_name = "PORT=VID", requires = "module")]
-        access: Vec<String>,
-        /// vlan: a trunk port and its VLANs (repeatable)
-        #[arg(long, value_name = "PORT=VIDS", requires = "module")]
-        trunk: Vec<String>,
-        /// vlan: the VLAN of ports not named, or none
-        #[arg(long, value_name = "VID|none", requires = "module")]
-        default: Option<String>,
-        /// flow: a file of rules, one a line
-        #[arg(long, value_name = "FILE", requires = "module")]
-        rules: Option<PathBuf>,
-    },
+    Lookup(LookupCmd),
     /// Add, delete and show the rules of a switch's flow table
     #[command(
         long_about = "Changes or shows the rules of switch valeX, whose lookup module must be \
@@ -521,29 +470,133 @@ vale-ctl top vale0                the ports of switch vale0\n  \
 vale-ctl top vale0:a --once       one table of one port, after one second\n  \
 vale-ctl top -n 10 -i 0.5 --json  ten JSON lines, half a second apart"
     )]
-    Top {
-        /// Show only this switch (valeX) or port (valeX:Y)
-        #[arg(value_name = "NAME", value_parser = any_name)]
-        name: Option<String>,
-        /// Seconds between refreshes (0.1 to 3600)
-        #[arg(short = 'i', long, default_value = "1", value_name = "SECS",
-              value_parser = interval)]
-        interval: std::time::Duration,
-        /// Show one table (after one interval) and exit: -n 1
-        #[arg(long, conflicts_with = "count")]
-        once: bool,
-        /// Show COUNT tables and exit
-        #[arg(short = 'n', long, value_name = "COUNT",
-              value_parser = clap::value_parser!(u64).range(1..))]
-        count: Option<u64>,
-    },
+    Top(TopCmd),
+}
+
+// `vale-ctl capture`.
+#[derive(Args, Debug)]
+pub(crate) struct CaptureCmd {
+    /// The port, valeX:Y
+    #[arg(value_name = "PORT", value_parser = port_name)]
+    pub(crate) port: String,
+    /// Write to FILE (- or no -w: standard output)
+    #[arg(short = 'w', long = "write", value_name = "FILE")]
+    pub(crate) file: Option<PathBuf>,
+    /// Which frames: rx (the switch delivers to the port), tx (the port sends), both
+    #[arg(long, value_enum, default_value = "both")]
+    pub(crate) dir: capture::Dir,
+    /// Stop after COUNT frames
+    #[arg(short = 'c', long, value_name = "COUNT",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) count: Option<u64>,
+    /// Stop after SECS seconds (0.1 to 3600)
+    #[arg(long, value_name = "SECS", value_parser = interval)]
+    pub(crate) duration: Option<std::time::Duration>,
+    /// Bytes of each frame kept (1 to 65535); longer frames are cut, their length kept
+    #[arg(short = 's', long, default_value = "2048", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=65535))]
+    pub(crate) snaplen: u32,
+    /// Size of valed's capture buffer, MiB (1 to 256)
+    #[arg(short = 'B', long = "buffer", default_value = "16", value_name = "MIB",
+          value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub(crate) buffer: u32,
+    /// Output format
+    #[arg(long, value_enum, default_value = "pcapng")]
+    pub(crate) format: capture::Format,
+    /// Print nothing on standard error at the end
+    #[arg(short = 'q', long)]
+    pub(crate) quiet: bool,
+    /// Capture only the frames this tcpdump expression accepts (pcap-filter(7))
+    #[arg(value_name = "EXPRESSION", trailing_var_arg = true)]
+    pub(crate) expression: Vec<String>,
+}
+
+// `vale-ctl attach`.
+#[derive(Args, Debug)]
+pub(crate) struct AttachCmd {
+    /// The port, valeX:Y
+    #[arg(value_name = "PORT", value_parser = port_name)]
+    pub(crate) port: String,
+    /// A TAP device, created or adopted
+    #[arg(long, value_name = "NAME")]
+    pub(crate) tap: Option<String>,
+    /// Keep the TAP device after valed lets it go
+    #[arg(long, requires = "tap", conflicts_with = "iface")]
+    pub(crate) persist: bool,
+    /// A network interface, bound through AF_XDP or AF_PACKET
+    #[arg(long, value_name = "NAME")]
+    pub(crate) iface: Option<String>,
+    /// How to bind the interface (default: the first of these that works)
+    #[arg(long, requires = "iface", value_parser = ["xdp", "xdp-generic", "packet"])]
+    pub(crate) mode: Option<String>,
+    /// A vhost-user socket: valed listens there (connects with --client)
+    #[arg(long, value_name = "PATH")]
+    pub(crate) vhost_user: Option<PathBuf>,
+    /// Connect to a front end listening at the vhost-user socket
+    #[arg(long, requires = "vhost_user")]
+    pub(crate) client: bool,
+    /// Queue pairs the vhost-user port offers, 1-16 (default 4)
+    #[arg(long, value_name = "N", requires = "vhost_user", value_parser = clap::value_parser!(u8).range(1..=16))]
+    pub(crate) queues: Option<u8>,
+    /// The generic form: a port kind (tap, nic, vhost-user), then its arguments
+    #[arg(value_name = "KIND")]
+    pub(crate) kind: Option<String>,
+    /// The kind's arguments
+    #[arg(value_name = "KEY=VALUE", requires = "kind", value_parser = key_value)]
+    pub(crate) kind_args: Vec<(String, String)>,
+}
+
+// `vale-ctl lookup`.
+#[derive(Args, Debug)]
+pub(crate) struct LookupCmd {
+    /// The switch, valeX
+    #[arg(value_name = "SWITCH", value_parser = switch_name)]
+    pub(crate) switch: String,
+    /// A built-in module's name, or a shared object's path
+    #[arg(value_name = "MODULE")]
+    pub(crate) module: Option<String>,
+    /// A module argument (repeatable)
+    #[arg(long = "arg", value_name = "KEY=VALUE", requires = "module", value_parser = key_value)]
+    pub(crate) args: Vec<(String, String)>,
+    /// vlan: an access port and its VLAN (repeatable)
+    #[arg(long, value_name = "PORT=VID", requires = "module")]
+    pub(crate) access: Vec<String>,
+    /// vlan: a trunk port and its VLANs (repeatable)
+    #[arg(long, value_name = "PORT=VIDS", requires = "module")]
+    pub(crate) trunk: Vec<String>,
+    /// vlan: the VLAN of ports not named, or none
+    #[arg(long, value_name = "VID|none", requires = "module")]
+    pub(crate) default: Option<String>,
+    /// flow: a file of rules, one a line
+    #[arg(long, value_name = "FILE", requires = "module")]
+    pub(crate) rules: Option<PathBuf>,
+}
+
+// `vale-ctl top`.
+#[derive(Args, Debug)]
+pub(crate) struct TopCmd {
+    /// Show only this switch (valeX) or port (valeX:Y)
+    #[arg(value_name = "NAME", value_parser = any_name)]
+    pub(crate) name: Option<String>,
+    /// Seconds between refreshes (0.1 to 3600)
+    #[arg(short = 'i', long, default_value = "1", value_name = "SECS",
+          value_parser = interval)]
+    pub(crate) interval: std::time::Duration,
+    /// Show one table (after one interval) and exit: -n 1
+    #[arg(long, conflicts_with = "count")]
+    pub(crate) once: bool,
+    /// Show COUNT tables and exit
+    #[arg(short = 'n', long, value_name = "COUNT",
+          value_parser = clap::value_parser!(u64).range(1..),
+          default_value_if("once", "true", "1"))]
+    pub(crate) count: Option<u64>,
 }
 
 /// Seconds between refreshes of `top`.
-pub(crate) fn interval(s: &str) -> Result<std::time::Duration, String> {
+pub(crate) fn interval(s: &str) -> Result<std::time::Duration, ValueError> {
     match s.parse::<f64>() {
         Ok(v) if (0.1..=3600.0).contains(&v) => Ok(std::time::Duration::from_secs_f64(v)),
-        _ => Err(format!("expected seconds from 0.1 to 3600, not '{s}'")),
+        _ => Err(ValueError::Seconds(s.to_string())),
     }
 }
 
@@ -569,16 +622,16 @@ pub(crate) enum FlowOp {
 }
 
 /// A switch (`valeX`).
-pub(crate) fn switch_name(s: &str) -> Result<String, String> {
-    parse_switch(s)?;
+pub(crate) fn switch_name(s: &str) -> Result<String, ValueError> {
+    parse_switch(s).map_err(ValueError::name)?;
     Ok(s.to_string())
 }
 
 /// `KEY=VALUE`.
-pub(crate) fn key_value(s: &str) -> Result<(String, String), String> {
+pub(crate) fn key_value(s: &str) -> Result<(String, String), ValueError> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
-        _ => Err(format!("expected KEY=VALUE, not '{s}'")),
+        _ => Err(ValueError::KeyValue(s.to_string())),
     }
 }
 
@@ -589,23 +642,27 @@ pub(crate) fn vlan_args(
     access: &[String],
     trunk: &[String],
     default: Option<&str>,
-) -> Result<Vec<ModuleArg>, String> {
+) -> Result<Vec<ModuleArg>, ValueError> {
     let mut out = Vec::new();
     for (key, list) in [("access", access), ("trunk", trunk)] {
         for a in list {
-            let (port, vids) = a
-                .split_once('=')
-                .ok_or_else(|| format!("--{key} takes PORT=VLANS, not '{a}'"))?;
+            let (port, vids) = a.split_once('=').ok_or_else(|| ValueError::VlanPort {
+                flag: key,
+                value: a.clone(),
+            })?;
             let port = if port.contains(':') {
                 port.to_string()
             } else {
                 format!("{switch}:{port}")
             };
-            let (sw, _) = parse_port(&port)?;
+            let (sw, _) = parse_port(&port).map_err(ValueError::name)?;
             if sw != switch {
-                return Err(format!(
-                    "--{key} {a}: port '{port}' is not on switch '{switch}'"
-                ));
+                return Err(ValueError::OtherSwitch {
+                    flag: key,
+                    value: a.clone(),
+                    port,
+                    switch: switch.to_string(),
+                });
             }
             out.push(ModuleArg {
                 key: key.to_string(),
@@ -623,17 +680,59 @@ pub(crate) fn vlan_args(
 }
 
 /// A switch (`valeX`) or a port (`valeX:Y`).
-pub(crate) fn any_name(s: &str) -> Result<String, String> {
+pub(crate) fn any_name(s: &str) -> Result<String, ValueError> {
     if s.contains(':') {
-        parse_port(s)?;
+        parse_port(s).map_err(ValueError::name)?;
     } else {
-        parse_switch(s)?;
+        parse_switch(s).map_err(ValueError::name)?;
     }
     Ok(s.to_string())
 }
 
 /// A port (`valeX:Y`).
-pub(crate) fn port_name(s: &str) -> Result<String, String> {
-    parse_port(s)?;
+pub(crate) fn port_name(s: &str) -> Result<String, ValueError> {
+    parse_port(s).map_err(ValueError::name)?;
     Ok(s.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn cli_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn names_are_checked() {
+        assert!(Cli::try_parse_from(["vale-ctl", "create", "vale0"]).is_err());
+        assert!(Cli::try_parse_from(["vale-ctl", "create", "vale0:a b"]).is_err());
+        assert!(Cli::try_parse_from(["vale-ctl", "rm", "foo"]).is_err());
+        assert!(Cli::try_parse_from(["vale-ctl", "ls", "vale0:a", "--json"]).is_ok());
+        assert!(Cli::try_parse_from(["vale-ctl", "set", "vale0", "batch", "64"]).is_ok());
+    }
+
+    /// `top --once` is `top -n 1` (clap fills in the count), and not both.
+    #[test]
+    fn once_is_one_table() {
+        let count = |args: &[&str]| match Cli::try_parse_from(args).map(|c| c.command) {
+            Ok(Command::Top(t)) => Ok(t.count),
+            Ok(_) => panic!("not top"),
+            Err(e) => Err(e.kind()),
+        };
+        assert_eq!(count(&["vale-ctl", "top", "--once"]), Ok(Some(1)));
+        assert_eq!(count(&["vale-ctl", "top", "-n", "3"]), Ok(Some(3)));
+        assert_eq!(count(&["vale-ctl", "top"]), Ok(None));
+        assert_eq!(
+            count(&["vale-ctl", "top", "--once", "-n", "3"]),
+            Err(clap::error::ErrorKind::ArgumentConflict)
+        );
+        assert_eq!(
+            count(&["vale-ctl", "top", "-n", "1", "--once"]),
+            Err(clap::error::ErrorKind::ArgumentConflict)
+        );
+    }
 }

@@ -2,7 +2,14 @@
 //! commands (the flow module's, whose answers are flow tables, dumped page by page), and how a
 //! failure becomes an exit status.
 
-use super::*;
+use std::io::{self, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+
+use anyhow::{anyhow, Context};
+use vale_abi::control::{self, default_run_dir, FlowTable, Reply, Request, SOCKET_NAME};
+
+use crate::cli::Cli;
 
 /// Why vale-ctl failed.
 pub(crate) enum Failure {
@@ -22,9 +29,10 @@ impl From<anyhow::Error> for Failure {
     }
 }
 
-pub(crate) fn connect(run_dir: &Path) -> Result<UnixStream, Failure> {
-    UnixStream::connect(run_dir.join(SOCKET_NAME))
-        .map_err(|e| Failure::NoDaemon(run_dir.to_path_buf(), e))
+/// Connects to the valed of the run directory `--run-dir` (or the environment) names.
+pub(crate) fn connect(cli: &Cli) -> Result<UnixStream, Failure> {
+    let run_dir = cli.run_dir.clone().unwrap_or_else(default_run_dir);
+    UnixStream::connect(run_dir.join(SOCKET_NAME)).map_err(|e| Failure::NoDaemon(run_dir, e))
 }
 
 /// Sends one request and returns valed's reply; `Reply::Error` becomes a refusal.

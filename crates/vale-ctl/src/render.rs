@@ -1,7 +1,11 @@
 //! Tables for people: `list`, `lookup` and `flow dump` as text (`--json` prints the replies
 //! as they are).
 
-use super::*;
+use vale_abi::control::{FlowTable, LookupInfo, PortInfo, SwitchInfo};
+use vale_abi::name::parse_port;
+
+use crate::cli::FlowOp;
+use crate::client::Failure;
 
 /// `vale-ctl flow` as text: the rules, each with its id and hits.
 pub(crate) fn render_flows(t: &FlowTable, op: &FlowOp) -> String {
@@ -203,7 +207,6 @@ pub(crate) fn render(views: &[View]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
 
     fn port(name: &str, owner: Option<u32>) -> PortInfo {
         PortInfo {
@@ -234,20 +237,6 @@ mod tests {
                 ports: vec![port("vale1:long-port-name", Some(7))],
             },
         ]
-    }
-
-    #[test]
-    fn cli_is_consistent() {
-        Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn names_are_checked() {
-        assert!(Cli::try_parse_from(["vale-ctl", "create", "vale0"]).is_err());
-        assert!(Cli::try_parse_from(["vale-ctl", "create", "vale0:a b"]).is_err());
-        assert!(Cli::try_parse_from(["vale-ctl", "rm", "foo"]).is_err());
-        assert!(Cli::try_parse_from(["vale-ctl", "ls", "vale0:a", "--json"]).is_ok());
-        assert!(Cli::try_parse_from(["vale-ctl", "set", "vale0", "batch", "64"]).is_ok());
     }
 
     #[test]
@@ -282,86 +271,5 @@ mod tests {
         let ends: Vec<usize> = [1, 2, 3, 6, 7].iter().map(|&i| lines[i].len()).collect();
         assert!(ends.windows(2).all(|w| w[0] == w[1]), "{text}");
         assert_eq!(render(&[]), "");
-    }
-
-    #[test]
-    fn lookup_requests() {
-        let cli = Cli::try_parse_from([
-            "vale-ctl",
-            "lookup",
-            "vale0",
-            "vlan",
-            "--access",
-            "a=10",
-            "--trunk",
-            "vale0:up=10,20",
-            "--default",
-            "none",
-            "--arg",
-            "entries=64",
-        ])
-        .unwrap();
-        let Command::Lookup {
-            switch,
-            module,
-            args,
-            access,
-            trunk,
-            default,
-            ..
-        } = cli.command
-        else {
-            panic!("not lookup")
-        };
-        let req = lookup_request(
-            &switch,
-            module.as_deref(),
-            &args,
-            &access,
-            &trunk,
-            default.as_deref(),
-        );
-        let Ok(Request::SetLookup { module, args, .. }) = req else {
-            panic!("not set")
-        };
-        assert_eq!(module, "vlan");
-        let kv: Vec<String> = args
-            .iter()
-            .map(|a| format!("{}={}", a.key, a.value))
-            .collect();
-        assert_eq!(
-            kv,
-            [
-                "access=vale0:a=10",
-                "trunk=vale0:up=10,20",
-                "default=none",
-                "entries=64"
-            ]
-        );
-        // A path goes absolute; --arg needs a module; vlan flags need vlan.
-        let Ok(Request::SetLookup { module, .. }) =
-            lookup_request("vale0", Some("./m.so"), &[], &[], &[], None)
-        else {
-            panic!("not set")
-        };
-        assert!(
-            module.starts_with('/') && module.ends_with("/m.so"),
-            "{module}"
-        );
-        assert!(Cli::try_parse_from(["vale-ctl", "lookup", "vale0", "--arg", "a=b"]).is_err());
-        assert!(Cli::try_parse_from(["vale-ctl", "lookup", "vale0", "--rules", "r"]).is_err());
-        assert!(Cli::try_parse_from(["vale-ctl", "flow", "vale0", "add"]).is_err());
-        assert!(Cli::try_parse_from(["vale-ctl", "flow", "vale0", "add", "--rules", "r"]).is_ok());
-        assert!(Cli::try_parse_from(["vale-ctl", "flow", "vale0", "del"]).is_err());
-        assert!(Cli::try_parse_from(["vale-ctl", "flow", "vale0:a", "dump"]).is_err());
-        assert!(Cli::try_parse_from(["vale-ctl", "lookup", "vale0", "x", "--arg", "ab"]).is_err());
-        assert!(matches!(
-            lookup_request("vale0", Some("hub"), &[], &["a=1".into()], &[], None),
-            Err(Failure::Usage(_))
-        ));
-        assert!(matches!(
-            lookup_request("vale0", Some("vlan"), &[], &["vale1:a=1".into()], &[], None),
-            Err(Failure::Usage(_))
-        ));
     }
 }

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{anyhow, Context};
 use vale_abi::control::{PortCounters, PortInfo, Reply, Request, SwitchInfo, WorkerInfo};
 
-use crate::{ask, unexpected, Failure};
+use crate::cli::TopCmd;
+use crate::client::{ask, unexpected, Failure};
 
 pub struct TopArgs<'a> {
     pub name: Option<&'a str>,
@@ -360,6 +361,19 @@ fn wait(deadline: Instant, sig: &OwnedFd, keys: bool) -> Wake {
             }
         }
     }
+}
+
+/// `vale-ctl top [NAME] ...` as the command line gave it (`--once` came as `-n 1`).
+pub(crate) fn command(sock: &UnixStream, c: &TopCmd, json: bool) -> Result<(), Failure> {
+    run(
+        sock,
+        &TopArgs {
+            name: c.name.as_deref(),
+            interval: c.interval,
+            count: c.count,
+            json,
+        },
+    )
 }
 
 pub fn run(sock: &UnixStream, args: &TopArgs) -> Result<(), Failure> {

@@ -49,9 +49,6 @@ impl From<String> for Error {
     }
 }
 
-/// A result of the engine.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
-
 /// For code that only reports (valed's log of a configuration it could not apply): the words.
 impl From<Error> for String {
     fn from(e: Error) -> String {

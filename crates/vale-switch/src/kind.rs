@@ -1,20 +1,272 @@
-//! The seam between the forwarding core and the kinds of port.
+//! Everything a port kind implements and registers with: the seam between the core and the
+//! kinds of port.
 //!
-//! The core (the pipeline, ports, the engine) knows a port's kind only through what is here:
-//! a [`DirectSink`], the way out of a kind that takes frames from any forwarding thread (called
-//! once per destination per batch), and a [`HostState`], what the control plane sees of a port
-//! whose client is valed itself. The kinds themselves (TAP, NIC, ...) live in [`crate::host`]
-//! and register there; nothing here names one.
+//! A port kind (TAP, NIC, vhost-user...) is a device of the host whose client is valed itself.
+//! The core (the pipeline, ports, the engine, valed's configuration) knows a kind only through
+//! what is in this file; nothing here names one. Adding a kind takes its own module under
+//! `host/` and one line in [`crate::host::KINDS`]:
+//!
+//! 1. **The registration entry**, a [`Kind`]: the name the control protocol and
+//!    `vale-ctl attach PORT KIND KEY=VALUE...` use, the arguments it takes ([`KindArgs`];
+//!    [`required`] and [`flag`] read them), `open` (a device from those arguments), and how a
+//!    port of the kind is saved in valed's configuration and opened again at its next start
+//!    (`saved_args`, `saved`, `restore`: retries and namespaces live there). Failures are an
+//!    [`Error`], whose variant becomes the errno a client sees. The engine checks the
+//!    arguments against the entry (an unknown one is refused with the list of known ones)
+//!    before calling `open`.
+//! 2. **The device**, a [`Device`]: what attaching needs (`describe` for the control plane's
+//!    [`HostState`], `caps`: the offloads frames to it may carry as they are, `params`: its
+//!    rings' geometry, [`HOST_PARAMS`] unless it says otherwise, `direct`: an optional
+//!    [`DirectSink`]) and its driver (`driver`, which takes the device).
+//! 3. **The driver.** Most kinds let the core drive them: the device is also [`Polled`]
+//!    (descriptors to wait on, an `ingress` that fills the port's tx ring through
+//!    [`crate::host::TxSide`], `is_up`) and an [`Egress`] (`send` one frame the switch
+//!    delivered, `flush` a burst), and `driver` returns [`crate::host::polled`]`(self)`: one
+//!    thread per port (`host/mod.rs`) sleeps in `epoll_wait` on those descriptors and on the
+//!    port's rx interrupt line and calls the two steps. A kind whose library owns its event
+//!    loop (vhost-user) brings its own [`Driver`], which gets the port's
+//!    [`crate::host::Steps`] and calls the same steps from its own threads. Either way a
+//!    device's failure is a [`DevError`]: one frame refused (a counted drop) or the device
+//!    down (the port shows down and drops what is sent to it until the device is up again).
+//! 4. **Optionally, a direct sink** ([`DirectSink`]): a kind that takes concurrent writes
+//!    (TAP, vhost-user) gets the frames of each batch for its port straight from the
+//!    forwarding thread, once per destination per batch ([`OutFrames`], reporting
+//!    [`Delivered`]), instead of through the port's rx ring and its own thread.
+//!
+//! The core then attaches the device as an ordinary port whose region is never handed out,
+//! shows its [`HostState`] in `vale-ctl list`, and stops its thread ([`HostState::stop`]) on
+//! detach. `host/tap.rs` is the smallest kind to read; `host/tests.rs` drives a fake device
+//! through this seam with no root.
 
+use std::collections::BTreeMap;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 use vale_abi::eventfd;
+use vale_abi::region::PortParams;
 
-use crate::offload::Offload;
+use crate::host::{Steps, TxSide};
+use crate::offload::{Caps, Offload};
+
+// The registration entry.
+
+/// The arguments of an attach request: what the control protocol carries besides the kind.
+pub type KindArgs = BTreeMap<String, String>;
+
+/// A kind of port whose client is valed itself: its name in the control protocol, how to open
+/// its device from the request's arguments, and how it is saved in valed's configuration and
+/// opened again at the next start. Everything kind-specific is here: valed's configuration and
+/// the engine name no kind.
+pub struct Kind {
+    pub name: &'static str,
+    /// The arguments it takes.
+    pub args: &'static [&'static str],
+    pub open: fn(&KindArgs) -> Result<Box<dyn Device>, Error>,
+    /// Arguments only a saved configuration carries ([`Kind::saved`] writes them,
+    /// [`Kind::restore`] reads them): where a device was found, how it was bound.
+    pub saved_args: &'static [&'static str],
+    /// The port's saved form, from the arguments it was attached with (when valed recorded
+    /// them) and what its device is now (`list`'s device and mode).
+    pub saved: fn(attached: Option<KindArgs>, device: &str, mode: &str) -> KindArgs,
+    /// Opens the device again from its saved form at valed's start, with the kind's own
+    /// retries and namespace handling.
+    pub restore: fn(&KindArgs) -> Result<Box<dyn Device>, Error>,
+}
+
+/// Why a host port's device could not be attached: the words name the device and what is
+/// wrong; the variant is the kind of failure valed's reply carries (see [`crate::Error`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// An unknown kind or argument, a bad value or name.
+    #[error("{0}")]
+    Invalid(String),
+    /// No such device or interface.
+    #[error("{0}")]
+    NotFound(String),
+    /// The device, name or socket is taken.
+    #[error("{0}")]
+    Busy(String),
+    /// valed may not use it.
+    #[error("{0}")]
+    Denied(String),
+    /// The device could not be opened or set up (a system call failed).
+    #[error("{0}")]
+    Device(String),
+}
+
+impl Error {
+    /// `message`, of the kind that `e`, the failure behind it, says: by its errno, else (an
+    /// error made in words, as vale-nic's) by its kind.
+    pub fn of_io(message: String, e: &io::Error) -> Error {
+        match (e.raw_os_error(), e.kind()) {
+            (Some(libc::EEXIST | libc::EADDRINUSE | libc::EBUSY), _) => Error::Busy(message),
+            (Some(libc::ENOENT | libc::ENODEV | libc::ENXIO), _) => Error::NotFound(message),
+            (Some(libc::EACCES | libc::EPERM), _) => Error::Denied(message),
+            (Some(libc::EINVAL | libc::ENAMETOOLONG), _) => Error::Invalid(message),
+            (None, io::ErrorKind::NotFound) => Error::NotFound(message),
+            (None, io::ErrorKind::PermissionDenied) => Error::Denied(message),
+            (None, io::ErrorKind::InvalidInput) => Error::Invalid(message),
+            _ => Error::Device(message),
+        }
+    }
+}
+
+/// A kind's own failure in words: a system call's, so a device error.
+impl From<String> for Error {
+    fn from(message: String) -> Error {
+        Error::Device(message)
+    }
+}
+
+impl From<Error> for crate::Error {
+    fn from(e: Error) -> crate::Error {
+        match e {
+            Error::Invalid(m) => crate::Error::invalid(m),
+            Error::NotFound(m) => crate::Error::not_found(m),
+            Error::Busy(m) => crate::Error::busy(m),
+            Error::Denied(m) => crate::Error::denied(m),
+            Error::Device(m) => crate::Error::io(m),
+        }
+    }
+}
+
+/// Argument `name` of an attach request, which the kind requires.
+pub fn required<'a>(args: &'a KindArgs, kind: &str, name: &str) -> Result<&'a str, Error> {
+    args.get(name)
+        .map(String::as_str)
+        .ok_or_else(|| Error::Invalid(format!("port kind '{kind}' needs argument '{name}'")))
+}
+
+/// A yes/no argument: absent is no.
+pub fn flag(args: &KindArgs, name: &str) -> Result<bool, Error> {
+    match args.get(name).map(String::as_str) {
+        None | Some("no") | Some("false") | Some("0") => Ok(false),
+        Some("yes") | Some("true") | Some("1") => Ok(true),
+        Some(v) => Err(Error::Invalid(format!(
+            "argument '{name}' must be yes or no, not '{v}'"
+        ))),
+    }
+}
+
+// The device and its driver.
+
+/// The device side of a host port: what attaching it asks of it, and its driver.
+pub trait Device: Send {
+    /// `kind`, name and mode for [`HostState`].
+    fn describe(&self) -> (&'static str, String, String);
+    /// The offload work (TSO, partial checksums) frames to the port may carry as they are, at
+    /// attach time (see [`Steps::set_caps`]).
+    fn caps(&self) -> Caps;
+    /// The geometry of the port's rings.
+    fn params(&self) -> PortParams {
+        HOST_PARAMS
+    }
+    /// Where switch threads may write frames for this port straight away, if anywhere.
+    fn direct(&self) -> Option<Arc<dyn DirectSink>> {
+        None
+    }
+    /// The port's driver, which takes the device: [`polled`](crate::host::polled) for a
+    /// device the generic driver runs; a kind whose library runs its own threads brings its
+    /// own.
+    fn driver(self: Box<Self>) -> Box<dyn Driver>;
+}
+
+/// A device the generic driver runs, one thread per port: it waits on the device's
+/// descriptors, reads frames from it into the port's tx ring, and writes what the switch
+/// delivered to its way out ([`Egress`]).
+pub trait Polled: Egress + Send {
+    /// Descriptors that become readable when the device has frames for the switch.
+    fn poll_fds(&self) -> Vec<RawFd>;
+    /// Moves frames from the device into `ring`, at most until it is full; returns how many.
+    fn ingress(&mut self, ring: &mut TxSide) -> Result<usize, DevError>;
+    /// The device's own view of its state, looked at about once a second.
+    fn is_up(&self) -> bool;
+}
+
+/// The ring geometry of host ports unless their kind says otherwise ([`Device::params`]):
+/// deep enough for a burst of 64 KiB TSO segments.
+pub const HOST_PARAMS: PortParams = PortParams {
+    tx_rings: 1,
+    rx_rings: 1,
+    slots: 2048,
+    buf_size: vale_abi::region::DEFAULT_BUF_SIZE,
+};
+
+/// Where the egress step writes the frames the switch delivered to a port.
+pub trait Egress {
+    /// Writes one frame: Ok(false) when there is no room now (the frame stays for later).
+    fn send(&mut self, pieces: &[&[u8]], off: Offload) -> Result<bool, DevError>;
+    /// Ends a burst of `send`s (before the ring's slots go back to the switch).
+    fn flush(&mut self) -> Result<(), DevError>;
+}
+
+/// Why a device operation failed, as the port's thread handles it.
+pub enum DevError {
+    /// This frame was refused (counted as a drop); the device still works.
+    Frame(io::Error),
+    /// The device is down or gone. `pause`: stop using it until it says it is up again
+    /// (its descriptors may stay ready while it is away).
+    Down { err: io::Error, pause: bool },
+}
+
+/// A kind whose library owns its event loop: it takes the port's steps and its state, and
+/// returns the thread that drives them, which ends once `state.stop` is signalled.
+pub trait Driver: Send {
+    fn start(
+        self: Box<Self>,
+        steps: Steps,
+        state: Arc<HostState>,
+    ) -> io::Result<std::thread::JoinHandle<()>>;
+}
+
+// The direct sink.
+
+/// One frame on its way out: `iov[0]` is the sink's to fill (its own header, if any), the rest
+/// are the frame's pieces in the sender's memory.
+pub struct OutFrame<'a> {
+    pub iov: &'a mut [libc::iovec],
+    pub offload: Offload,
+    /// Bytes of the frame (the pieces together).
+    pub len: u32,
+}
+
+/// The frames of one batch for one destination, in batch order.
+pub trait OutFrames {
+    fn next_frame(&mut self) -> Option<OutFrame<'_>>;
+    /// The frame last taken was not sent: it goes back, ahead of the rest (see
+    /// [`Delivered::declined`]).
+    fn put_back(&mut self);
+}
+
+/// What became of the frames of a batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Delivered {
+    pub frames: u64,
+    pub bytes: u64,
+    pub dropped: u64,
+    /// Drops that were the device's client's fault (a guest's broken buffers).
+    pub bad_input: u64,
+    /// The sink stopped early (no room now): the frames it did not take, and one it put back,
+    /// go into the port's rx ring, from where the kind's own egress step sends them later.
+    pub declined: bool,
+}
+
+/// A kind whose device the switch's threads write to directly, instead of through the port's
+/// rx ring and thread: one copy and one wake-up less per burst. It must take concurrent calls.
+/// The frames it is given carry only offload work its port's capabilities take (the pipeline
+/// does the rest first). While frames wait in the port's rx ring it is not called, so that
+/// they keep their order.
+pub trait DirectSink: Send + Sync {
+    /// Sends the frames of one batch for this port: once per destination per batch. `flow`
+    /// is the same for every batch from one source ring: a kind with several queues keeps
+    /// such frames on one queue, so that they stay in order.
+    fn send_batch(&self, frames: &mut dyn OutFrames, flow: u32) -> Delivered;
+}
+
+// What the control plane sees.
 
 /// What the control plane sees of a port whose client is valed itself (any kind but native),
 /// and the handle that stops its thread.
@@ -68,55 +320,4 @@ impl HostState {
             }
         }
     }
-}
-
-/// Why a device operation failed, as the port's thread handles it.
-pub enum DevError {
-    /// This frame was refused (counted as a drop); the device still works.
-    Frame(io::Error),
-    /// The device is down or gone. `pause`: stop using it until it says it is up again
-    /// (its descriptors may stay ready while it is away).
-    Down { err: io::Error, pause: bool },
-}
-
-/// One frame on its way out: `iov[0]` is the sink's to fill (its own header, if any), the rest
-/// are the frame's pieces in the sender's memory.
-pub struct OutFrame<'a> {
-    pub iov: &'a mut [libc::iovec],
-    pub offload: Offload,
-    /// Bytes of the frame (the pieces together).
-    pub len: u32,
-}
-
-/// The frames of one batch for one destination, in batch order.
-pub trait OutFrames {
-    fn next_frame(&mut self) -> Option<OutFrame<'_>>;
-    /// The frame last taken was not sent: it goes back, ahead of the rest (see
-    /// [`Delivered::declined`]).
-    fn put_back(&mut self);
-}
-
-/// What became of the frames of a batch.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Delivered {
-    pub frames: u64,
-    pub bytes: u64,
-    pub dropped: u64,
-    /// Drops that were the device's client's fault (a guest's broken buffers).
-    pub bad_input: u64,
-    /// The sink stopped early (no room now): the frames it did not take, and one it put back,
-    /// go into the port's rx ring, from where the kind's own egress step sends them later.
-    pub declined: bool,
-}
-
-/// A kind whose device the switch's threads write to directly, instead of through the port's
-/// rx ring and thread: one copy and one wake-up less per burst. It must take concurrent calls.
-/// The frames it is given carry only offload work its port's capabilities take (the pipeline
-/// does the rest first). While frames wait in the port's rx ring it is not called, so that
-/// they keep their order.
-pub trait DirectSink: Send + Sync {
-    /// Sends the frames of one batch for this port: once per destination per batch. `flow`
-    /// is the same for every batch from one source ring: a kind with several queues keeps
-    /// such frames on one queue, so that they stay in order.
-    fn send_batch(&self, frames: &mut dyn OutFrames, flow: u32) -> Delivered;
 }

@@ -17,10 +17,12 @@ use crate::wire::{be16, ETH_P_8021Q, ETH_P_IPV4, ETH_P_IPV6, IPPROTO_TCP, IPPROT
 /// pseudo-header sum; the rest is to be added from `csum_start` to the end.
 pub const F_NEEDS_CSUM: u8 = 1;
 /// `VIRTIO_NET_HDR_F_DATA_VALID`: the checksum was already verified.
+#[cfg(test)]
 pub const F_DATA_VALID: u8 = 2;
 pub const GSO_NONE: u8 = 0;
 pub const GSO_TCPV4: u8 = 1;
 /// UDP fragmentation offload (legacy UFO): not produced by vale's TAP ports.
+#[cfg(test)]
 pub const GSO_UDP: u8 = 3;
 pub const GSO_TCPV6: u8 = 4;
 /// UDP segmentation (USO): one UDP datagram per `gso_size` payload bytes.
@@ -292,6 +294,7 @@ impl Resolver {
     /// The number of frames [`Resolver::resolve`] would emit for the same arguments, or its
     /// error. Reads only the headers (the first 512 bytes), so it is cheap: for reserving
     /// ring space before resolving.
+    #[cfg(test)]
     pub fn count(frame: &[&[u8]], off: Offload) -> Result<usize, OffloadError> {
         let len = frame.iter().map(|p| p.len()).sum::<usize>();
         if len > MAX_FRAME {

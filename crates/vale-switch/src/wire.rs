@@ -9,8 +9,6 @@
 pub const ETH_HLEN: usize = 14;
 /// An 802.1Q tag: TPID and TCI.
 pub const VLAN_HLEN: usize = 4;
-/// Where the EtherType (or a tag's TPID) is in a frame.
-pub const ETH_TYPE_AT: usize = 12;
 
 pub const ETH_P_IPV4: u16 = 0x0800;
 pub const ETH_P_ARP: u16 = 0x0806;

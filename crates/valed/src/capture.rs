@@ -6,8 +6,8 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
 
 use vale_abi::control::Reply;
-use vale_switch::capture::CaptureRing;
-use vale_switch::port::PortShared;
+use vale_switch::CaptureRing;
+use vale_switch::PortShared;
 use vale_switch::{Caller, Engine, Error};
 
 /// A capture a connection holds: weakly, so that a port that goes away takes its captures

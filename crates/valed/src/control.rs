@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use vale_abi::control::{self, Reply, Request, MAX_ADMIN_REQUEST, MAX_REQUEST};
 use vale_abi::region::VALE_ABI_VERSION;
-use vale_switch::port::Port;
+use vale_switch::Port;
 use vale_switch::{epoll, Caller, Engine, Error, ErrorKind};
 
 use crate::peer;

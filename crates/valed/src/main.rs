@@ -75,7 +75,7 @@ struct Args {
     #[arg(long, default_value_t = 0, value_name = "US")]
     busy_poll_us: u64,
     /// Batch size of new switches: frames gathered from a ring per pass (1-2048)
-    #[arg(long, default_value_t = vale_switch::switch::DEFAULT_BATCH,
+    #[arg(long, default_value_t = vale_switch::DEFAULT_BATCH,
           value_parser = clap::value_parser!(u32).range(1..=2048))]
     batch: u32,
     /// Permissions of the control socket, octal: who may connect at all

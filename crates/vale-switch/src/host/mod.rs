@@ -10,18 +10,24 @@
 //! The port's work is two steps ([`Steps`]: ingress, egress) and a driver that calls them. A
 //! kind whose library owns its event loop (vhost-user) brings its own driver and calls the
 //! same steps from its threads.
+//!
+//! What a kind implements and registers with (its [`Kind`] entry, [`Device`], [`Polled`],
+//! [`Egress`], [`Driver`], [`DirectSink`]) is all in one file, `kind.rs`, whose doc walks
+//! through adding one; this module holds the registry ([`KINDS`]) and the code that drives
+//! the kinds.
 
 mod guard;
-pub mod nic;
+mod nic;
 mod socket;
-pub mod tap;
-pub mod vhost_user;
+mod tap;
+mod vhost_user;
 mod virtq;
 
-pub use crate::kind::{DevError, DirectSink, HostState};
-pub use vale_nic::Mode as NicMode;
+pub use crate::kind::{
+    flag, required, Delivered, DevError, Device, DirectSink, Driver, Egress, Error, HostState,
+    Kind, KindArgs, OutFrame, OutFrames, Polled, HOST_PARAMS,
+};
 
-use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{fence, Ordering::*};
@@ -30,7 +36,7 @@ use std::time::Instant;
 
 use vale_abi::netmap::{NS_MOREFRAG, NS_OFFLOAD};
 use vale_abi::pipe;
-use vale_abi::region::{PortParams, MAX_FRAGS};
+use vale_abi::region::MAX_FRAGS;
 
 use crate::epoll;
 use crate::forward::{recycle, Pipeline};
@@ -39,100 +45,11 @@ use crate::port::{add, Port};
 use crate::region::Region;
 use crate::switch::Switch;
 
-/// The ring geometry of host ports unless their kind says otherwise ([`Device::params`]):
-/// deep enough for a burst of 64 KiB TSO segments.
-pub const HOST_PARAMS: PortParams = PortParams {
-    tx_rings: 1,
-    rx_rings: 1,
-    slots: 2048,
-    buf_size: vale_abi::region::DEFAULT_BUF_SIZE,
-};
-
-/// Why a host port's device could not be attached: the words name the device and what is
-/// wrong; the variant is the kind of failure valed's reply carries (see [`crate::Error`]).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Error {
-    /// An unknown kind or argument, a bad value or name.
-    #[error("{0}")]
-    Invalid(String),
-    /// No such device or interface.
-    #[error("{0}")]
-    NotFound(String),
-    /// The device, name or socket is taken.
-    #[error("{0}")]
-    Busy(String),
-    /// valed may not use it.
-    #[error("{0}")]
-    Denied(String),
-    /// The device could not be opened or set up (a system call failed).
-    #[error("{0}")]
-    Device(String),
-}
-
-impl Error {
-    /// `message`, of the kind that `e`, the failure behind it, says: by its errno, else (an
-    /// error made in words, as vale-nic's) by its kind.
-    pub fn of_io(message: String, e: &io::Error) -> Error {
-        match (e.raw_os_error(), e.kind()) {
-            (Some(libc::EEXIST | libc::EADDRINUSE | libc::EBUSY), _) => Error::Busy(message),
-            (Some(libc::ENOENT | libc::ENODEV | libc::ENXIO), _) => Error::NotFound(message),
-            (Some(libc::EACCES | libc::EPERM), _) => Error::Denied(message),
-            (Some(libc::EINVAL | libc::ENAMETOOLONG), _) => Error::Invalid(message),
-            (None, io::ErrorKind::NotFound) => Error::NotFound(message),
-            (None, io::ErrorKind::PermissionDenied) => Error::Denied(message),
-            (None, io::ErrorKind::InvalidInput) => Error::Invalid(message),
-            _ => Error::Device(message),
-        }
-    }
-}
-
-/// A kind's own failure in words: a system call's, so a device error.
-impl From<String> for Error {
-    fn from(message: String) -> Error {
-        Error::Device(message)
-    }
-}
-
-impl From<Error> for crate::Error {
-    fn from(e: Error) -> crate::Error {
-        match e {
-            Error::Invalid(m) => crate::Error::invalid(m),
-            Error::NotFound(m) => crate::Error::not_found(m),
-            Error::Busy(m) => crate::Error::busy(m),
-            Error::Denied(m) => crate::Error::denied(m),
-            Error::Device(m) => crate::Error::io(m),
-        }
-    }
-}
-
-/// The arguments of an attach request: what the control protocol carries besides the kind.
-pub type KindArgs = BTreeMap<String, String>;
-
-/// A kind of port whose client is valed itself: its name in the control protocol, how to open
-/// its device from the request's arguments, and how it is saved in valed's configuration and
-/// opened again at the next start. Everything kind-specific is here: valed's configuration and
-/// the engine name no kind.
-pub struct Kind {
-    pub name: &'static str,
-    /// The arguments it takes.
-    pub args: &'static [&'static str],
-    pub open: fn(&KindArgs) -> Result<Box<dyn Device>, Error>,
-    /// Arguments only a saved configuration carries ([`Kind::saved`] writes them,
-    /// [`Kind::restore`] reads them): where a device was found, how it was bound.
-    pub saved_args: &'static [&'static str],
-    /// The port's saved form, from the arguments it was attached with (when valed recorded
-    /// them) and what its device is now (`list`'s device and mode).
-    pub saved: fn(attached: Option<KindArgs>, device: &str, mode: &str) -> KindArgs,
-    /// Opens the device again from its saved form at valed's start, with the kind's own
-    /// retries and namespace handling.
-    pub restore: fn(&KindArgs) -> Result<Box<dyn Device>, Error>,
-}
-
 /// Every kind valed can attach: a new kind is one module and one entry here.
 pub const KINDS: &[Kind] = &[tap::KIND, nic::KIND, vhost_user::KIND];
 
 /// How a device is opened from a kind's name and arguments ([`open_device`], [`restore_device`]).
-pub type OpenDevice = fn(&str, &KindArgs) -> Result<Box<dyn Device>, Error>;
+pub(crate) type OpenDevice = fn(&str, &KindArgs) -> Result<Box<dyn Device>, Error>;
 
 /// The kind named `kind`; an unknown one is refused with the list of what is known.
 pub fn kind(kind: &str) -> Result<&'static Kind, Error> {
@@ -160,14 +77,14 @@ fn check_args(k: &Kind, args: &KindArgs, saved: bool) -> Result<(), Error> {
 
 /// Opens the device of kind `kind` that `args` describe; unknown kinds and arguments are
 /// refused with the list of what is known.
-pub fn open_device(kind: &str, args: &KindArgs) -> Result<Box<dyn Device>, Error> {
+pub(crate) fn open_device(kind: &str, args: &KindArgs) -> Result<Box<dyn Device>, Error> {
     let k = self::kind(kind)?;
     check_args(k, args, false)?;
     (k.open)(args)
 }
 
 /// Opens again, at valed's start, the device of a port saved as `args` ([`Kind::restore`]).
-pub fn restore_device(kind: &str, args: &KindArgs) -> Result<Box<dyn Device>, Error> {
+pub(crate) fn restore_device(kind: &str, args: &KindArgs) -> Result<Box<dyn Device>, Error> {
     let k = self::kind(kind)?;
     check_args(k, args, true)?;
     (k.restore)(args)
@@ -178,60 +95,10 @@ pub(crate) fn interface_exists(name: &str) -> bool {
     vale_nic::index_of(name).is_ok()
 }
 
-/// Argument `name` of an attach request, which the kind requires.
-pub fn required<'a>(args: &'a KindArgs, kind: &str, name: &str) -> Result<&'a str, Error> {
-    args.get(name)
-        .map(String::as_str)
-        .ok_or_else(|| Error::Invalid(format!("port kind '{kind}' needs argument '{name}'")))
-}
-
-/// A yes/no argument: absent is no.
-pub fn flag(args: &KindArgs, name: &str) -> Result<bool, Error> {
-    match args.get(name).map(String::as_str) {
-        None | Some("no") | Some("false") | Some("0") => Ok(false),
-        Some("yes") | Some("true") | Some("1") => Ok(true),
-        Some(v) => Err(Error::Invalid(format!(
-            "argument '{name}' must be yes or no, not '{v}'"
-        ))),
-    }
-}
-
 /// The control plane's view of the port of `dev`.
-pub fn state_of(dev: &dyn Device) -> io::Result<Arc<HostState>> {
+pub(crate) fn state_of(dev: &dyn Device) -> io::Result<Arc<HostState>> {
     let (kind, device, mode) = dev.describe();
     HostState::new(kind, device, mode)
-}
-
-/// The device side of a host port: what attaching it asks of it, and its driver.
-pub trait Device: Send {
-    /// `kind`, name and mode for [`HostState`].
-    fn describe(&self) -> (&'static str, String, String);
-    /// The offload work (TSO, partial checksums) frames to the port may carry as they are, at
-    /// attach time (see [`Steps::set_caps`]).
-    fn caps(&self) -> Caps;
-    /// The geometry of the port's rings.
-    fn params(&self) -> PortParams {
-        HOST_PARAMS
-    }
-    /// Where switch threads may write frames for this port straight away, if anywhere.
-    fn direct(&self) -> Option<Arc<dyn DirectSink>> {
-        None
-    }
-    /// The port's driver, which takes the device: [`polled`] for a device the generic driver
-    /// runs; a kind whose library runs its own threads brings its own.
-    fn driver(self: Box<Self>) -> Box<dyn Driver>;
-}
-
-/// A device the generic driver runs, one thread per port: it waits on the device's
-/// descriptors, reads frames from it into the port's tx ring, and writes what the switch
-/// delivered to its way out ([`Egress`]).
-pub trait Polled: Egress + Send {
-    /// Descriptors that become readable when the device has frames for the switch.
-    fn poll_fds(&self) -> Vec<RawFd>;
-    /// Moves frames from the device into `ring`, at most until it is full; returns how many.
-    fn ingress(&mut self, ring: &mut TxSide) -> Result<usize, DevError>;
-    /// The device's own view of its state, looked at about once a second.
-    fn is_up(&self) -> bool;
 }
 
 /// The generic driver of a polled device (a [`Device::driver`]).
@@ -328,14 +195,6 @@ impl<'r> TxSide<'r> {
     fn publish(&self) {
         self.region.atok(0).head.store(self.head, Release);
     }
-}
-
-/// Where the egress step writes the frames the switch delivered to a port.
-pub trait Egress {
-    /// Writes one frame: Ok(false) when there is no room now (the frame stays for later).
-    fn send(&mut self, pieces: &[&[u8]], off: Offload) -> Result<bool, DevError>;
-    /// Ends a burst of `send`s (before the ring's slots go back to the switch).
-    fn flush(&mut self) -> Result<(), DevError>;
 }
 
 /// What one egress step did.
@@ -587,16 +446,6 @@ impl Steps {
     }
 }
 
-/// A kind whose library owns its event loop: it takes the port's steps and its state, and
-/// returns the thread that drives them, which ends once `state.stop` is signalled.
-pub trait Driver: Send {
-    fn start(
-        self: Box<Self>,
-        steps: Steps,
-        state: Arc<HostState>,
-    ) -> io::Result<std::thread::JoinHandle<()>>;
-}
-
 /// The generic driver: one thread per host port.
 struct HostLoop {
     steps: Steps,
@@ -620,7 +469,7 @@ const EGRESS_BURST: usize = 256;
 
 /// Starts the driver of host port `port` (whose attachment holds `state`), which owns `dev`
 /// from now on.
-pub fn start(
+pub(crate) fn start(
     sw: Arc<Switch>,
     port: Arc<Port>,
     dev: Box<dyn Device>,
