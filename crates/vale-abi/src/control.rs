@@ -22,7 +22,7 @@ pub const SOCKET_NAME: &str = "valed.sock";
 /// Run directory when neither `--run-dir` nor `VALE_RUN_DIR` says otherwise.
 pub const DEFAULT_RUN_DIR: &str = "/run/vale";
 /// Largest control message either way: an administrator's request carrying a flow table's
-/// rules, or a reply (a `List` of many ports, the rules a `FlowAdd` added). A client accepts
+/// rules, or a reply (a `List` of many ports, the rules a flow `add` added). A client accepts
 /// replies up to this size.
 pub const MAX_MESSAGE: usize = 64 << 20;
 /// Largest request valed accepts from a user that is not an administrator: requests are
@@ -33,8 +33,8 @@ pub const MAX_REQUEST: usize = 64 << 10;
 /// (`vale-ctl lookup valeX flow --rules FILE`, `vale-ctl flow valeX add`), and only
 /// administrators may send them.
 pub const MAX_ADMIN_REQUEST: usize = MAX_MESSAGE;
-/// Most rules one [`Reply::Flows`] to a [`Request::FlowDump`] carries: a larger table is
-/// dumped page by page (`after`), so that no reply of a dump is larger than about this many
+/// Most rules one page of the `flow` module's `dump` command carries: a larger table is
+/// dumped page by page (`after=N`), so that no reply of a dump is larger than about this many
 /// rules (about 200 bytes each).
 pub const FLOW_DUMP_PAGE: usize = 1024;
 /// Most descriptors one message carries (`SCM_MAX_FD` is 253).
@@ -92,26 +92,16 @@ pub enum Request {
         #[serde(default)]
         args: Vec<ModuleArg>,
     },
-    /// Add rules to the table of switch `switch`, whose lookup module must be `flow`: `rules`
-    /// holds one rule a line (the grammar of docs/modules.md; blank lines and lines starting
-    /// with `#` are skipped). All or nothing: one bad rule refuses them all and leaves the
-    /// table as it was. An administrator's. The reply is [`Reply::Flows`] with the rules
-    /// added, their ids given.
-    FlowAdd { switch: String, rules: String },
-    /// Delete rules of switch `switch`'s flow table: `selector` is a rule id (`7` or `id=7`),
-    /// or a match (`tcp,tp_dst=22`, optionally with `prio=N`) deleting every rule with exactly
-    /// that match (and that priority). At least one rule must go. An administrator's. The
-    /// reply is [`Reply::Flows`] with the rules deleted.
-    FlowDel { switch: String, selector: String },
-    /// The rules of switch `switch`'s flow table, in the order they are tried, with hit
-    /// counters, at most [`FLOW_DUMP_PAGE`] of them. The reply is [`Reply::Flows`]. Without
-    /// `after`, every rule, or an error if there are more than a page holds; with `after`, a
-    /// page: `0` for the first, then the [`FlowTable::next`] of the page before. Each page is
-    /// read at once; rules added or deleted between pages may be missed or seen.
-    FlowDump {
+    /// Command `command` of the lookup module of switch `switch`, with `body`: text the
+    /// module alone reads and answers (the `flow` module's `add`, `del` and `dump`; see
+    /// docs/modules.md). An administrator's, unless the module opens the command to anyone
+    /// (`flow`'s `dump`). The reply is [`Reply::LookupControl`]; a module without that command refuses
+    /// it as [`ErrorKind::Unsupported`].
+    LookupControl {
         switch: String,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        after: Option<u64>,
+        command: String,
+        #[serde(default)]
+        body: String,
     },
     /// Capture the frames of `port` in directions `dirs` (`capture::DIR_TX` | `DIR_RX`), at
     /// most `snaplen` bytes of each, into a buffer of about `bytes` bytes. The reply is
@@ -161,8 +151,10 @@ pub enum Reply {
     Lookup {
         lookup: LookupInfo,
     },
-    Flows {
-        flows: FlowTable,
+    /// What a [`Request::LookupControl`] command of lookup module `module` answered.
+    LookupControl {
+        module: String,
+        output: String,
     },
     Workers {
         workers: Vec<WorkerInfo>,
@@ -198,7 +190,8 @@ pub struct WorkerInfo {
     pub rings: u32,
 }
 
-/// Rules of a switch's `flow` module (all of them, or those a request added or deleted).
+/// Rules of a switch's `flow` module (a page of them, or those a command added or deleted):
+/// the JSON the module's commands answer ([`Reply::LookupControl`]'s `output`).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct FlowTable {
     pub switch: String,
@@ -208,8 +201,8 @@ pub struct FlowTable {
     pub missed: u64,
     /// Highest priority first; among equal priorities, first added first.
     pub rules: Vec<FlowRule>,
-    /// A page of a [`Request::FlowDump`] with more rules after it: the `after` that asks for
-    /// the next page (an opaque position). Absent on the last page and in other replies.
+    /// A page of a `dump` with more rules after it: the `after=N` that asks for the next page
+    /// (an opaque position). Absent on the last page and in other replies.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next: Option<u64>,
 }

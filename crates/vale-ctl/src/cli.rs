@@ -72,6 +72,7 @@ vale-ctl lookup vale0 ./libmine.so --arg k=v   a module built outside vale\n  \
 vale-ctl lookup vale0 flow --rules rules.txt    an ordered match/action table\n  \
 vale-ctl flow vale0 add 'prio=10 tcp,nw_dst=10.0.0.0/8,tp_dst=22 actions=drop'\n  \
 vale-ctl flow vale0 dump             the rules with their hit counters\n  \
+vale-ctl module vale0 dump           a command of the switch's lookup module, its answer as is\n  \
 vale-ctl set vale0:a moderation 20\n  \
 vale-ctl set vale0:a learn-limit 16  a port with at most 16 stations behind it\n  \
 vale-ctl attach vale0:h1 --tap vtap1 valed creates TAP vtap1; its frames join vale0\n  \
@@ -355,7 +356,9 @@ vale-ctl lookup vale0 learning        back to the default"
     /// Add, delete and show the rules of a switch's flow table
     #[command(
         long_about = "Changes or shows the rules of switch valeX, whose lookup module must be \
-flow ('vale-ctl lookup valeX flow [--rules FILE]').\n\n\
+flow ('vale-ctl lookup valeX flow [--rules FILE]'). add, del and dump are the flow module's own \
+commands: 'vale-ctl flow' sends the request 'vale-ctl module valeX add|del|dump BODY' sends, \
+and shows the module's answer as a table.\n\n\
 A rule is\n\n  \
 [prio=N] [FIELD=VALUE|SHORTHAND],... actions=ACTION\n\n\
 with fields and shorthands separated by commas or spaces, in any order:\n  \
@@ -402,6 +405,38 @@ vale-ctl flow vale0 dump --json"
         switch: String,
         #[command(subcommand)]
         op: FlowOp,
+    },
+    /// Send a command of the switch's lookup module, and print its answer
+    #[command(
+        long_about = "Sends command OP with text BODY to the lookup module of switch valeX, and \
+prints the module's answer as it is (with --json: {\"module\", \"output\"}). valed and \
+vale-ctl read neither: what commands there are, what their bodies say and what they answer \
+is the module's (see its documentation). BODY - reads the body from standard input.\n\n\
+The flow module's commands are add (rules, one a line: all or none), del (a rule id or a \
+match) and dump (body after=N: the page of at most 1024 rules after position N; nothing for \
+the first page; 'next' in the answer says the N of the page after), each answering the JSON of \
+the rules added, deleted or dumped; 'vale-ctl flow' sends them and shows the answers as \
+tables. A shared object (vale_lookup.h, version 3) answers the commands its control function \
+knows. The built-in learning, hub and vlan modules take no commands.\n\n\
+A command is an administrator's unless the module opens it to anyone (the flow module opens \
+dump). A module without the command refuses it (unsupported), as a module without commands \
+refuses every one.",
+        after_help = "EXAMPLES:\n  \
+vale-ctl module vale0 dump                    the flow module's first page of rules, as JSON\n  \
+vale-ctl module vale0 dump after=1024         the page after\n  \
+vale-ctl module vale0 add - < rules.txt       the body from standard input\n  \
+vale-ctl module vale0 status                  a shared object's own command"
+    )]
+    Module {
+        /// The switch, valeX
+        #[arg(value_name = "SWITCH", value_parser = switch_name)]
+        switch: String,
+        /// The module's command
+        #[arg(value_name = "OP")]
+        op: String,
+        /// Its body (text; - reads standard input; absent: empty)
+        #[arg(value_name = "BODY|-")]
+        body: Option<String>,
     },
     /// Live per-port rates (packets, bits, drops per second), refreshed like top
     #[command(

@@ -1,5 +1,6 @@
-//! The conversation with valed: connecting, one request and its reply, flow dumps page by
-//! page, and how a failure becomes an exit status.
+//! The conversation with valed: connecting, one request and its reply, a lookup module's
+//! commands (the flow module's, whose answers are flow tables, dumped page by page), and how a
+//! failure becomes an exit status.
 
 use std::io::{self, Write};
 use std::os::unix::net::UnixStream;
@@ -43,28 +44,57 @@ pub(crate) fn ask(sock: &UnixStream, req: &Request) -> Result<Reply, Failure> {
     }
 }
 
-/// Asks for a flow table page by page (valed sends at most `FLOW_DUMP_PAGE` rules a reply)
-/// and returns it whole, as one reply.
-pub(crate) fn dump_flows(sock: &UnixStream, mut req: Request) -> Result<Reply, Failure> {
-    let mut all: Option<FlowTable> = None;
-    loop {
-        let page = match ask(sock, &req)? {
-            Reply::Flows { flows } => flows,
-            other => return Err(unexpected(&other)),
-        };
-        let next = page.next;
-        match &mut all {
-            None => all = Some(page),
-            Some(t) => t.rules.extend(page.rules),
-        }
-        match (next, &mut req) {
-            (Some(n), Request::FlowDump { after, .. }) => *after = Some(n),
-            _ => break,
-        }
+/// Sends command `op` with `body` to the lookup module of `switch` (one `LookupControl`
+/// request); the module's name and its answer.
+pub(crate) fn module_command(
+    sock: &UnixStream,
+    switch: &str,
+    op: &str,
+    body: String,
+) -> Result<(String, String), Failure> {
+    let req = Request::LookupControl {
+        switch: switch.to_string(),
+        command: op.to_string(),
+        body,
+    };
+    match ask(sock, &req)? {
+        Reply::LookupControl { module, output } => Ok((module, output)),
+        other => Err(unexpected(&other)),
     }
-    let mut flows = all.expect("one page at least");
-    flows.next = None;
-    Ok(Reply::Flows { flows })
+}
+
+/// The flow module's command `op`: its answer, a flow table. A switch whose module has no
+/// such command is told how to choose the flow module.
+pub(crate) fn flow_command(
+    sock: &UnixStream,
+    switch: &str,
+    op: &str,
+    body: String,
+) -> Result<FlowTable, Failure> {
+    let (module, output) = match module_command(sock, switch, op, body) {
+        Err(Failure::Refused(m)) if m.contains(&format!("has no command '{op}'")) => {
+            return Err(Failure::Refused(format!(
+                "{m}; the flow commands need the flow module: choose it with 'vale-ctl \
+                 lookup {switch} flow'"
+            )))
+        }
+        r => r?,
+    };
+    serde_json::from_str(&output).map_err(|e| {
+        anyhow!("the answer of lookup module '{module}' to '{op}' is not a flow table: {e}").into()
+    })
+}
+
+/// Asks for a flow table page by page (the flow module answers at most `FLOW_DUMP_PAGE`
+/// rules a `dump`) and returns it whole.
+pub(crate) fn dump_flows(sock: &UnixStream, switch: &str) -> Result<FlowTable, Failure> {
+    let mut all = flow_command(sock, switch, "dump", String::new())?;
+    while let Some(after) = all.next {
+        let page = flow_command(sock, switch, "dump", format!("after={after}"))?;
+        all.rules.extend(page.rules);
+        all.next = page.next;
+    }
+    Ok(all)
 }
 
 pub(crate) fn unexpected(reply: &Reply) -> Failure {

@@ -61,6 +61,9 @@ fn run(cli: &Cli) -> Result<(), Failure> {
     match &cli.command {
         Command::Lookup(c) => return modules::lookup(cli, c),
         Command::Flow { switch, op } => return modules::flow(cli, switch, op),
+        Command::Module { switch, op, body } => {
+            return modules::module(cli, switch, op, body.as_deref())
+        }
         _ => {}
     }
     let sock = connect(cli)?;
@@ -78,6 +81,8 @@ fn run(cli: &Cli) -> Result<(), Failure> {
         } => switches::set(cli, &sock, target, knob, value),
         Command::Attach(c) => ports::attach(cli, &sock, c),
         Command::Detach { port } => ports::detach(cli, &sock, port),
-        Command::Lookup(_) | Command::Flow { .. } => unreachable!("answered above"),
+        Command::Lookup(_) | Command::Flow { .. } | Command::Module { .. } => {
+            unreachable!("answered above")
+        }
     }
 }

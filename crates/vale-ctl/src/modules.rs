@@ -1,14 +1,18 @@
-//! A switch's lookup module: `lookup` (show it, or choose one with its arguments) and `flow`
-//! (the flow module's rules). Each makes its request, reading any rules file, before it
-//! connects: a usage error or an unreadable file never reaches valed.
+//! A switch's lookup module: `lookup` (show it, or choose one with its arguments), `module`
+//! (one of the module's own commands, its answer as it is) and `flow` (the flow module's
+//! commands, their answers as tables). Each makes its request, reading any rules file or
+//! body, before it connects: a usage error or an unreadable file never reaches valed.
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use vale_abi::control::{ModuleArg, Reply, Request};
+use vale_abi::control::{ModuleArg, Reply, Request, MAX_ADMIN_REQUEST};
 
 use crate::cli::{vlan_args, Cli, FlowOp, LookupCmd};
-use crate::client::{ask, connect, dump_flows, output, unexpected, Failure};
+use crate::client::{
+    ask, connect, dump_flows, flow_command, module_command, output, unexpected, Failure,
+};
 use crate::render::{render_flows, render_lookup};
 
 /// `vale-ctl lookup SWITCH [MODULE [--arg K=V]... [--access/--trunk/--default] [--rules FILE]]`.
@@ -36,10 +40,10 @@ pub(crate) fn lookup(cli: &Cli, c: &LookupCmd) -> Result<(), Failure> {
     }
 }
 
-/// `vale-ctl flow SWITCH add|del|dump ...`.
+/// `vale-ctl flow SWITCH add|del|dump ...`: the flow module's commands, sent as `vale-ctl
+/// module` sends them, their answers (flow tables) rendered.
 pub(crate) fn flow(cli: &Cli, switch: &str, op: &FlowOp) -> Result<(), Failure> {
-    let switch = switch.to_string();
-    let req = match op {
+    let (command, body) = match op {
         FlowOp::Add { rule, rules } => {
             let mut text = rule.join("\n");
             if let Some(path) = rules {
@@ -48,19 +52,10 @@ pub(crate) fn flow(cli: &Cli, switch: &str, op: &FlowOp) -> Result<(), Failure> 
                 }
                 text += &read_rules(path)?;
             }
-            Request::FlowAdd {
-                switch,
-                rules: text,
-            }
+            ("add", text)
         }
-        FlowOp::Del { selector } => Request::FlowDel {
-            switch,
-            selector: selector.clone(),
-        },
-        FlowOp::Dump => Request::FlowDump {
-            switch,
-            after: Some(0),
-        },
+        FlowOp::Del { selector } => ("del", selector.clone()),
+        FlowOp::Dump => ("dump", String::new()),
     };
     // A bad rule's line is the file's line when the rules came from a file alone.
     let file = match op {
@@ -71,18 +66,54 @@ pub(crate) fn flow(cli: &Cli, switch: &str, op: &FlowOp) -> Result<(), Failure> 
         _ => None,
     };
     let sock = connect(cli)?;
-    let reply = match req {
-        Request::FlowDump { .. } => dump_flows(&sock, req)?,
-        _ => ask(&sock, &req).map_err(|e| in_file(e, file))?,
+    let flows = match op {
+        FlowOp::Dump => dump_flows(&sock, switch)?,
+        _ => flow_command(&sock, switch, command, body).map_err(|e| in_file(e, file))?,
     };
-    match reply {
-        Reply::Flows { flows } if cli.json => {
-            let text = serde_json::to_string_pretty(&flows).context("cannot format JSON")?;
-            output(&format!("{text}\n"))
-        }
-        Reply::Flows { flows } => output(&render_flows(&flows, op)),
-        other => Err(unexpected(&other)),
+    if cli.json {
+        let text = serde_json::to_string_pretty(&flows).context("cannot format JSON")?;
+        output(&format!("{text}\n"))
+    } else {
+        output(&render_flows(&flows, op))
     }
+}
+
+/// `vale-ctl module SWITCH OP [BODY|-]`: a command of the switch's lookup module, its answer
+/// printed as it is.
+pub(crate) fn module(cli: &Cli, switch: &str, op: &str, body: Option<&str>) -> Result<(), Failure> {
+    let body = match body {
+        Some("-") => read_stdin()?,
+        Some(b) => b.to_string(),
+        None => String::new(),
+    };
+    let sock = connect(cli)?;
+    let (module, text) = module_command(&sock, switch, op, body)?;
+    if cli.json {
+        let v = serde_json::json!({"module": module, "output": text});
+        output(&format!("{v}\n"))
+    } else if text.is_empty() || text.ends_with('\n') {
+        output(&text)
+    } else {
+        output(&format!("{text}\n"))
+    }
+}
+
+/// The body of `vale-ctl module ... -`: standard input, at most what valed takes in an
+/// administrator's request.
+fn read_stdin() -> Result<String, Failure> {
+    let limit = MAX_ADMIN_REQUEST as u64;
+    let mut text = String::new();
+    std::io::stdin()
+        .lock()
+        .take(limit + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| Failure::Refused(format!("cannot read the body from standard input: {e}")))?;
+    if text.len() as u64 > limit {
+        return Err(Failure::Refused(format!(
+            "the body on standard input is more than the {limit} bytes valed takes"
+        )));
+    }
+    Ok(text)
 }
 
 /// The text of rules file `path`: vale-ctl reads it (valed opens no path a client names).

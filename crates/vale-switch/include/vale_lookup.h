@@ -15,8 +15,8 @@
  * the symbol or a required function, leaving the switch's module as it was.
  *
  * Threads: lookup() is called by every forwarding thread, concurrently, for batches of
- * different source rings; port_added(), port_removed() and counters() come from the control
- * thread, concurrently with lookup(). A module keeps its state thread-safe (atomics; no lock
+ * different source rings; port_added(), port_removed(), counters() and control() come from
+ * the control thread (one at a time), concurrently with lookup(). A module keeps its state thread-safe (atomics; no lock
  * a lookup waits on for long). create() and destroy() are never concurrent with anything
  * else of the same instance. valed keeps the shared object loaded until destroy() has
  * returned and no thread can call into it any more.
@@ -34,9 +34,21 @@
 extern "C" {
 #endif
 
-/* 2: vale_frame.ring is a result. 1: it was ignored (valed still loads version 1 modules,
- * and ignores what they write there). */
-#define VALE_LOOKUP_ABI_VERSION 2u
+/* 3: the module may take commands of its own (control, open_ops). 2: vale_frame.ring is a
+ * result. 1: it was ignored (valed still loads version 1 modules, and ignores what they write
+ * there). valed loads modules of versions 1 to 3; a version 1 or 2 module's struct ends after
+ * counters, and it takes no commands. */
+#define VALE_LOOKUP_ABI_VERSION 3u
+
+/* The room control() has for its answer: out_cap. */
+#define VALE_CONTROL_OUT_CAP (1u << 20)
+/* Reserved commands valed itself sends to control() (no client may send them): "vale.save"
+ * asks for what the module wants kept in valed's configuration (`vale-ctl save`), as lines
+ * of text; "vale.restore" hands those lines back (the body, '\n' between them) after the
+ * module was made again from its arguments at valed's next start. A module that keeps
+ * nothing answers them EOPNOTSUPP, or with nothing. */
+#define VALE_OP_SAVE "vale.save"
+#define VALE_OP_RESTORE "vale.restore"
 
 /* Values of vale_frame.dst besides a port index. */
 #define VALE_DST_FLOOD 0xffffu /* every other port of the switch */
@@ -111,6 +123,23 @@ struct vale_lookup_module {
     void (*port_removed)(void *state, uint16_t port);
     /* Writes up to max counters; returns how many it wrote. Optional. */
     uint32_t (*counters)(void *state, struct vale_counter *out, uint32_t max);
+
+    /* Version 3 and later. */
+
+    /* The module's own command `op` (a NUL-terminated name) with body_len bytes of `body`
+     * (text, followed by a NUL that is not counted), as `vale-ctl module valeX OP BODY`
+     * sends them: valed reads neither. Writes its answer (text, UTF-8, no NUL needed) into
+     * out, at most out_cap (VALE_CONTROL_OUT_CAP) bytes, and its length into *out_len.
+     * Returns 0, or an errno: EOPNOTSUPP (no such command), EINVAL (a bad body), ENOENT
+     * (what it names is not there), ERANGE (the answer would not fit out_cap), any other
+     * (it failed); with an errno, out may hold the reason (*out_len bytes). An *out_len past
+     * out_cap, or an answer that is not UTF-8, is refused by valed as the module's error.
+     * Optional: NULL, the module takes no commands. */
+    int (*control)(void *state, const char *op, const char *body, size_t body_len, char *out,
+                   size_t out_cap, size_t *out_len);
+    /* The commands anyone may send (reading ones), a NULL-terminated array of names; the
+     * others are an administrator's. NULL: every command is an administrator's. */
+    const char *const *open_ops;
 };
 
 /* The one symbol valed looks for. */

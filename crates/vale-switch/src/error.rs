@@ -41,8 +41,8 @@ impl Error {
     }
 }
 
-/// The checks that still report in words only (a module's arguments, the flow grammar, a
-/// knob's value, a name) refuse what they were given: an invalid argument.
+/// The checks that still report in words only (a knob's value, a name) refuse what they were
+/// given: an invalid argument. (Lookup modules say their kind: `lookup::Error`.)
 impl From<String> for Error {
     fn from(message: String) -> Error {
         Error::invalid(message)

@@ -44,7 +44,7 @@ mod worker;
 
 pub use access::{Caller, UserLimits};
 pub use capture::CaptureRing;
-pub use engine::{Engine, EngineConfig, OpenedPort};
+pub use engine::{Engine, EngineConfig, OpenedPort, SavedLookup};
 pub use error::{Error, ErrorKind};
 pub use port::{Port, PortShared};
 pub use switch::DEFAULT_BATCH;

@@ -8,6 +8,17 @@
 //! in [`MODULES`], or a shared object built against `vale_lookup.h` and loaded at run time
 //! ([`shared`]). Both see a batch as the same `repr(C)` array of [`FrameMeta`]; what the
 //! engine keeps of a frame for itself (its offload word, its true length) is not in it.
+//!
+//! # A module's own control
+//!
+//! Besides forwarding, a module may take commands of its own ([`Lookup::control`]): an
+//! operation name and a text body in, a text out, which the engine, valed and the control
+//! protocol carry without reading them (netmap's `config` hook of `struct netmap_bdg_ops`).
+//! The `flow` module's rule changes and dumps go this way, as a shared object's commands do.
+//! A module says which of its operations anyone may call ([`Lookup::open_op`]); the others
+//! are an administrator's. What a module wants kept across a restart (the flow rules) it gives
+//! as lines ([`Lookup::save`]), which valed's configuration keeps and hands back at the next
+//! start ([`Lookup::restore`]).
 
 use crate::index::PortIndex;
 
@@ -144,6 +155,108 @@ pub enum Tagging {
 /// A module's configuration, as given: `key=value` pairs in order, repeats allowed.
 pub type Args = [(String, String)];
 
+/// Largest text a module's command may answer ([`Lookup::control`]): a larger answer is an
+/// error, not a reply. Room for the rules a large `add` of the flow module lists, with the
+/// reply's JSON escaping still under the protocol's largest message.
+pub const MAX_CONTROL_OUTPUT: usize = vale_abi::control::MAX_MESSAGE / 4;
+
+/// Why a lookup module could not be made, or refused a command: the words name the thing and
+/// what is wrong; the variant is the kind of failure valed's reply carries (see
+/// [`crate::Error`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// An unknown module, argument or operation body; a bad value, rule or name.
+    #[error("{0}")]
+    Invalid(String),
+    /// The module has no such command (or no commands at all).
+    #[error("lookup module '{module}' has no command '{op}'{hint}")]
+    Unsupported {
+        module: String,
+        op: String,
+        /// What it does have, if anything (`" (known: add, del, dump)"`).
+        hint: String,
+    },
+    /// No such rule (or other thing a command names).
+    #[error("{0}")]
+    NotFound(String),
+    /// A limit of the module's (most rules, largest answer) would be passed.
+    #[error("{0}")]
+    Limit(String),
+    /// A shared object that could not be loaded, or whose call failed.
+    #[error("{0}")]
+    Module(String),
+}
+
+impl Error {
+    /// The same failure, its words preceded by `context` (`"bad rule at line 3: "`).
+    pub fn context(self, context: impl std::fmt::Display) -> Error {
+        match self {
+            Error::Invalid(m) => Error::Invalid(format!("{context}{m}")),
+            Error::NotFound(m) => Error::NotFound(format!("{context}{m}")),
+            Error::Limit(m) => Error::Limit(format!("{context}{m}")),
+            Error::Module(m) => Error::Module(format!("{context}{m}")),
+            e @ Error::Unsupported { .. } => Error::Invalid(format!("{context}{e}")),
+        }
+    }
+
+    /// Operation `op` that module `module` does not have; `known` lists those it has.
+    pub fn unsupported(module: &str, op: &str, known: &[&str]) -> Error {
+        Error::Unsupported {
+            module: module.to_string(),
+            op: op.to_string(),
+            hint: if known.is_empty() {
+                ": it takes no commands".to_string()
+            } else {
+                format!(" (known: {})", known.join(", "))
+            },
+        }
+    }
+}
+
+/// A bad value, rule or name, in words.
+pub(crate) fn invalid(message: impl Into<String>) -> Error {
+    Error::Invalid(message.into())
+}
+
+/// A bad port or switch name is an invalid argument.
+impl From<vale_abi::name::NameError> for Error {
+    fn from(e: vale_abi::name::NameError) -> Error {
+        Error::Invalid(e.to_string())
+    }
+}
+
+impl From<Error> for crate::Error {
+    fn from(e: Error) -> crate::Error {
+        let kind = match &e {
+            Error::Invalid(_) => crate::error::ErrorKind::InvalidArgument,
+            Error::Unsupported { .. } => crate::error::ErrorKind::Unsupported,
+            Error::NotFound(_) => crate::error::ErrorKind::NotFound,
+            Error::Limit(_) => crate::error::ErrorKind::LimitReached,
+            Error::Module(_) => crate::error::ErrorKind::Io,
+        };
+        crate::Error::new(kind, e.to_string())
+    }
+}
+
+/// An argument of an installed module as the switch keeps it: shown by `vale-ctl lookup`,
+/// and saved in valed's configuration unless `saved` is false: an argument that only seeded
+/// the module's state (the flow module's `rules`, which [`Lookup::save`] keeps instead), whose
+/// value the module may have replaced by a summary.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeptArg {
+    pub key: String,
+    pub value: String,
+    pub saved: bool,
+}
+
+/// What a module's command sees besides its operation and body: where it runs.
+#[derive(Clone, Copy, Debug)]
+pub struct ControlCtx<'a> {
+    /// The switch the module is installed on (`valeX`): a command naming a port of another
+    /// switch may be refused.
+    pub switch: &'a str,
+}
+
 /// A lookup module. Every method may be called from any thread, concurrently: `lookup` by
 /// each forwarding worker, the others by the control plane.
 pub trait Lookup: Send + Sync {
@@ -175,15 +288,41 @@ pub trait Lookup: Send + Sync {
     fn egress(&self, _port: PortIndex, _vid: u16) -> Tagging {
         Tagging::Untagged
     }
-    /// The module as its own type, for control requests only one module understands (the
-    /// `flow` module's rule changes). None: the module takes no such requests.
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        None
+    /// The module's own command `op` with `body` (text in, text out: valed carries both
+    /// without reading them). Called from the control plane only, one call at a time per
+    /// switch, never on the forwarding path. The default: the module takes no commands.
+    fn control(&self, _ctx: ControlCtx, op: &str, _body: &str) -> Result<String, Error> {
+        Err(Error::unsupported(self.name(), op, &[]))
+    }
+    /// Whether anyone may call command `op` (reading, as `flow`'s `dump`): false, the
+    /// default, makes it an administrator's.
+    fn open_op(&self, _op: &str) -> bool {
+        false
+    }
+    /// The module is about to be installed on switch `ctx.switch`: it may refuse it (a rule
+    /// naming a port of another switch), and say how its arguments `args` are shown and
+    /// saved (see [`KeptArg`]; the default keeps them as given).
+    fn installing(&self, _ctx: ControlCtx, _args: &mut [KeptArg]) -> Result<(), Error> {
+        Ok(())
+    }
+    /// What the module wants kept across a restart beyond its arguments, as lines (the flow
+    /// rules, in the order they were added). The default: nothing.
+    fn save(&self) -> Vec<String> {
+        Vec::new()
+    }
+    /// Takes back lines of [`Lookup::save`] after the module was made again from its
+    /// arguments (valed's start). All or none: a failure changes nothing, so the caller may
+    /// retry line by line. The default takes no lines.
+    fn restore(&self, _ctx: ControlCtx, lines: &[String]) -> Result<(), Error> {
+        match lines.is_empty() {
+            true => Ok(()),
+            false => Err(Error::unsupported(self.name(), "restore", &[])),
+        }
     }
 }
 
 /// Makes a built-in module from its configuration.
-type Make = fn(&Args) -> Result<Box<dyn Lookup>, String>;
+type Make = fn(&Args) -> Result<Box<dyn Lookup>, Error>;
 
 /// The modules valed knows by name, with what they take; the first is the default.
 pub const MODULES: &[(&str, Make)] = &[
@@ -195,32 +334,32 @@ pub const MODULES: &[(&str, Make)] = &[
 
 /// Makes a lookup module: a built-in one by name, or, for a `spec` holding a `/`, the shared
 /// object at that path (absolute: valed resolves no path against its own directory).
-pub fn make(spec: &str, args: &Args) -> Result<Box<dyn Lookup>, String> {
+pub fn make(spec: &str, args: &Args) -> Result<Box<dyn Lookup>, Error> {
     if spec.contains('/') {
         return shared::SharedModule::load(std::path::Path::new(spec), args)
             .map(|m| Box::new(m) as Box<dyn Lookup>);
     }
     match MODULES.iter().find(|(n, _)| *n == spec) {
         Some((_, make)) => make(args),
-        None => Err(format!(
+        None => Err(invalid(format!(
             "no lookup module '{spec}' (known: {}; or the path of a shared object)",
             MODULES.iter().map(|m| m.0).collect::<Vec<_>>().join(", ")
-        )),
+        ))),
     }
 }
 
 /// Refuses any argument whose key is not in `known`.
-pub fn check_keys(module: &str, args: &Args, known: &[&str]) -> Result<(), String> {
+pub fn check_keys(module: &str, args: &Args, known: &[&str]) -> Result<(), Error> {
     for (k, _) in args {
         if !known.contains(&k.as_str()) {
-            return Err(if known.is_empty() {
+            return Err(invalid(if known.is_empty() {
                 format!("module '{module}' takes no arguments (got '{k}')")
             } else {
                 format!(
                     "module '{module}' takes no argument '{k}' (known: {})",
                     known.join(", ")
                 )
-            });
+            }));
         }
     }
     Ok(())
@@ -232,7 +371,7 @@ pub fn number_arg(
     key: &str,
     range: std::ops::RangeInclusive<u64>,
     default: u64,
-) -> Result<u64, String> {
+) -> Result<u64, Error> {
     let Some((_, v)) = args.iter().rev().find(|(k, _)| k == key) else {
         return Ok(default);
     };
@@ -240,11 +379,11 @@ pub fn number_arg(
         .ok()
         .filter(|n| range.contains(n))
         .ok_or_else(|| {
-            format!(
+            invalid(format!(
                 "{key} must be a number from {} to {}, not '{v}'",
                 range.start(),
                 range.end()
-            )
+            ))
         })
 }
 
@@ -253,7 +392,7 @@ pub fn number_arg(
 pub struct Hub;
 
 impl Hub {
-    fn make(args: &Args) -> Result<Box<dyn Lookup>, String> {
+    fn make(args: &Args) -> Result<Box<dyn Lookup>, Error> {
         check_keys("hub", args, &[])?;
         Ok(Box::new(Hub))
     }

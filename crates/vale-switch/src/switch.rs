@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use arc_swap::{ArcSwap, Guard};
 
-use crate::lookup::{self, Lookup};
+use crate::error::Error;
+use crate::lookup::{self, ControlCtx, KeptArg, Lookup};
 use crate::port::{Port, PortIndex};
 
 pub use crate::index::MAX_PORTS;
@@ -27,14 +28,30 @@ pub struct Installed {
     pub module: Box<dyn Lookup>,
     /// The built-in module's name, or the shared object's path.
     pub spec: String,
-    pub args: Vec<(String, String)>,
+    /// Its arguments as shown and saved ([`Lookup::installing`] may have summarised some).
+    pub args: Vec<KeptArg>,
 }
 
 impl Installed {
-    /// Makes module `spec` from `args`; nothing is installed yet.
-    pub fn make(spec: &str, args: Vec<(String, String)>) -> Result<Installed, String> {
+    /// Makes module `spec` from `args` for switch `switch`; nothing is installed yet. The
+    /// module may refuse the switch ([`Lookup::installing`]).
+    pub fn make(
+        switch: &str,
+        spec: &str,
+        args: Vec<(String, String)>,
+    ) -> Result<Installed, lookup::Error> {
+        let module = lookup::make(spec, &args)?;
+        let mut args: Vec<KeptArg> = args
+            .into_iter()
+            .map(|(key, value)| KeptArg {
+                key,
+                value,
+                saved: true,
+            })
+            .collect();
+        module.installing(ControlCtx { switch }, &mut args)?;
         Ok(Installed {
-            module: lookup::make(spec, &args)?,
+            module,
             spec: spec.to_string(),
             args,
         })
@@ -64,7 +81,7 @@ impl Switch {
             name: name.to_string(),
             ports: ArcSwap::from_pointee(Vec::new()),
             lookup: ArcSwap::from_pointee(
-                Installed::make(lookup::MODULES[0].0, Vec::new()).expect("default module"),
+                Installed::make(name, lookup::MODULES[0].0, Vec::new()).expect("default module"),
             ),
             batch: AtomicU32::new(batch.clamp(1, MAX_BATCH)),
         }
@@ -107,9 +124,11 @@ impl Switch {
         }
     }
 
-    pub fn set_batch(&self, batch: u32) -> Result<(), String> {
+    pub fn set_batch(&self, batch: u32) -> Result<(), Error> {
         if !(1..=MAX_BATCH).contains(&batch) {
-            return Err(format!("batch must be 1 to {MAX_BATCH}, not {batch}"));
+            return Err(Error::invalid(format!(
+                "batch must be 1 to {MAX_BATCH}, not {batch}"
+            )));
         }
         self.batch.store(batch, Relaxed);
         Ok(())

@@ -86,6 +86,15 @@ fn save_then_restart_gives_back_switches_ports_knobs_modules_and_rules() {
     assert_eq!(mode, 0o644, "saved file mode");
     let text = std::fs::read_to_string(&cfg).unwrap();
     assert!(!text.contains("held"), "a held port was saved:\n{text}");
+    // The flow rules are the module's saved state, in the order they were added.
+    assert!(
+        text.contains(
+            "state = [\"prio=10 tcp,tp_dst=22 actions=drop\", \"prio=32768 actions=normal\", \
+             \"prio=10 udp actions=output:vale0:b\"]"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("rules"), "{text}");
 
     let state = |v: &Valed| {
         (
@@ -174,7 +183,7 @@ persistent = true
         "nosuchnic0",
         "port 'vale0:b' learn-limit",
         "switch 'vale1' lookup /nonexistent/libnothing.so",
-        "switch 'vale2' flow rule 'prio=5 bogus=1 actions=drop'",
+        "switch 'vale2' flow state 'prio=5 bogus=1 actions=drop'",
     ] {
         assert!(log.contains(expected), "no report of {expected}:\n{log}");
     }
@@ -421,7 +430,7 @@ fn what_save_writes_valed_reads_up_to_the_byte() {
         1,
         &format!(
             "would be {} bytes, more than the {MAX_CONFIG} bytes valed reads at start \
-             (switch 'vale0' has {n} flow rules): not saved",
+             (switch 'vale0' has {n} lines of flow state): not saved",
             MAX_CONFIG + 1
         ),
     );

@@ -1,13 +1,17 @@
 //! Lookup modules end to end: the vlan module's isolation and tagging, modules built outside
 //! vale (examples/, in C and in Rust) loaded into a running valed, swaps under a counted
-//! stream, results naming no port, and modules that fail to load.
+//! stream, results naming no port, and modules that fail to load; a module's own commands
+//! (the one `lookup_control` request), from the flow module and from shared objects of every
+//! ABI version.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
-use vale_abi::control::LookupInfo;
+use std::os::unix::net::UnixStream;
+
+use vale_abi::control::{self, ErrorKind, FlowTable, LookupInfo, Reply, Request};
 use vale_tests::*;
 
 /// The workspace root.
@@ -267,8 +271,11 @@ CHECK(sizeof(struct vale_arg) == 16);
 CHECK(sizeof(struct vale_counter) == 40);
 CHECK(offsetof(struct vale_lookup_module, name) == 8);
 CHECK(offsetof(struct vale_lookup_module, counters) == 56);
-CHECK(sizeof(struct vale_lookup_module) == 64);
-CHECK(VALE_LOOKUP_ABI_VERSION == 2);
+CHECK(offsetof(struct vale_lookup_module, control) == 64);
+CHECK(offsetof(struct vale_lookup_module, open_ops) == 72);
+CHECK(sizeof(struct vale_lookup_module) == 80);
+CHECK(VALE_LOOKUP_ABI_VERSION == 3);
+CHECK(VALE_CONTROL_OUT_CAP == 1048576);
 CHECK(VALE_DST_FLOOD == 0xffff && VALE_DST_DROP == 0xfffe && VALE_MAX_PORTS == 2048);
 CHECK(VALE_NS_NO_LEARN == 0x0008);
 const struct vale_lookup_module *vale_lookup_module(void) { return 0; }
@@ -493,7 +500,7 @@ fn modules_that_fail_to_load_leave_the_old_one() {
     let cases: Vec<(Vec<String>, &str)> = vec![
         (
             vec![path(&wrong_version)],
-            "is built for lookup ABI version 99; this valed speaks versions 1 to 2",
+            "is built for lookup ABI version 99; this valed speaks versions 1 to 3",
         ),
         (vec![path(&no_symbol)], "has no symbol 'vale_lookup_module'"),
         (vec![path(&refuses)], "refused its configuration: no way"),
@@ -760,7 +767,8 @@ fn flow_rules_from_a_file_send_each_frame_where_they_say() {
     v.ctl_fails(
         &["flow", "vale0", "dump"],
         1,
-        "switch 'vale0' does not use the flow module",
+        "lookup module 'learning' has no command 'dump': it takes no commands; the flow \
+         commands need the flow module",
     );
     v.ctl_fails(&["flow", "vale9", "dump"], 1, "no such switch 'vale9'");
 }
@@ -914,4 +922,308 @@ fn stream_while(v: &Valed, commands: &[Vec<&str>]) -> u32 {
     );
     drop(rx);
     ran.load(Ordering::Relaxed)
+}
+
+const NOBODY: u32 = 65534;
+
+/// Command `op` with `body` of switch `sw`'s lookup module, sent by this process (root, an
+/// administrator) as one request: the module's name and answer, or the refusal's kind and
+/// words.
+fn command(
+    v: &Valed,
+    sw: &str,
+    op: &str,
+    body: &str,
+) -> Result<(String, String), (ErrorKind, String)> {
+    let sock = UnixStream::connect(v.run_dir().join(control::SOCKET_NAME)).expect("connect");
+    let req = Request::LookupControl {
+        switch: sw.into(),
+        command: op.into(),
+        body: body.into(),
+    };
+    match control::exchange(&sock, &req).expect("exchange") {
+        Some((Reply::LookupControl { module, output }, _)) => Ok((module, output)),
+        Some((Reply::Error { kind, message }, _)) => Err((kind, message)),
+        other => panic!("unexpected reply {other:?}"),
+    }
+}
+
+/// The same command sent by user nobody (not an administrator; valed's socket must let it
+/// in): control-flood's report of the one reply.
+fn command_as_nobody(v: &Valed, sw: &str, op: &str, body: &str) -> serde_json::Value {
+    let sock = v.run_dir().join(control::SOCKET_NAME);
+    let json =
+        serde_json::json!({"op": "lookup_control", "switch": sw, "command": op, "body": body})
+            .to_string();
+    let args = [sock.to_str().unwrap(), "ask", "1", "0", &json];
+    report(
+        &run_bounded(&mut v.tool_as(NOBODY, 1024, "control-flood", &args), T),
+        "control-flood",
+    )
+}
+
+fn am_root() -> bool {
+    // SAFETY: no arguments.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The flow module's commands through the one generic request: add, del and dump answer a
+/// `FlowTable`; each refusal has its kind; a module without commands refuses them as
+/// unsupported; reading is anyone's, changing is an administrator's.
+#[test]
+fn flow_commands_go_through_the_one_lookup_request() {
+    let v = Valed::start_with(&["--socket-mode", "666"]);
+    v.ctl_ok(&["create", "vale0:a"]);
+    // The learning bridge takes no commands.
+    let (kind, message) = command(&v, "vale0", "dump", "").unwrap_err();
+    assert_eq!(kind, ErrorKind::Unsupported, "{message}");
+    assert!(
+        message.contains("lookup module 'learning' has no command 'dump'"),
+        "{message}"
+    );
+    let (kind, _) = command(&v, "vale9", "dump", "").unwrap_err();
+    assert_eq!(kind, ErrorKind::NotFound);
+
+    v.ctl_ok(&["lookup", "vale0", "flow"]);
+    let (module, out) = command(
+        &v,
+        "vale0",
+        "add",
+        "prio=5 udp actions=drop\narp actions=flood",
+    )
+    .unwrap();
+    assert_eq!(module, "flow");
+    let added: FlowTable = serde_json::from_str(&out).expect("a FlowTable");
+    assert_eq!(added.rules.iter().map(|r| r.id).collect::<Vec<_>>(), [1, 2]);
+    let (kind, message) = command(&v, "vale0", "add", "udp,bogus=1 actions=drop").unwrap_err();
+    assert_eq!(kind, ErrorKind::InvalidArgument, "{message}");
+    assert!(message.contains("bad rule at line 1"), "{message}");
+    let (kind, message) = command(&v, "vale0", "add", "actions=output:vale1:x").unwrap_err();
+    assert_eq!(kind, ErrorKind::InvalidArgument);
+    assert!(message.contains("is not on switch 'vale0'"), "{message}");
+    let (kind, message) = command(&v, "vale0", "frobnicate", "").unwrap_err();
+    assert_eq!(kind, ErrorKind::Unsupported);
+    assert_eq!(
+        message,
+        "lookup module 'flow' has no command 'frobnicate' (known: add, del, dump)"
+    );
+    let (kind, _) = command(&v, "vale0", "del", "99").unwrap_err();
+    assert_eq!(kind, ErrorKind::NotFound);
+    let (_, out) = command(&v, "vale0", "dump", "").unwrap();
+    let t: FlowTable = serde_json::from_str(&out).unwrap();
+    assert_eq!(t.rules.len(), 2);
+
+    if !am_root() {
+        eprintln!("skipped the part as another user: needs root");
+        return;
+    }
+    let r = command_as_nobody(&v, "vale0", "add", "actions=drop");
+    assert_eq!(r["errors"], 1, "{r}");
+    assert_eq!(r["kind"], "permission_denied", "{r}");
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .contains("needs an administrator"),
+        "{r}"
+    );
+    let r = command_as_nobody(&v, "vale0", "dump", "");
+    assert_eq!(r["answered"], 1, "{r}");
+    let t: FlowTable = serde_json::from_str(r["reply"]["output"].as_str().unwrap()).unwrap();
+    assert_eq!(t.rules.len(), 2, "nobody's add changed nothing");
+}
+
+/// A version 3 module with commands: `echo` (open to anyone) answers its body, `fail`
+/// refuses with its reason, and three hostile answers (a length past its room, bytes that
+/// are not UTF-8, an answer too large) are refused clearly.
+const V3_CONTROL_MODULE: &str = r#"
+#include <errno.h>
+#include <string.h>
+#include "vale_lookup.h"
+static void *create(const struct vale_arg *a, uint32_t n, char *err, size_t len) {
+    (void)a; (void)n; (void)err; (void)len;
+    static int state;
+    return &state;
+}
+static void destroy(void *s) { (void)s; }
+static uint64_t lookup(void *s, struct vale_batch *b) {
+    (void)s;
+    for (uint32_t i = 0; i < b->count; i++) b->frames[i].dst = VALE_DST_FLOOD;
+    return 0;
+}
+static char restored[256];
+static size_t restored_len;
+static int control(void *s, const char *op, const char *body, size_t body_len, char *out,
+                   size_t cap, size_t *out_len) {
+    (void)s;
+    if (strcmp(op, "echo") == 0) {
+        if (body_len + 5 > cap) return ERANGE;
+        memcpy(out, "echo ", 5);
+        memcpy(out + 5, body, body_len);
+        *out_len = body_len + 5;
+        return 0;
+    }
+    if (strcmp(op, "fail") == 0) {
+        const char *why = "no fail today";
+        memcpy(out, why, strlen(why));
+        *out_len = strlen(why);
+        return EINVAL;
+    }
+    if (strcmp(op, "overlong") == 0) { out[0] = 'x'; *out_len = cap + 4096; return 0; }
+    if (strcmp(op, "latin1") == 0) { out[0] = (char)0xe9; *out_len = 1; return 0; }
+    if (strcmp(op, "huge") == 0) return ERANGE;
+    /* What valed keeps in its configuration, and what it gave back at its start. */
+    if (strcmp(op, VALE_OP_SAVE) == 0) {
+        const char *lines = "line one\nline two";
+        memcpy(out, lines, strlen(lines));
+        *out_len = strlen(lines);
+        return 0;
+    }
+    if (strcmp(op, VALE_OP_RESTORE) == 0) {
+        if (body_len >= sizeof restored) return ERANGE;
+        memcpy(restored, body, body_len);
+        restored_len = body_len;
+        return 0;
+    }
+    if (strcmp(op, "restored") == 0) {
+        memcpy(out, restored, restored_len);
+        *out_len = restored_len;
+        return 0;
+    }
+    return EOPNOTSUPP;
+}
+static const char *const open_ops[] = {"echo", NULL};
+static const struct vale_lookup_module m = {
+    .abi_version = VALE_LOOKUP_ABI_VERSION, .name = "v3", .create = create,
+    .destroy = destroy, .lookup = lookup, .control = control, .open_ops = open_ops,
+};
+const struct vale_lookup_module *vale_lookup_module(void) { return &m; }
+"#;
+
+#[test]
+fn a_v3_module_answers_its_commands_and_hostile_answers_are_refused() {
+    let dir = TempDir::new("modules");
+    let cfg = dir.0.join("valed.toml");
+    let args = ["--socket-mode", "666", "--config", cfg.to_str().unwrap()];
+    let mut v = Valed::start_with(&args);
+    v.ctl_ok(&["create", "vale0:a"]);
+    let so = c_module(&dir.0, "libv3.so", V3_CONTROL_MODULE);
+    v.ctl_ok(&["lookup", "vale0", so.to_str().unwrap()]);
+    assert_eq!(
+        command(&v, "vale0", "echo", "hello\nworld"),
+        Ok(("v3".to_string(), "echo hello\nworld".to_string()))
+    );
+    let cases = [
+        (
+            "fail",
+            ErrorKind::InvalidArgument,
+            "lookup module 'v3' refused 'fail': no fail today",
+        ),
+        (
+            "overlong",
+            ErrorKind::Io,
+            "out_len 1052672, more than the 1048576 bytes of room",
+        ),
+        ("latin1", ErrorKind::Io, "with text that is not UTF-8"),
+        (
+            "huge",
+            ErrorKind::LimitReached,
+            "its answer may be at most 1048576 bytes",
+        ),
+        (
+            "nosuch",
+            ErrorKind::Unsupported,
+            "lookup module 'v3' has no command 'nosuch'",
+        ),
+        (
+            "vale.save",
+            ErrorKind::InvalidArgument,
+            "'vale.save' is reserved",
+        ),
+    ];
+    for (op, kind, words) in cases {
+        let (k, message) = command(&v, "vale0", op, "").unwrap_err();
+        assert_eq!(k, kind, "{op}: {message}");
+        assert!(message.contains(words), "{op}: {message}");
+    }
+    // vale-ctl's generic command prints the answer as it is; `-` reads the body from stdin.
+    assert_eq!(
+        v.ctl_ok(&["module", "vale0", "echo", "hi there"]),
+        "echo hi there\n"
+    );
+    let mut ctl = tool("vale-ctl", v.run_dir(), &["module", "vale0", "echo", "-"]);
+    let mut kid = ctl
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("vale-ctl");
+    use std::io::Write as _;
+    kid.stdin
+        .take()
+        .unwrap()
+        .write_all(b"from\nstdin\n")
+        .unwrap();
+    let out = kid.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "echo from\nstdin\n");
+    let j: serde_json::Value =
+        serde_json::from_str(&v.ctl_ok(&["--json", "module", "vale0", "echo", "x"])).unwrap();
+    assert_eq!(j, serde_json::json!({"module": "v3", "output": "echo x"}));
+    v.ctl_fails(
+        &["module", "vale0", "fail"],
+        1,
+        "refused 'fail': no fail today",
+    );
+    // valed lives, and the module still forwards.
+    let (a, b) = v.open_ab();
+    let f = test_frame(60, MAC_A, MAC_B, 1);
+    assert_eq!(deliver(&a, &f, &[&b]), vec![vec![f]]);
+    if !am_root() {
+        eprintln!("skipped the part as another user: needs root");
+        return;
+    }
+    // `echo` is open to anyone, `fail` is an administrator's.
+    let r = command_as_nobody(&v, "vale0", "echo", "hi");
+    assert_eq!(r["reply"]["output"], "echo hi", "{r}");
+    let r = command_as_nobody(&v, "vale0", "fail", "");
+    assert_eq!(r["kind"], "permission_denied", "{r}");
+    // What the module saves (vale.save) is kept in valed's configuration and handed back
+    // (vale.restore) at the next start.
+    assert_eq!(command(&v, "vale0", "restored", "").unwrap().1, "");
+    v.ctl_ok(&["save"]);
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(
+        text.contains(r#"state = ["line one", "line two"]"#),
+        "{text}"
+    );
+    drop((a, b));
+    v.restart_with(&args);
+    assert_eq!(
+        command(&v, "vale0", "restored", "").unwrap().1,
+        "line one\nline two"
+    );
+}
+
+/// Modules of versions 1 and 2 (whose struct ends before `control`) still load, forward, and
+/// take no commands.
+#[test]
+fn older_modules_load_and_take_no_commands() {
+    let v = Valed::start();
+    let dir = TempDir::new("modules");
+    let (a, b) = v.open_ab();
+    for version in ["1", "2"] {
+        // Every frame to port index 1 (b), on the ring the switch chooses.
+        let code = V1_RING_MODULE
+            .replace(" b->frames[i].ring = 1;", "")
+            .replace(".abi_version = 1", &format!(".abi_version = {version}"));
+        let so = c_module(&dir.0, &format!("libv{version}.so"), &code);
+        v.ctl_ok(&["lookup", "vale0", so.to_str().unwrap()]);
+        let (kind, message) = command(&v, "vale0", "dump", "").unwrap_err();
+        assert_eq!(kind, ErrorKind::Unsupported, "version {version}: {message}");
+        assert!(
+            message.contains("lookup module 'v1_ring' has no command 'dump': it takes no commands"),
+            "{message}"
+        );
+        let f = test_frame(60, MAC_A, MAC_B, 1);
+        assert_eq!(deliver(&a, &f, &[&b]), vec![vec![f]], "version {version}");
+    }
 }

@@ -1,5 +1,6 @@
 //! valed's configuration file (`valed --config FILE`): the switches, persistent ports, device
-//! attachments (TAP, NIC, vhost-user), lookup modules with their arguments and flow rules, and
+//! attachments (TAP, NIC, vhost-user), lookup modules with their arguments and saved state
+//! (the flow module's rules, say: whatever the module's `save` gives, as lines), and
 //! the switch and port knobs that valed applies at start, and that `vale-ctl save` writes from
 //! the running state.
 //!
@@ -30,6 +31,39 @@ use std::sync::{Arc, Mutex};
 use serde::{Deserialize, Serialize};
 use vale_abi::control::ModuleArg;
 use vale_switch::{Caller, Engine, Error};
+
+/// Why a configuration file was refused as a whole: the words name the file and what is
+/// wrong; the variant is the kind of failure.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// It could not be opened or read.
+    #[error("{0}")]
+    Io(String),
+    /// Someone other than root or an administrator could have written it, or it is a link
+    /// or not a regular file: valed does not trust it.
+    #[error("{0}")]
+    Untrusted(String),
+    /// It is larger than [`MAX_CONFIG`].
+    #[error("{0}")]
+    TooLarge(String),
+    /// It does not parse: the words name the line.
+    #[error("{0}")]
+    Syntax(String),
+    /// A path that names no file; a configuration that cannot be written as TOML.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl From<ConfigError> for Error {
+    fn from(e: ConfigError) -> Error {
+        match e {
+            ConfigError::Io(m) => Error::io(m),
+            ConfigError::Untrusted(m) => Error::denied(m),
+            ConfigError::TooLarge(m) => Error::limit(m),
+            ConfigError::Syntax(m) | ConfigError::Invalid(m) => Error::invalid(m),
+        }
+    }
+}
 
 /// Largest configuration file valed reads, and so the largest `vale-ctl save` writes: room
 /// for a large flow table (about 108000 rules that match two MAC addresses, two IPv4
@@ -70,8 +104,13 @@ pub struct LookupConf {
     /// `key=value`, in order, as `vale-ctl lookup valeX MODULE --arg key=value` gives them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
-    /// `flow` module: its rules, one a string, in the grammar of `vale-ctl flow valeX add`.
+    /// What the module keeps across a restart, as lines its `save` gave and its `restore`
+    /// takes back (the `flow` module: its rules, in the grammar of `vale-ctl flow valeX add`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub state: Vec<String>,
+    /// The name a file of an older valed gave the flow module's rules: [`parse`] moves them
+    /// into `state`; never written.
+    #[serde(default, skip_serializing)]
     pub rules: Vec<String>,
 }
 
@@ -132,7 +171,7 @@ impl Attachments {
 }
 
 /// Reads and parses `path`; `Ok(None)` if it does not exist (nothing saved yet).
-pub fn load(path: &Path, admin_gid: Option<u32>) -> Result<Option<Config>, String> {
+pub fn load(path: &Path, admin_gid: Option<u32>) -> Result<Option<Config>, ConfigError> {
     let shown = path.display();
     let file = match OpenOptions::new()
         .read(true)
@@ -142,42 +181,48 @@ pub fn load(path: &Path, admin_gid: Option<u32>) -> Result<Option<Config>, Strin
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) if e.raw_os_error() == Some(libc::ELOOP) => {
-            return Err(format!(
+            return Err(ConfigError::Untrusted(format!(
                 "configuration {shown} is a symbolic link: name the file itself"
-            ))
+            )))
         }
-        Err(e) => return Err(format!("cannot open configuration {shown}: {e}")),
+        Err(e) => {
+            return Err(ConfigError::Io(format!(
+                "cannot open configuration {shown}: {e}"
+            )))
+        }
     };
     let meta = file
         .metadata()
-        .map_err(|e| format!("cannot read configuration {shown}: {e}"))?;
+        .map_err(|e| ConfigError::Io(format!("cannot read configuration {shown}: {e}")))?;
     if !meta.is_file() {
-        return Err(format!("configuration {shown} is not a regular file"));
+        return Err(ConfigError::Untrusted(format!(
+            "configuration {shown} is not a regular file"
+        )));
     }
     check_trusted(path, &meta, admin_gid)?;
     if meta.len() > MAX_CONFIG {
-        return Err(format!(
+        return Err(ConfigError::TooLarge(format!(
             "configuration {shown} is {} bytes, more than the {MAX_CONFIG} bytes valed reads",
             meta.len()
-        ));
+        )));
     }
     let mut text = String::new();
     file.take(MAX_CONFIG + 1)
         .read_to_string(&mut text)
-        .map_err(|e| format!("cannot read configuration {shown}: {e}"))?;
+        .map_err(|e| ConfigError::Io(format!("cannot read configuration {shown}: {e}")))?;
     if text.len() as u64 > MAX_CONFIG {
-        return Err(format!(
+        return Err(ConfigError::TooLarge(format!(
             "configuration {shown} is more than the {MAX_CONFIG} bytes valed reads"
-        ));
+        )));
     }
     parse(&text)
         .map(Some)
-        .map_err(|e| format!("configuration {shown}: {e}"))
+        .map_err(|e| ConfigError::Syntax(format!("configuration {shown}: {e}")))
 }
 
 /// Parses the text of a configuration; the error names the line and column.
-pub fn parse(text: &str) -> Result<Config, String> {
-    toml::from_str::<Config>(text).map_err(|e| {
+pub fn parse(text: &str) -> Result<Config, ConfigError> {
+    let mut cfg = toml::from_str::<Config>(text).map_err(|e| {
         let at = e
             .span()
             .map(|s| {
@@ -185,8 +230,17 @@ pub fn parse(text: &str) -> Result<Config, String> {
                 format!("line {line}: ")
             })
             .unwrap_or_default();
-        format!("{at}{}", e.message())
-    })
+        ConfigError::Syntax(format!("{at}{}", e.message()))
+    })?;
+    // An older file's `rules` are the state its module saved, before any `state` lines.
+    for l in cfg.switches.iter_mut().filter_map(|s| s.lookup.as_mut()) {
+        if !l.rules.is_empty() {
+            let mut state = std::mem::take(&mut l.rules);
+            state.append(&mut l.state);
+            l.state = state;
+        }
+    }
+    Ok(cfg)
 }
 
 /// Refuses a file that someone other than root or an administrator could have written: it
@@ -195,35 +249,35 @@ fn check_trusted(
     path: &Path,
     meta: &std::fs::Metadata,
     admin_gid: Option<u32>,
-) -> Result<(), String> {
+) -> Result<(), ConfigError> {
     let shown = path.display();
     // SAFETY: plain syscall without arguments.
     let me = unsafe { libc::geteuid() };
     if meta.uid() != 0 && meta.uid() != me {
-        return Err(format!(
+        return Err(ConfigError::Untrusted(format!(
             "configuration {shown} belongs to uid {}: only root or valed's own user may own it \
              (it may name shared objects valed loads)",
             meta.uid()
-        ));
+        )));
     }
     let mode = meta.permissions().mode();
     let group_ok = meta.gid() == 0 || Some(meta.gid()) == admin_gid;
     if mode & 0o002 != 0 || (mode & 0o020 != 0 && !group_ok) {
-        return Err(format!(
+        return Err(ConfigError::Untrusted(format!(
             "configuration {shown} is writable by others (mode {:o}): valed refuses it, as it \
              may name shared objects valed loads; chmod go-w {shown}",
             mode & 0o7777
-        ));
+        )));
     }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         if let Ok(d) = std::fs::metadata(dir) {
             let m = d.permissions().mode();
             if m & 0o002 != 0 && m & 0o1000 == 0 {
-                return Err(format!(
+                return Err(ConfigError::Untrusted(format!(
                     "configuration {shown} is in {}, a directory everyone may write: anyone \
                      could replace the file",
                     dir.display()
-                ));
+                )));
             }
         }
     }
@@ -328,13 +382,17 @@ pub fn apply(engine: &Arc<Engine>, cfg: &Config, attachments: &Attachments) -> V
                 );
                 continue;
             }
-            // All at once (one rebuild of the table); if one is bad, one at a time, so that
-            // the bad ones are reported and the others stay.
-            if !l.rules.is_empty() && engine.flow_add(&sw.name, &l.rules.join("\n"), &me).is_err() {
-                for r in &l.rules {
-                    if let Err(why) = engine.flow_add(&sw.name, r, &me) {
+            // The module's saved state (the flow module's rules), all at once (one rebuild of
+            // a flow table); if that fails, a line at a time, so that the bad lines are
+            // reported and the others stay.
+            let state = &l.state;
+            if !state.is_empty() && engine.lookup_restore(&sw.name, state, &me).is_err() {
+                for line in state {
+                    if let Err(why) =
+                        engine.lookup_restore(&sw.name, std::slice::from_ref(line), &me)
+                    {
                         report(
-                            format!("switch '{}' flow rule '{r}'", sw.name),
+                            format!("switch '{}' {} state '{line}'", sw.name, l.module),
                             why.to_string(),
                         );
                     }
@@ -353,11 +411,11 @@ fn attach(
     att: &BTreeMap<String, String>,
     caller: &Caller,
     attachments: &Attachments,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let mut args = att.clone();
     let kind = args.remove("kind").ok_or_else(|| {
         let known: Vec<&str> = vale_switch::host::KINDS.iter().map(|k| k.name).collect();
-        format!("attach has no 'kind' ({})", known.join(", "))
+        Error::invalid(format!("attach has no 'kind' ({})", known.join(", ")))
     })?;
     engine.restore_host(name, &kind, &args, caller)?;
     attachments.record(name, &kind, &args);
@@ -365,7 +423,7 @@ fn attach(
 }
 
 /// The running state as a configuration: every switch with its batch and lookup module (its
-/// arguments, and its rules if it is `flow`), and its persistent and device ports with their
+/// arguments and its saved state), and its persistent and device ports with their
 /// knobs. Ports a client opened and holds are the client's: they are not saved.
 pub fn snapshot(engine: &Engine, attachments: &Attachments) -> Config {
     let mut cfg = Config::default();
@@ -383,48 +441,17 @@ pub fn snapshot(engine: &Engine, attachments: &Attachments) -> Config {
             batch: Some(sw.batch),
             ..Default::default()
         };
-        if let Ok(info) = engine.lookup_info(&sw.name) {
-            let module = if info.source == "built-in" {
-                info.module.clone()
-            } else {
-                info.source.clone()
-            };
-            let args: Vec<String> = info
-                .args
-                .iter()
-                .filter(|a| a.key != "rules")
-                .map(|a| format!("{}={}", a.key, a.value))
-                .collect();
-            let rules = if info.module == "flow" {
-                engine
-                    .flow_dump(&sw.name)
-                    .map(|mut t| {
-                        // Added again in the order they were added first, so that they get
-                        // the same order among equal priorities (and, with no deletions, the
-                        // same ids).
-                        t.rules.sort_by_key(|r| r.id);
-                        t.rules
-                            .iter()
-                            .map(|r| {
-                                let m = if r.matches.is_empty() {
-                                    String::new()
-                                } else {
-                                    format!("{} ", r.matches)
-                                };
-                                format!("prio={} {m}actions={}", r.priority, r.actions)
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default()
-            } else {
-                Vec::new()
-            };
-            let default = module == "learning" && args.is_empty();
+        if let Ok(saved) = engine.lookup_saved(&sw.name) {
+            let args: Vec<String> = saved.args.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            let default = saved.spec == vale_switch::lookup::MODULES[0].0
+                && args.is_empty()
+                && saved.state.is_empty();
             if !default {
                 conf.lookup = Some(LookupConf {
-                    module,
+                    module: saved.spec,
                     args,
-                    rules,
+                    state: saved.state,
+                    rules: Vec::new(),
                 });
             }
         }
@@ -461,8 +488,9 @@ pub fn snapshot(engine: &Engine, attachments: &Attachments) -> Config {
 }
 
 /// The text of `cfg` as a file, with a header saying what it is.
-pub fn render(cfg: &Config) -> Result<String, String> {
-    let body = toml::to_string(cfg).map_err(|e| format!("cannot write the configuration: {e}"))?;
+pub fn render(cfg: &Config) -> Result<String, ConfigError> {
+    let body = toml::to_string(cfg)
+        .map_err(|e| ConfigError::Invalid(format!("cannot write the configuration: {e}")))?;
     Ok(format!(
         "# vale configuration, read by valed --config at start; see valed(8).\n\
          # Written by 'vale-ctl save'; you may edit it (then: systemctl restart valed).\n\n{body}"
@@ -474,16 +502,20 @@ pub fn render(cfg: &Config) -> Result<String, String> {
 /// [`MAX_CONFIG`], which valed would refuse at its next start, is not written: the old file
 /// stays as it was.
 pub fn save(path: &Path, cfg: &Config) -> Result<(), Error> {
-    let text = render(cfg).map_err(Error::io)?;
+    let text = render(cfg)?;
     let shown = path.display();
     if text.len() as u64 > MAX_CONFIG {
         let rules = cfg
             .switches
             .iter()
-            .filter_map(|s| s.lookup.as_ref().map(|l| (l.rules.len(), &s.name)))
+            .filter_map(|s| {
+                s.lookup
+                    .as_ref()
+                    .map(|l| (l.state.len(), &s.name, &l.module))
+            })
             .max()
-            .filter(|(n, _)| *n > 0)
-            .map(|(n, sw)| format!(" (switch '{sw}' has {n} flow rules)"))
+            .filter(|(n, _, _)| *n > 0)
+            .map(|(n, sw, m)| format!(" (switch '{sw}' has {n} lines of {m} state)"))
             .unwrap_or_default();
         return Err(Error::limit(format!(
             "the configuration would be {} bytes, more than the {MAX_CONFIG} bytes valed reads \
@@ -491,7 +523,7 @@ pub fn save(path: &Path, cfg: &Config) -> Result<(), Error> {
             text.len()
         )));
     }
-    let (dir, prefix) = temporaries(path).map_err(Error::invalid)?;
+    let (dir, prefix) = temporaries(path)?;
     let tmp = dir.join(format!("{prefix}{}", std::process::id()));
     let _ = std::fs::remove_file(&tmp);
     let write = || -> std::io::Result<()> {
@@ -518,14 +550,17 @@ pub fn save(path: &Path, cfg: &Config) -> Result<(), Error> {
 
 /// Where [`save`] writes before renaming: the directory of `path`, and the name of its
 /// temporary files less the saving valed's pid (`.NAME.tmp`).
-fn temporaries(path: &Path) -> Result<(PathBuf, String), String> {
+fn temporaries(path: &Path) -> Result<(PathBuf, String), ConfigError> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let file_name = path
-        .file_name()
-        .ok_or_else(|| format!("configuration path {} names no file", path.display()))?;
+    let file_name = path.file_name().ok_or_else(|| {
+        ConfigError::Invalid(format!(
+            "configuration path {} names no file",
+            path.display()
+        ))
+    })?;
     Ok((dir, format!(".{}.tmp", file_name.to_string_lossy())))
 }
 
@@ -578,16 +613,24 @@ mod tests {
     #[test]
     fn round_trip_and_errors_name_lines() {
         let text = "[[switch]]\nname = \"vale0\"\nbatch = 64\n[switch.lookup]\nmodule = \"flow\"\n\
-                    args = [\"default=drop\"]\nrules = [\"prio=10 actions=normal\"]\n\
+                    args = [\"default=drop\"]\nstate = [\"prio=10 actions=normal\"]\n\
                     [[switch.port]]\nname = \"a\"\npersistent = true\nattach = { kind = \"tap\", name = \"t0\" }\n";
         let cfg = parse(text).unwrap();
         assert_eq!(cfg.switches[0].ports[0].name, "a");
         assert_eq!(parse(&render(&cfg).unwrap()).unwrap(), cfg);
-        let e = parse("[[switch]]\nname = \"vale0\"\nbatch = \"x\"\n").unwrap_err();
+        // An older file's flow rules are the module's saved state, written back as such.
+        let old = parse(&text.replace("state = ", "rules = ")).unwrap();
+        assert_eq!(old, cfg);
+        assert!(!render(&old).unwrap().contains("rules"));
+        let e = parse("[[switch]]\nname = \"vale0\"\nbatch = \"x\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("line 3:"), "{e}");
-        let e = parse("[[switch]]\nname = \"vale0\"\nbogus = 1\n").unwrap_err();
+        let e = parse("[[switch]]\nname = \"vale0\"\nbogus = 1\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("line 3:") && e.contains("bogus"), "{e}");
-        let e = parse("[[switch]\n").unwrap_err();
+        let e = parse("[[switch]\n").unwrap_err().to_string();
         assert!(e.starts_with("line 1:"), "{e}");
     }
 }

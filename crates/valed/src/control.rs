@@ -12,8 +12,10 @@
 //! not read add up to [`USER_REPLY_BYTES`] or more, that user's next requests are answered
 //! with an error instead of a reply, so a user who asks on every connection and never reads
 //! holds at most that much and one more reply. No reply is large or slow to build for a
-//! user: a flow table is dumped a page of [`FLOW_DUMP_PAGE`] rules at a time, each page taken
-//! in one pass over the table, never the whole table at once.
+//! user: a lookup module's commands answer at most `vale_switch::lookup::MAX_CONTROL_OUTPUT`
+//! bytes, and a reading command open to anyone answers a page (the flow module dumps a page
+//! of [`vale_abi::control::FLOW_DUMP_PAGE`] rules at a time, each page taken in one pass over
+//! the table, never the whole table at once).
 //!
 //! A connection that opened ports owns them: when it ends, however the client ended, its ports
 //! are freed.
@@ -25,7 +27,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::Arc;
 
-use vale_abi::control::{self, Reply, Request, FLOW_DUMP_PAGE, MAX_ADMIN_REQUEST, MAX_REQUEST};
+use vale_abi::control::{self, Reply, Request, MAX_ADMIN_REQUEST, MAX_REQUEST};
 use vale_abi::region::VALE_ABI_VERSION;
 use vale_switch::Port;
 use vale_switch::{epoll, Caller, Engine, Error, ErrorKind};
@@ -399,7 +401,8 @@ impl Conn {
                 4 - self.input.len()
             } else {
                 let len = u32::from_le_bytes(self.input[..4].try_into().expect("4 bytes")) as usize;
-                // Rules of a flow table are large, and only administrators send them.
+                // A lookup module's state (the rules of a flow table) is large, and only
+                // administrators send it.
                 let limit = if self.caller.admin {
                     MAX_ADMIN_REQUEST
                 } else {
@@ -496,25 +499,6 @@ pub(crate) fn refused(e: Error) -> Reply {
     }
 }
 
-fn flows(r: Result<vale_abi::control::FlowTable, Error>) -> Reply {
-    match r {
-        Ok(flows) => Reply::Flows { flows },
-        Err(e) => refused(e),
-    }
-}
-
-/// A flow dump: the page after `after`, or the whole table if it fits in one page.
-fn flow_dump(engine: &Engine, switch: &str, after: Option<u64>) -> Reply {
-    match engine.flow_dump_page(switch, after.unwrap_or(0), FLOW_DUMP_PAGE) {
-        Ok(t) if after.is_none() && t.next.is_some() => refused(Error::limit(format!(
-            "the flow table of switch '{switch}' has more than the {FLOW_DUMP_PAGE} rules \
-             one reply carries: ask for it page by page ('after', as vale-ctl flow \
-             {switch} dump does)"
-        ))),
-        r => flows(r),
-    }
-}
-
 /// Carries out one request for `caller`; the reply, and the port whose descriptors go with it.
 fn handle(engine: &Engine, caller: &Caller, req: Request) -> (Reply, Option<Arc<Port>>) {
     let done = |r: Result<(), Error>| match r {
@@ -574,9 +558,14 @@ fn handle(engine: &Engine, caller: &Caller, req: Request) -> (Reply, Option<Arc<
             Ok(lookup) => Reply::Lookup { lookup },
             Err(e) => refused(e),
         },
-        Request::FlowAdd { switch, rules } => flows(engine.flow_add(&switch, &rules, caller)),
-        Request::FlowDel { switch, selector } => flows(engine.flow_del(&switch, &selector, caller)),
-        Request::FlowDump { switch, after } => flow_dump(engine, &switch, after),
+        Request::LookupControl {
+            switch,
+            command,
+            body,
+        } => match engine.lookup_control(&switch, &command, &body, caller) {
+            Ok((module, output)) => Reply::LookupControl { module, output },
+            Err(e) => refused(e),
+        },
         Request::Save => crate::persist::save_request(engine, caller),
         Request::Capture { .. } => refused(Error::new(
             ErrorKind::Unsupported,

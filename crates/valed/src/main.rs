@@ -44,8 +44,9 @@ that belongs to another user (root's is fine), or that its group or everyone may
 write unless it is sticky (as /tmp is). A missing one is created with mode 0755.\n  \
 valed.lock is never followed through a symbolic link.\n  \
 --config FILE   TOML, applied at start, written by 'vale-ctl save': a [[switch]] table per\n  \
-switch (name, batch, [switch.lookup] with module, args = [\"key=value\", ...] and, for flow,\n  \
-rules = [\"RULE\", ...]) and a [[switch.port]] table per port that survives a restart (name,\n  \
+switch (name, batch, [switch.lookup] with module, args = [\"key=value\", ...] and the\n  \
+module's saved state = [\"LINE\", ...], for flow its rules; an older file's rules = [...]\n  \
+is read as state) and a [[switch.port]] table per port that survives a restart (name,\n  \
 persistent, owner_uid, moderation_us, learn_limit, and attach = { kind = \"tap\", name = ...,\n  \
 persist = \"yes\", netns = NS } or { kind = \"nic\", iface = ..., mode|bound = ... } or\n  \
 { kind = \"vhost-user\", path = ..., client = \"yes\", queues = N }). A TAP is adopted by\n  \
@@ -109,8 +110,8 @@ struct Args {
     #[arg(long, value_name = "ADDR:PORT")]
     metrics: Option<std::net::SocketAddr>,
     /// Configuration file: applied at start, before the control socket listens, and written
-    /// by 'vale-ctl save'. TOML: switches with their batch, lookup module (arguments and flow
-    /// rules) and ports (persistent ones, TAP/NIC/vhost-user attachments, knobs); see FILES.
+    /// by 'vale-ctl save'. TOML: switches with their batch, lookup module (arguments and saved
+    /// state, such as flow rules) and ports (persistent ones, TAP/NIC/vhost-user attachments, knobs); see FILES.
     /// A missing file is an empty configuration; a file that does not parse, is larger than
     /// 16 MiB, or that others than root or valed's user may write is refused and valed exits
     #[arg(long, value_name = "FILE")]

@@ -11,9 +11,7 @@ use std::sync::atomic::{
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use vale_abi::control::{
-    FlowRule, FlowTable, LookupInfo, ModuleArg, ModuleCounter, PortInfo, SwitchInfo, WorkerInfo,
-};
+use vale_abi::control::{LookupInfo, ModuleArg, ModuleCounter, PortInfo, SwitchInfo, WorkerInfo};
 use vale_abi::name::{parse_port, parse_switch};
 use vale_abi::region::{Layout, PortParams};
 
@@ -27,6 +25,7 @@ use crate::switch::{Installed, Switch, DEFAULT_BATCH, MAX_PORTS};
 use crate::worker::{Cmd, Worker, WorkerStats};
 
 mod modules;
+pub use modules::SavedLookup;
 
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -558,7 +557,7 @@ impl Engine {
             match knob {
                 "batch" => Ok(sw.set_batch(number(u32::MAX as u64)? as u32)?),
                 "lookup" => {
-                    sw.set_lookup(Installed::make(value, Vec::new())?);
+                    sw.set_lookup(Installed::make(sw_name, value, Vec::new())?);
                     Ok(())
                 }
                 _ => Err(Error::invalid(format!(

@@ -1,5 +1,6 @@
-//! The engine's calls on a switch's lookup module: installing one, what it shows, and the
-//! flow module's rule changes and dumps.
+//! The engine's calls on a switch's lookup module: installing one, what it shows, its own
+//! commands, and what valed's configuration keeps of it. Nothing here knows any module: a
+//! module's commands and state are text the module alone reads.
 
 use super::*;
 
@@ -21,69 +22,75 @@ impl Engine {
             .iter()
             .map(|a| (a.key.clone(), a.value.clone()))
             .collect();
-        let mut new = Installed::make(module, args)?;
-        if let Some(flow) = as_flow(&new) {
-            on_switch(switch, &flow.port_names())?;
-            // The rules live in the table now (`vale-ctl flow dump`): keep a line, not the text.
-            let n = flow.len();
-            for (_, v) in new.args.iter_mut().filter(|(k, _)| k == "rules") {
-                *v = format!("({n} rules at load; see vale-ctl flow dump)");
-            }
-        }
+        let new = Installed::make(switch, module, args)?;
         tracing::info!(switch, module, args = ?new.args, "lookup module set");
         sw.set_lookup(new);
         Ok(lookup_info(sw))
     }
 
-    /// Adds the rules of `text` (one a line) to the flow table of switch `switch`: all or
-    /// none. An administrator's, as choosing the module is.
-    pub fn flow_add(&self, switch: &str, text: &str, caller: &Caller) -> Result<FlowTable, Error> {
-        let sws = self.lock();
-        let sw = existing_switch(&sws, switch)?;
-        caller.must_be_admin(&format!("changing the flow rules of switch '{switch}'"))?;
-        let m = sw.lookup();
-        let flow = as_flow(&m).ok_or_else(|| not_flow(switch, &m))?;
-        let rules = flow.add(text, |names| on_switch(switch, names))?;
-        tracing::info!(switch, rules = rules.len(), "flow rules added");
-        Ok(flow_table(switch, flow, rules))
-    }
-
-    /// Deletes the rules `selector` names (an id, or a match) from switch `switch`'s table.
-    pub fn flow_del(
+    /// The lookup module's own command `op` with `body` on switch `switch` (see
+    /// [`lookup::Lookup::control`]): its answer, and the module's name. An administrator's,
+    /// unless the module opens `op` to anyone ([`lookup::Lookup::open_op`]). An answer
+    /// longer than [`lookup::MAX_CONTROL_OUTPUT`] is an error.
+    pub fn lookup_control(
         &self,
         switch: &str,
-        selector: &str,
+        op: &str,
+        body: &str,
         caller: &Caller,
-    ) -> Result<FlowTable, Error> {
+    ) -> Result<(String, String), Error> {
         let sws = self.lock();
         let sw = existing_switch(&sws, switch)?;
-        caller.must_be_admin(&format!("changing the flow rules of switch '{switch}'"))?;
         let m = sw.lookup();
-        let flow = as_flow(&m).ok_or_else(|| not_flow(switch, &m))?;
-        let rules = flow.del(selector)?;
-        tracing::info!(switch, rules = rules.len(), "flow rules deleted");
-        Ok(flow_table(switch, flow, rules))
+        if !m.open_op(op) {
+            caller.must_be_admin(&format!(
+                "command '{op}' of lookup module '{}' of switch '{switch}'",
+                m.name()
+            ))?;
+        }
+        let output = m.control(lookup::ControlCtx { switch }, op, body)?;
+        if output.len() > lookup::MAX_CONTROL_OUTPUT {
+            return Err(Error::limit(format!(
+                "lookup module '{}' answered '{op}' with {} bytes, more than the {} a reply \
+                 carries",
+                m.name(),
+                output.len(),
+                lookup::MAX_CONTROL_OUTPUT
+            )));
+        }
+        Ok((m.name().to_string(), output))
     }
 
-    /// Every rule of switch `switch`'s flow table, with hit counters. Open to anyone, as
-    /// `lookup_info` is.
-    pub fn flow_dump(&self, switch: &str) -> Result<FlowTable, Error> {
+    /// What valed's configuration keeps of switch `switch`'s lookup module: its spec (a
+    /// built-in name or a shared object's path), the arguments it saves
+    /// ([`lookup::KeptArg::saved`]) and its state ([`lookup::Lookup::save`]).
+    pub fn lookup_saved(&self, switch: &str) -> Result<SavedLookup, Error> {
         let sws = self.lock();
-        let sw = existing_switch(&sws, switch)?;
-        let m = sw.lookup();
-        let flow = as_flow(&m).ok_or_else(|| not_flow(switch, &m))?;
-        Ok(flow.dump(switch))
+        let m = existing_switch(&sws, switch)?.lookup();
+        Ok(SavedLookup {
+            spec: m.spec.clone(),
+            args: m
+                .args
+                .iter()
+                .filter(|a| a.saved)
+                .map(|a| (a.key.clone(), a.value.clone()))
+                .collect(),
+            state: m.save(),
+        })
     }
 
-    /// A page of switch `switch`'s flow table ([`lookup::flow::Flow::dump_page`]): what a
-    /// client's dump asks for, so that no reply and no pass under the lock is larger than a
-    /// page. Open to anyone, as `flow_dump` is.
-    pub fn flow_dump_page(&self, switch: &str, after: u64, max: usize) -> Result<FlowTable, Error> {
+    /// Hands the module of switch `switch` the `lines` its [`lookup::Lookup::save`] gave at
+    /// the last save (valed's start): all or none. An administrator's.
+    pub fn lookup_restore(
+        &self,
+        switch: &str,
+        lines: &[String],
+        caller: &Caller,
+    ) -> Result<(), Error> {
         let sws = self.lock();
         let sw = existing_switch(&sws, switch)?;
-        let m = sw.lookup();
-        let flow = as_flow(&m).ok_or_else(|| not_flow(switch, &m))?;
-        Ok(flow.dump_page(switch, after, max))
+        caller.must_be_admin(&format!("restoring the lookup module of switch '{switch}'"))?;
+        Ok(sw.lookup().restore(lookup::ControlCtx { switch }, lines)?)
     }
 
     /// The lookup module of switch `switch`.
@@ -93,39 +100,12 @@ impl Engine {
     }
 }
 
-/// The module as the `flow` module, if it is one.
-pub(super) fn as_flow(m: &Installed) -> Option<&lookup::flow::Flow> {
-    m.as_any()?.downcast_ref::<lookup::flow::Flow>()
-}
-
-pub(super) fn not_flow(switch: &str, m: &Installed) -> String {
-    format!(
-        "switch '{switch}' does not use the flow module (it uses '{}'): choose it first with \
-         'vale-ctl lookup {switch} flow'",
-        m.name()
-    )
-}
-
-/// Refuses a rule set naming a port of another switch: it could never match or be sent to.
-pub(super) fn on_switch(switch: &str, names: &[String]) -> Result<(), String> {
-    for n in names {
-        if parse_port(n).map_err(|e| e.to_string())?.0 != switch {
-            return Err(format!("port '{n}' is not on switch '{switch}'"));
-        }
-    }
-    Ok(())
-}
-
-/// `rules` of switch `switch`'s flow table, with the table's default and misses.
-pub(super) fn flow_table(
-    switch: &str,
-    flow: &lookup::flow::Flow,
-    rules: Vec<FlowRule>,
-) -> FlowTable {
-    FlowTable {
-        rules,
-        ..flow.summary(switch)
-    }
+/// A lookup module as valed's configuration keeps it ([`Engine::lookup_saved`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SavedLookup {
+    pub spec: String,
+    pub args: Vec<(String, String)>,
+    pub state: Vec<String>,
 }
 
 pub(super) fn lookup_info(sw: &Switch) -> LookupInfo {
@@ -142,9 +122,9 @@ pub(super) fn lookup_info(sw: &Switch) -> LookupInfo {
         args: m
             .args
             .iter()
-            .map(|(k, v)| ModuleArg {
-                key: k.clone(),
-                value: v.clone(),
+            .map(|a| ModuleArg {
+                key: a.key.clone(),
+                value: a.value.clone(),
             })
             .collect(),
         counters: m
@@ -152,5 +132,97 @@ pub(super) fn lookup_info(sw: &Switch) -> LookupInfo {
             .into_iter()
             .map(|(name, value)| ModuleCounter { name, value })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lookup::{ControlCtx, FrameMeta, KeptArg, Lookup, SourcePort};
+    use crate::ErrorKind;
+
+    /// A module with two commands: `small` (open to anyone) and `big`, whose answer is one
+    /// byte past what a reply may carry.
+    struct Chatty;
+
+    impl Lookup for Chatty {
+        fn name(&self) -> &str {
+            "chatty"
+        }
+        fn lookup(&self, _src: SourcePort, _frames: &mut [FrameMeta], _now_s: u32) -> u64 {
+            0
+        }
+        fn control(&self, ctx: ControlCtx, op: &str, body: &str) -> Result<String, lookup::Error> {
+            match op {
+                "small" => Ok(format!("{} {body}", ctx.switch)),
+                "big" => Ok("x".repeat(lookup::MAX_CONTROL_OUTPUT + 1)),
+                _ => Err(lookup::Error::unsupported(
+                    self.name(),
+                    op,
+                    &["small", "big"],
+                )),
+            }
+        }
+        fn open_op(&self, op: &str) -> bool {
+            op == "small"
+        }
+    }
+
+    #[test]
+    fn commands_are_checked_for_rights_and_answer_size() {
+        let engine = Engine::new(EngineConfig::default()).unwrap();
+        let admin = Caller::valed();
+        let user = Caller {
+            uid: 4242,
+            pid: 1,
+            admin: false,
+        };
+        engine.create("vale0:a", &admin).unwrap();
+        existing_switch(&engine.lock(), "vale0")
+            .unwrap()
+            .set_lookup(Installed {
+                module: Box::new(Chatty),
+                spec: "chatty".into(),
+                args: vec![KeptArg {
+                    key: "k".into(),
+                    value: "v".into(),
+                    saved: true,
+                }],
+            });
+        let run = |op: &str, who: &Caller| engine.lookup_control("vale0", op, "hi", who);
+        assert_eq!(
+            run("small", &user),
+            Ok(("chatty".to_string(), "vale0 hi".to_string()))
+        );
+        assert_eq!(
+            run("big", &user).unwrap_err().kind,
+            ErrorKind::PermissionDenied
+        );
+        let e = run("big", &admin).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::LimitReached);
+        assert!(
+            e.message.contains("more than the 16777216 a reply carries"),
+            "{e}"
+        );
+        assert_eq!(
+            run("other", &admin).unwrap_err().kind,
+            ErrorKind::Unsupported
+        );
+        let e = engine
+            .lookup_control("vale9", "small", "", &admin)
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::NotFound);
+        // Nothing to save but its argument; restoring needs an administrator.
+        let saved = engine.lookup_saved("vale0").unwrap();
+        assert_eq!(saved.args, [("k".to_string(), "v".to_string())]);
+        assert!(saved.state.is_empty());
+        let e = engine
+            .lookup_restore("vale0", &["x".into()], &user)
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::PermissionDenied);
+        let e = engine
+            .lookup_restore("vale0", &["x".into()], &admin)
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::Unsupported);
     }
 }

@@ -3,7 +3,9 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
-use super::{check_keys, is_group, number_arg, Args, FrameMeta, Lookup, SourcePort, DEST_FLOOD};
+use super::{
+    check_keys, is_group, number_arg, Args, Error, FrameMeta, Lookup, SourcePort, DEST_FLOOD,
+};
 use crate::index::{PortIndex, MAX_PORTS};
 
 /// Entries of one bucket: a MAC is found in, and learnt into, its home bucket only. Eight
@@ -60,7 +62,7 @@ pub(crate) struct TableArgs {
 
 impl TableArgs {
     /// From `args`; `entries` when they do not say.
-    pub(crate) fn of(args: &Args, entries: usize) -> Result<TableArgs, String> {
+    pub(crate) fn of(args: &Args, entries: usize) -> Result<TableArgs, Error> {
         Ok(TableArgs {
             entries: number_arg(args, "entries", 64..=1 << 20, entries as u64)? as usize,
             age_s: number_arg(
@@ -89,7 +91,7 @@ impl LearningBridge {
 
     /// `entries`: table size (64 to 1048576, default 8192); `age`: seconds an entry lives
     /// unrefreshed (1 to 86400, default 300).
-    pub(super) fn make(args: &Args) -> Result<Box<dyn Lookup>, String> {
+    pub(super) fn make(args: &Args) -> Result<Box<dyn Lookup>, Error> {
         check_keys("learning", args, &["entries", "age"])?;
         Ok(Box::new(
             TableArgs::of(args, Self::DEFAULT_ENTRIES)?.table(),

@@ -5,6 +5,11 @@
 //! instance. The switch holds it behind the same `Arc` that every worker takes for the whole
 //! of a batch, so the library is closed (after `destroy`) only once the last batch that could
 //! call into it has finished (see [`crate::switch::Switch::set_lookup`]).
+//!
+//! Version 3 of the header adds the module's own commands (`control`, `open_ops`) after the
+//! version 2 table; they are read only from a module that says version 3. What a module
+//! answers is not trusted: its length is checked against the room it had before any byte is
+//! read, and it must be UTF-8; the refusal names the module and the command.
 
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::Path;
@@ -12,14 +17,25 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use libloading::Library;
 
-use super::{Args, FrameMeta, Lookup, SourcePort, DEST_DROP, DEST_FLOOD, RING_ANY};
+use super::{
+    Args, ControlCtx, Error, FrameMeta, Lookup, SourcePort, DEST_DROP, DEST_FLOOD, RING_ANY,
+};
 use crate::index::{PortIndex, MAX_PORTS};
 
 /// `VALE_LOOKUP_ABI_VERSION`: the version of `vale_lookup.h` this valed speaks.
-pub const ABI_VERSION: u32 = 2;
+pub const ABI_VERSION: u32 = 3;
 /// The oldest version it still loads. Version 1 differs only in `ring`, which it ignores:
-/// its modules' rings are set back to [`RING_ANY`] after each call.
+/// its modules' rings are set back to [`RING_ANY`] after each call. Versions 1 and 2 end
+/// before `control`: their modules take no commands.
 pub const OLDEST_ABI_VERSION: u32 = 1;
+/// `VALE_CONTROL_OUT_CAP`: the room a module's command has for its answer (`out_cap`).
+pub const CONTROL_OUT_CAP: usize = 1 << 20;
+/// The reserved commands through which valed asks a module for the lines it wants kept in
+/// valed's configuration, and hands them back at the next start.
+pub const OP_SAVE: &str = "vale.save";
+pub const OP_RESTORE: &str = "vale.restore";
+/// Most names a module's `open_ops` list is read for.
+const MAX_OPEN_OPS: usize = 64;
 /// The symbol valed looks for.
 pub const ENTRY: &str = "vale_lookup_module";
 /// Most counters a module may export.
@@ -75,6 +91,27 @@ pub struct CModule {
         Option<unsafe extern "C" fn(state: *mut c_void, out: *mut CCounter, max: u32) -> u32>,
 }
 
+/// The fields version 3 adds after [`CModule`]'s: `struct vale_lookup_module` of version 3
+/// is the two together.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct CModuleV3 {
+    pub base: CModule,
+    pub control: Option<ControlFn>,
+    pub open_ops: *const *const c_char,
+}
+
+/// `control` of `vale_lookup.h`.
+pub type ControlFn = unsafe extern "C" fn(
+    state: *mut c_void,
+    op: *const c_char,
+    body: *const c_char,
+    body_len: usize,
+    out: *mut c_char,
+    out_cap: usize,
+    out_len: *mut usize,
+) -> i32;
+
 /// A module loaded from a shared object, with one instance made from its arguments.
 pub struct SharedModule {
     name: String,
@@ -86,6 +123,9 @@ pub struct SharedModule {
     bad_dst: AtomicU64,
     /// Version 1: the rings it writes are not results.
     rings_ignored: bool,
+    /// Version 3: its commands, and those open to anyone.
+    control: Option<ControlFn>,
+    open_ops: Vec<String>,
     /// Declared last: closed after `Drop::drop` has destroyed the instance.
     _lib: Library,
 }
@@ -98,46 +138,53 @@ unsafe impl Sync for SharedModule {}
 impl SharedModule {
     /// Loads the module at `path` and makes an instance from `args`. Every refusal says
     /// what is wrong; nothing of a refused module stays loaded.
-    pub fn load(path: &Path, args: &Args) -> Result<SharedModule, String> {
+    pub fn load(path: &Path, args: &Args) -> Result<SharedModule, Error> {
         let shown = path.display();
         if !path.is_absolute() {
-            return Err(format!(
+            return Err(Error::Invalid(format!(
                 "lookup module '{shown}': give the shared object's absolute path"
-            ));
+            )));
         }
         // SAFETY: loading runs the object's initialisers: only administrators may name one
         // (the engine checks), and the object is trusted to be what it says it is.
         let lib = unsafe { Library::new(path) }
-            .map_err(|e| format!("cannot load lookup module '{shown}': {e}"))?;
+            .map_err(|e| Error::Module(format!("cannot load lookup module '{shown}': {e}")))?;
         // SAFETY: the symbol's type is the one vale_lookup.h declares.
-        let ops = unsafe {
+        let (ops, v3) = unsafe {
             let entry = lib
                 .get::<unsafe extern "C" fn() -> *const CModule>(ENTRY.as_bytes())
                 .map_err(|_| {
-                    format!("'{shown}' is not a vale lookup module: it has no symbol '{ENTRY}'")
+                    Error::Invalid(format!(
+                        "'{shown}' is not a vale lookup module: it has no symbol '{ENTRY}'"
+                    ))
                 })?;
             let p = entry();
             if p.is_null() {
-                return Err(format!("lookup module '{shown}': {ENTRY}() returned NULL"));
+                return Err(Error::Module(format!(
+                    "lookup module '{shown}': {ENTRY}() returned NULL"
+                )));
             }
             // Only the version is read before it is known to match: a module of another
-            // version may have another layout after it.
+            // version may have another layout after it (an older one is shorter).
             let version = std::ptr::read(p as *const u32);
             if !(OLDEST_ABI_VERSION..=ABI_VERSION).contains(&version) {
-                return Err(format!(
+                return Err(Error::Invalid(format!(
                     "lookup module '{shown}' is built for lookup ABI version {version}; \
                      this valed speaks versions {OLDEST_ABI_VERSION} to {ABI_VERSION}"
-                ));
+                )));
             }
-            std::ptr::read(p)
+            let v3 = (version >= 3).then(|| std::ptr::read(p as *const CModuleV3));
+            (std::ptr::read(p), v3)
         };
         let (Some(create), Some(lookup), Some(_)) = (ops.create, ops.lookup, ops.destroy) else {
-            return Err(format!(
+            return Err(Error::Invalid(format!(
                 "lookup module '{shown}' lacks a required function (create, destroy, lookup)"
-            ));
+            )));
         };
         let name = if ops.name.is_null() {
-            return Err(format!("lookup module '{shown}' has no name"));
+            return Err(Error::Invalid(format!(
+                "lookup module '{shown}' has no name"
+            )));
         } else {
             // SAFETY: a NUL-terminated string, says the contract; bounded below.
             let n = unsafe { CStr::from_ptr(ops.name) }.to_string_lossy();
@@ -152,7 +199,7 @@ impl SharedModule {
                 ))
             })
             .collect::<Result<Vec<_>, &str>>()
-            .map_err(|e| format!("lookup module '{shown}': {e}"))?;
+            .map_err(|e| Error::Invalid(format!("lookup module '{shown}': {e}")))?;
         let cargs: Vec<CArg> = owned
             .iter()
             .map(|(k, v)| CArg {
@@ -179,10 +226,27 @@ impl SharedModule {
             } else {
                 why
             };
-            return Err(format!(
+            return Err(Error::Invalid(format!(
                 "lookup module '{name}' ({shown}) refused its configuration: {why}"
-            ));
+            )));
         }
+        let open_ops = v3.map_or_else(Vec::new, |m| {
+            let mut v = Vec::new();
+            let mut at = m.open_ops;
+            while !at.is_null() && v.len() < MAX_OPEN_OPS {
+                // SAFETY: a NULL-terminated array of NUL-terminated strings, says the
+                // contract; at most MAX_OPEN_OPS of them are read.
+                let p = unsafe { *at };
+                if p.is_null() {
+                    break;
+                }
+                // SAFETY: as above.
+                v.push(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned());
+                // SAFETY: the array goes on until its NULL, not reached yet.
+                at = unsafe { at.add(1) };
+            }
+            v
+        });
         Ok(SharedModule {
             name,
             ops,
@@ -191,7 +255,71 @@ impl SharedModule {
             present: (0..MAX_PORTS).map(|_| AtomicBool::new(false)).collect(),
             bad_dst: AtomicU64::new(0),
             rings_ignored: ops.abi_version == 1,
+            control: v3.and_then(|m| m.control),
+            open_ops,
             _lib: lib,
+        })
+    }
+
+    /// Calls the module's `control` with `op` and `body`: its answer, checked (no more than
+    /// it had room for, UTF-8), or its refusal, of the kind its errno says.
+    fn call(&self, op: &str, body: &str) -> Result<String, Error> {
+        let Some(control) = self.control else {
+            return Err(super::Error::unsupported(&self.name, op, &[]));
+        };
+        let name = &self.name;
+        let cop = CString::new(op)
+            .map_err(|_| Error::Invalid(format!("command '{op}' holds a NUL byte")))?;
+        // The body as given, with a NUL after it for modules that read it as a C string.
+        let mut cbody = Vec::with_capacity(body.len() + 1);
+        cbody.extend_from_slice(body.as_bytes());
+        cbody.push(0);
+        let mut out = vec![0u8; CONTROL_OUT_CAP];
+        let mut out_len = 0usize;
+        // SAFETY: op, body and out live across the call; out has out_cap writable bytes.
+        let rc = unsafe {
+            control(
+                self.state,
+                cop.as_ptr(),
+                cbody.as_ptr() as *const c_char,
+                body.len(),
+                out.as_mut_ptr() as *mut c_char,
+                CONTROL_OUT_CAP,
+                &mut out_len,
+            )
+        };
+        // What the module wrote is not trusted: a length past the room it had is an error
+        // (nothing beyond out is read), and so is text that is not UTF-8.
+        if out_len > CONTROL_OUT_CAP {
+            return Err(Error::Module(format!(
+                "lookup module '{name}' answered '{op}' with out_len {out_len}, more than the \
+                 {CONTROL_OUT_CAP} bytes of room it had"
+            )));
+        }
+        let text = &out[..out_len];
+        if rc != 0 {
+            let why = String::from_utf8_lossy(text);
+            let why = why.trim_end_matches('\0');
+            let why = if why.is_empty() {
+                std::io::Error::from_raw_os_error(rc).to_string()
+            } else {
+                why.to_string()
+            };
+            let message = format!("lookup module '{name}' refused '{op}': {why}");
+            return Err(match rc {
+                libc::EOPNOTSUPP | libc::ENOSYS => super::Error::unsupported(name, op, &[]),
+                libc::EINVAL => Error::Invalid(message),
+                libc::ENOENT => Error::NotFound(message),
+                libc::ENOSPC | libc::ERANGE => Error::Limit(format!(
+                    "{message} (its answer may be at most {CONTROL_OUT_CAP} bytes)"
+                )),
+                _ => Error::Module(message),
+            });
+        }
+        std::str::from_utf8(text).map(str::to_string).map_err(|e| {
+            Error::Module(format!(
+                "lookup module '{name}' answered '{op}' with text that is not UTF-8 ({e})"
+            ))
         })
     }
 }
@@ -267,6 +395,40 @@ impl Lookup for SharedModule {
         }
     }
 
+    fn control(&self, _ctx: ControlCtx, op: &str, body: &str) -> Result<String, Error> {
+        if op == OP_SAVE || op == OP_RESTORE {
+            return Err(Error::Invalid(format!(
+                "'{op}' is reserved to valed's configuration (vale-ctl save)"
+            )));
+        }
+        self.call(op, body)
+    }
+
+    fn open_op(&self, op: &str) -> bool {
+        self.open_ops.iter().any(|o| o == op)
+    }
+
+    fn save(&self) -> Vec<String> {
+        if self.control.is_none() {
+            return Vec::new();
+        }
+        match self.call(OP_SAVE, "") {
+            Ok(text) => text.lines().map(str::to_string).collect(),
+            Err(Error::Unsupported { .. }) => Vec::new(),
+            Err(e) => {
+                tracing::warn!(module = self.name, "its state is not saved: {e}");
+                Vec::new()
+            }
+        }
+    }
+
+    fn restore(&self, _ctx: ControlCtx, lines: &[String]) -> Result<(), Error> {
+        if lines.is_empty() {
+            return Ok(());
+        }
+        self.call(OP_RESTORE, &lines.join("\n")).map(|_| ())
+    }
+
     fn counters(&self) -> Vec<(String, u64)> {
         let mut out = vec![("bad_dst".to_string(), self.bad_dst.load(Relaxed))];
         if let Some(f) = self.ops.counters {
@@ -306,6 +468,9 @@ mod tests {
         assert_eq!(offset_of!(CModule, name), 8);
         assert_eq!(offset_of!(CModule, counters), 56);
         assert_eq!(size_of::<CModule>(), 64);
+        assert_eq!(offset_of!(CModuleV3, control), 64);
+        assert_eq!(offset_of!(CModuleV3, open_ops), 72);
+        assert_eq!(size_of::<CModuleV3>(), 80);
         assert_eq!(
             vale_abi::netmap::NS_NO_LEARN,
             0x0008,

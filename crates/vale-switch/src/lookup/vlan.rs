@@ -22,8 +22,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use vale_abi::netmap::NS_NO_LEARN;
 
 use super::{
-    check_keys, is_group, Args, FrameMeta, LearningBridge, Lookup, SourcePort, TableArgs, Tagging,
-    DEST_DROP, DEST_FLOOD, VLAN_TAGGED, VLAN_VID,
+    check_keys, invalid, is_group, Args, Error, FrameMeta, LearningBridge, Lookup, SourcePort,
+    TableArgs, Tagging, DEST_DROP, DEST_FLOOD, VLAN_TAGGED, VLAN_VID,
 };
 use crate::index::{PortIndex, MAX_PORTS};
 use crate::wire;
@@ -78,16 +78,16 @@ pub struct Vlan {
 }
 
 /// A VID of a configuration: 1 to 4094 (0 and 4095 are reserved by 802.1Q).
-fn vid(s: &str) -> Result<u16, String> {
+fn vid(s: &str) -> Result<u16, Error> {
     s.trim()
         .parse::<u16>()
         .ok()
         .filter(|v| (1..=4094).contains(v))
-        .ok_or_else(|| format!("a VLAN is a number from 1 to 4094, not '{s}'"))
+        .ok_or_else(|| invalid(format!("a VLAN is a number from 1 to 4094, not '{s}'")))
 }
 
 /// `10,20,30-39`.
-fn vid_set(s: &str) -> Result<Box<[u64; 64]>, String> {
+fn vid_set(s: &str) -> Result<Box<[u64; 64]>, Error> {
     let mut set = Box::new([0u64; 64]);
     for part in s.split(',') {
         let (lo, hi) = match part.split_once('-') {
@@ -95,7 +95,7 @@ fn vid_set(s: &str) -> Result<Box<[u64; 64]>, String> {
             None => (vid(part)?, vid(part)?),
         };
         if lo > hi {
-            return Err(format!("empty VLAN range '{part}'"));
+            return Err(invalid(format!("empty VLAN range '{part}'")));
         }
         for v in lo..=hi {
             set[v as usize / 64] |= 1 << (v % 64);
@@ -105,11 +105,11 @@ fn vid_set(s: &str) -> Result<Box<[u64; 64]>, String> {
 }
 
 /// `PORT=VALUE`, PORT a full port name.
-fn port_value<'a>(key: &str, arg: &'a str) -> Result<(&'a str, &'a str), String> {
+fn port_value<'a>(key: &str, arg: &'a str) -> Result<(&'a str, &'a str), Error> {
     let (port, value) = arg
         .split_once('=')
-        .ok_or_else(|| format!("{key} takes PORT=VLANS (valeX:Y=10), not '{arg}'"))?;
-    vale_abi::name::parse_port(port).map_err(|e| e.to_string())?;
+        .ok_or_else(|| invalid(format!("{key} takes PORT=VLANS (valeX:Y=10), not '{arg}'")))?;
+    vale_abi::name::parse_port(port)?;
     Ok((port, value))
 }
 
@@ -117,11 +117,11 @@ impl Vlan {
     /// Arguments: `access=valeX:Y=VID` and `trunk=valeX:Y=VID,VID-VID` (each repeatable, a
     /// port named once), `default=VID|none`, `entries=N` (each VLAN's table, default 1024),
     /// `age=S`.
-    pub fn make(args: &Args) -> Result<Box<dyn Lookup>, String> {
+    pub fn make(args: &Args) -> Result<Box<dyn Lookup>, Error> {
         Ok(Box::new(Vlan::new(args)?))
     }
 
-    pub fn new(args: &Args) -> Result<Vlan, String> {
+    pub fn new(args: &Args) -> Result<Vlan, Error> {
         check_keys(
             "vlan",
             args,
@@ -150,7 +150,7 @@ impl Vlan {
                 _ => continue,
             };
             if named.iter().any(|(n, _)| n == mode.0) {
-                return Err(format!("port '{}' is configured twice", mode.0));
+                return Err(invalid(format!("port '{}' is configured twice", mode.0)));
             }
             named.push((mode.0.to_string(), mode.1));
         }
@@ -166,9 +166,9 @@ impl Vlan {
                 };
                 if member && table_of[v as usize] == 0 {
                     if tables.len() == MAX_VLANS {
-                        return Err(format!(
+                        return Err(invalid(format!(
                             "the configuration names more than {MAX_VLANS} VLANs"
-                        ));
+                        )));
                     }
                     tables.push(table_args.table());
                     table_of[v as usize] = tables.len() as u16;
@@ -473,16 +473,16 @@ mod tests {
             (("colour", "red"), "no argument 'colour'"),
         ] {
             let e = Vlan::new(&args(&[a])).err().expect("refused");
-            assert!(e.contains(why), "{a:?}: {e}");
+            assert!(e.to_string().contains(why), "{a:?}: {e}");
         }
         let e = Vlan::new(&args(&[("access", "vale0:a=1"), ("trunk", "vale0:a=2")]))
             .err()
             .unwrap();
-        assert!(e.contains("configured twice"), "{e}");
+        assert!(e.to_string().contains("configured twice"), "{e}");
         let e = Vlan::new(&args(&[("trunk", "vale0:u=1-4094")]))
             .err()
             .unwrap();
-        assert!(e.contains("more than 256 VLANs"), "{e}");
+        assert!(e.to_string().contains("more than 256 VLANs"), "{e}");
         // default=none: unnamed ports are in no VLAN.
         let v = Vlan::new(&args(&[("default", "none")])).unwrap();
         v.port_added(0, "vale0:x");

@@ -14,7 +14,8 @@
 //! connections are those valed closed (or answered with an error) by the end of the hold.
 //! `open` prints `{"opened": .., "errors": [messages]}`. `ask` reads, after the hold, the one
 //! reply of each connection and prints `{"connected": .., "answered": .., "errors": ..,
-//! "error": first message, "bytes": bytes of the replies that were not errors}`.
+//! "error": first message, "kind": its kind, "bytes": bytes of the replies that were not
+//! errors, "reply": the first of them}`.
 
 use std::io::Write;
 use std::os::fd::AsRawFd;
@@ -100,7 +101,7 @@ fn ask(sock: &str, n: u64, hold_ms: u64, json: &str) {
     }
     std::thread::sleep(Duration::from_millis(hold_ms));
     let (mut answered, mut errors, mut bytes) = (0, 0, 0);
-    let mut first = String::new();
+    let (mut first, mut kind, mut reply) = (String::new(), None, None);
     for s in &held {
         let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
         match control::recv::<serde_json::Value>(s) {
@@ -108,11 +109,13 @@ fn ask(sock: &str, n: u64, hold_ms: u64, json: &str) {
                 errors += 1;
                 if first.is_empty() {
                     first = v["message"].as_str().unwrap_or_default().to_string();
+                    kind = Some(v["kind"].clone());
                 }
             }
             Ok(Some((v, _))) => {
                 answered += 1;
                 bytes += v.to_string().len();
+                reply.get_or_insert(v);
             }
             _ => {}
         }
@@ -120,7 +123,7 @@ fn ask(sock: &str, n: u64, hold_ms: u64, json: &str) {
     println!(
         "{}",
         serde_json::json!({"connected": held.len(), "answered": answered, "errors": errors,
-                           "error": first, "bytes": bytes})
+                           "error": first, "kind": kind, "bytes": bytes, "reply": reply})
     );
 }
 

@@ -39,8 +39,18 @@
 //!
 //! `key.rs` reads a frame into its key; `rules.rs` is the grammar of a rule and its canonical
 //! text; `classifier.rs` the tuple space search and its caches; `prefix.rs` prefix tracking;
-//! this file the module itself (the rule list, changes, the [`Lookup`] calls). `cost.rs`
-//! measures the module call (`bench/modules.py`).
+//! this file the module itself (the rule list, changes, the [`Lookup`] calls, its commands).
+//! `cost.rs` measures the module call (`bench/modules.py`).
+//!
+//! # Commands
+//!
+//! The table changes through the module's own commands ([`Lookup::control`]), which valed
+//! carries without reading them: `add` (rules, one a line: all or none), `del` (a rule id or
+//! a match), both an administrator's, and `dump` (`after=N`: a page of at most
+//! [`FLOW_DUMP_PAGE`] rules after position N, 0 or nothing for the first), open to anyone.
+//! Each answers with the JSON of a [`FlowTable`] (the rules added, deleted or dumped), which
+//! `vale-ctl flow` renders. The rules are what the module saves in valed's configuration,
+//! one a line in the order they were added, and takes back at the next start.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
@@ -49,12 +59,12 @@ use std::sync::atomic::{AtomicU16, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use vale_abi::control::{FlowRule, FlowTable};
+use vale_abi::control::{FlowRule, FlowTable, FLOW_DUMP_PAGE};
 use vale_abi::netmap::NS_NO_LEARN;
 
 use super::{
-    check_keys, is_group, Args, FrameMeta, LearningBridge, Lookup, SourcePort, TableArgs,
-    DEST_DROP, DEST_FLOOD,
+    check_keys, invalid, is_group, Args, ControlCtx, Error, FrameMeta, KeptArg, LearningBridge,
+    Lookup, SourcePort, TableArgs, DEST_DROP, DEST_FLOOD,
 };
 use crate::index::{PortIndex, MAX_PORTS};
 use crate::wire::{
@@ -121,13 +131,16 @@ fn lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
 
 /// Parses every rule of `text` (one a line); the first bad one fails them all, named by its
 /// line and text.
-pub fn parse_rules(text: &str) -> Result<Vec<Rule>, String> {
+pub fn parse_rules(text: &str) -> Result<Vec<Rule>, Error> {
     let mut out = Vec::new();
     for (n, line) in lines(text) {
         if out.len() >= MAX_RULES {
-            return Err(format!("more than {MAX_RULES} rules (line {n})"));
+            return Err(Error::Limit(format!(
+                "more than {MAX_RULES} rules (line {n})"
+            )));
         }
-        let rule = parse_rule(line).map_err(|e| format!("bad rule at line {n}, '{line}': {e}"))?;
+        let rule =
+            parse_rule(line).map_err(|e| e.context(format!("bad rule at line {n}, '{line}': ")))?;
         out.push(rule);
     }
     Ok(out)
@@ -136,14 +149,14 @@ pub fn parse_rules(text: &str) -> Result<Vec<Rule>, String> {
 impl Flow {
     /// Arguments: `rules=TEXT` (one rule a line), `default=normal|drop|flood|output:PORT`,
     /// `entries=N` and `age=S` (the learning table of `normal`, as `learning`'s).
-    pub fn make(args: &Args) -> Result<Box<dyn Lookup>, String> {
+    pub fn make(args: &Args) -> Result<Box<dyn Lookup>, Error> {
         Ok(Box::new(Flow::new(args)?))
     }
 
-    pub fn new(args: &Args) -> Result<Flow, String> {
+    pub fn new(args: &Args) -> Result<Flow, Error> {
         check_keys("flow", args, &["rules", "default", "entries", "age"])?;
         let default = match args.iter().rev().find(|(k, _)| k == "default") {
-            Some((_, v)) => parse_action(v).map_err(|e| format!("default: {e}"))?,
+            Some((_, v)) => parse_action(v).map_err(|e| e.context("default: "))?,
             None => Action::Normal,
         };
         let bridge = TableArgs::of(args, LearningBridge::DEFAULT_ENTRIES)?.table();
@@ -151,7 +164,7 @@ impl Flow {
         for (_, text) in args.iter().filter(|(k, _)| k == "rules") {
             rules.extend(parse_rules(text)?);
             if rules.len() > MAX_RULES {
-                return Err(format!("more than {MAX_RULES} rules"));
+                return Err(Error::Limit(format!("more than {MAX_RULES} rules")));
             }
         }
         let mut table = Table {
@@ -196,11 +209,11 @@ impl Flow {
     pub fn add(
         &self,
         text: &str,
-        check: impl FnOnce(&[String]) -> Result<(), String>,
-    ) -> Result<Vec<FlowRule>, String> {
+        check: impl FnOnce(&[String]) -> Result<(), Error>,
+    ) -> Result<Vec<FlowRule>, Error> {
         let rules = parse_rules(text)?;
         if rules.is_empty() {
-            return Err("no rule given".into());
+            return Err(invalid("no rule given"));
         }
         let mut names: Vec<String> = Vec::new();
         for r in &rules {
@@ -217,11 +230,11 @@ impl Flow {
         check(&names)?;
         let mut t = self.lock();
         if t.rules.len() + rules.len() > MAX_RULES {
-            return Err(format!(
+            return Err(Error::Limit(format!(
                 "the table holds {} rules; {} more would pass the limit of {MAX_RULES}",
                 t.rules.len(),
                 rules.len()
-            ));
+            )));
         }
         let first = t.rules.len();
         t.push(rules);
@@ -232,28 +245,28 @@ impl Flow {
     /// Deletes by `selector`: a rule id (`7`, `id=7`), or a match (with `prio=N` or not)
     /// naming every rule whose match is exactly that (and priority that). At least one rule
     /// must go.
-    pub fn del(&self, selector: &str) -> Result<Vec<FlowRule>, String> {
+    pub fn del(&self, selector: &str) -> Result<Vec<FlowRule>, Error> {
         let s = selector.trim();
         let by_id = s.strip_prefix("id=").unwrap_or(s);
         let mut t = self.lock();
         let gone: Vec<usize> = if !by_id.is_empty() && by_id.bytes().all(|b| b.is_ascii_digit()) {
             let id: u64 = by_id
                 .parse()
-                .map_err(|_| format!("'{s}' is not a rule id"))?;
+                .map_err(|_| invalid(format!("'{s}' is not a rule id")))?;
             let i = t
                 .rules
                 .iter()
                 .position(|e| e.id == id)
-                .ok_or_else(|| format!("no rule with id {id}"))?;
+                .ok_or_else(|| Error::NotFound(format!("no rule with id {id}")))?;
             vec![i]
         } else {
             if s.contains("actions=") {
-                return Err(format!(
+                return Err(invalid(format!(
                     "'{s}': del takes a rule id or a match, without actions"
-                ));
+                )));
             }
             let mut prio = None;
-            let m = parse_match(s, Some(&mut prio)).map_err(|e| format!("'{s}': {e}"))?;
+            let m = parse_match(s, Some(&mut prio)).map_err(|e| e.context(format!("'{s}': ")))?;
             let v: Vec<usize> = t
                 .rules
                 .iter()
@@ -262,7 +275,9 @@ impl Flow {
                 .map(|(i, _)| i)
                 .collect();
             if v.is_empty() {
-                return Err(format!("no rule has exactly the match '{s}'"));
+                return Err(Error::NotFound(format!(
+                    "no rule has exactly the match '{s}'"
+                )));
             }
             v
         };
@@ -331,11 +346,59 @@ impl Flow {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Every rule as the line that adds it again, in the order they were added: so that added
+    /// again they get the same order among equal priorities (and, with no deletions, the same
+    /// ids).
+    pub fn rule_lines(&self) -> Vec<String> {
+        self.lock()
+            .rules
+            .iter()
+            .map(|e| {
+                let v = view(e);
+                let m = if v.matches.is_empty() {
+                    String::new()
+                } else {
+                    format!("{} ", v.matches)
+                };
+                format!("prio={} {m}actions={}", v.priority, v.actions)
+            })
+            .collect()
+    }
+}
+
+/// The module's commands ([`Lookup::control`]).
+const OPS: &[&str] = &["add", "del", "dump"];
+
+/// Refuses a rule set naming a port of another switch: it could never match or be sent to.
+fn on_switch(switch: &str, names: &[String]) -> Result<(), Error> {
+    for n in names {
+        if vale_abi::name::parse_port(n)?.0 != switch {
+            return Err(invalid(format!("port '{n}' is not on switch '{switch}'")));
+        }
+    }
+    Ok(())
+}
+
+/// The position a `dump` body asks for: nothing (or `after=0`) for the first page, else
+/// `after=N`, N the `next` of the page before.
+fn dump_after(body: &str) -> Result<u64, Error> {
+    let b = body.trim();
+    if b.is_empty() {
+        return Ok(0);
+    }
+    b.strip_prefix("after=")
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| {
+            invalid(format!(
+                "flow dump takes 'after=N' (N: the 'next' of the page before), not '{b}'"
+            ))
+        })
 }
 
 #[cfg(test)]
 impl Flow {
-    fn add_text(&self, text: &str) -> Result<Vec<FlowRule>, String> {
+    fn add_text(&self, text: &str) -> Result<Vec<FlowRule>, Error> {
         self.add(text, |_| Ok(()))
     }
 }
@@ -493,7 +556,61 @@ impl Lookup for Flow {
         ]
     }
 
-    fn as_any(&self) -> Option<&dyn std::any::Any> {
-        Some(self)
+    fn control(&self, ctx: ControlCtx, op: &str, body: &str) -> Result<String, Error> {
+        let table = match op {
+            "add" => {
+                let rules = self.add(body, |names| on_switch(ctx.switch, names))?;
+                tracing::info!(switch = ctx.switch, rules = rules.len(), "flow rules added");
+                FlowTable {
+                    rules,
+                    ..self.summary(ctx.switch)
+                }
+            }
+            "del" => {
+                let rules = self.del(body)?;
+                tracing::info!(
+                    switch = ctx.switch,
+                    rules = rules.len(),
+                    "flow rules deleted"
+                );
+                FlowTable {
+                    rules,
+                    ..self.summary(ctx.switch)
+                }
+            }
+            "dump" => self.dump_page(ctx.switch, dump_after(body)?, FLOW_DUMP_PAGE),
+            _ => return Err(Error::unsupported(self.name(), op, OPS)),
+        };
+        serde_json::to_string(&table)
+            .map_err(|e| Error::Module(format!("cannot write the flow table as JSON: {e}")))
+    }
+
+    fn open_op(&self, op: &str) -> bool {
+        // Reading the table is anyone's, as `vale-ctl lookup` is; changing it is not.
+        op == "dump"
+    }
+
+    fn installing(&self, ctx: ControlCtx, args: &mut [KeptArg]) -> Result<(), Error> {
+        on_switch(ctx.switch, &self.port_names())?;
+        // The rules live in the table now (`vale-ctl flow dump`), and are saved as the
+        // module's state: keep a line, not the text.
+        let n = self.len();
+        for a in args.iter_mut().filter(|a| a.key == "rules") {
+            a.value = format!("({n} rules at load; see vale-ctl flow dump)");
+            a.saved = false;
+        }
+        Ok(())
+    }
+
+    fn save(&self) -> Vec<String> {
+        self.rule_lines()
+    }
+
+    fn restore(&self, ctx: ControlCtx, lines: &[String]) -> Result<(), Error> {
+        if lines.is_empty() {
+            return Ok(());
+        }
+        self.add(&lines.join("\n"), |names| on_switch(ctx.switch, names))
+            .map(|_| ())
     }
 }

@@ -25,23 +25,25 @@ impl std::fmt::Display for Action {
 }
 
 /// `output:PORT`, `drop`, `flood`, `normal`.
-pub fn parse_action(s: &str) -> Result<Action, String> {
+pub fn parse_action(s: &str) -> Result<Action, Error> {
     match s {
         "drop" => Ok(Action::Drop),
         "flood" => Ok(Action::Flood),
         "normal" => Ok(Action::Normal),
-        "" => Err("no action after 'actions=' (one of output:PORT, drop, flood, normal)".into()),
+        "" => Err(invalid(
+            "no action after 'actions=' (one of output:PORT, drop, flood, normal)",
+        )),
         _ => match s.strip_prefix("output:") {
             Some(p) => {
-                vale_abi::name::parse_port(p).map_err(|e| format!("output: {e}"))?;
+                vale_abi::name::parse_port(p).map_err(|e| invalid(format!("output: {e}")))?;
                 Ok(Action::Output(p.to_string()))
             }
-            None if s.contains(',') => Err(format!(
+            None if s.contains(',') => Err(invalid(format!(
                 "'{s}': a rule has exactly one action (output:PORT, drop, flood or normal)"
-            )),
-            None => Err(format!(
+            ))),
+            None => Err(invalid(format!(
                 "unknown action '{s}' (known: output:PORT, drop, flood, normal)"
-            )),
+            ))),
         },
     }
 }
@@ -62,20 +64,20 @@ pub struct Rule {
     pub action: Action,
 }
 
-pub(super) fn number(s: &str, max: u64) -> Result<u64, String> {
+pub(super) fn number(s: &str, max: u64) -> Result<u64, Error> {
     let n = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(h) => u64::from_str_radix(h, 16),
         None => s.parse::<u64>(),
     }
-    .map_err(|_| format!("'{s}' is not a number"))?;
+    .map_err(|_| invalid(format!("'{s}' is not a number")))?;
     if n > max {
-        return Err(format!("{n} is out of range (at most {max})"));
+        return Err(invalid(format!("{n} is out of range (at most {max})")));
     }
     Ok(n)
 }
 
 /// `N` or `N/MASK` (both numbers up to `max`).
-pub(super) fn masked_number(s: &str, max: u64) -> Result<(u64, u64), String> {
+pub(super) fn masked_number(s: &str, max: u64) -> Result<(u64, u64), Error> {
     match s.split_once('/') {
         Some((v, m)) => {
             let m = number(m, max)?;
@@ -86,17 +88,19 @@ pub(super) fn masked_number(s: &str, max: u64) -> Result<(u64, u64), String> {
 }
 
 /// A MAC address in key order (first octet lowest).
-pub(super) fn mac(s: &str) -> Result<u64, String> {
+pub(super) fn mac(s: &str) -> Result<u64, Error> {
     let parts: Vec<&str> = s.split(':').collect();
     if parts.len() != 6 {
-        return Err(format!("'{s}' is not a MAC address (xx:xx:xx:xx:xx:xx)"));
+        return Err(invalid(format!(
+            "'{s}' is not a MAC address (xx:xx:xx:xx:xx:xx)"
+        )));
     }
     let mut v = 0u64;
     for (i, p) in parts.iter().enumerate() {
         let b = (p.len() == 2)
             .then(|| u8::from_str_radix(p, 16).ok())
             .flatten()
-            .ok_or_else(|| format!("'{s}' is not a MAC address (xx:xx:xx:xx:xx:xx)"))?;
+            .ok_or_else(|| invalid(format!("'{s}' is not a MAC address (xx:xx:xx:xx:xx:xx)")))?;
         v |= (b as u64) << (8 * i);
     }
     Ok(v)
@@ -112,7 +116,7 @@ pub(super) fn fmt_mac(v: u64) -> String {
 
 /// `ADDR[/LEN]` of IPv4 (`v6` false) or IPv6 into 128-bit value and mask; host bits beyond
 /// the prefix are cleared.
-pub(super) fn prefix(s: &str, v6: bool) -> Result<(u128, u128), String> {
+pub(super) fn prefix(s: &str, v6: bool) -> Result<(u128, u128), Error> {
     let (a, len) = match s.split_once('/') {
         Some((a, l)) => (a, Some(l)),
         None => (s, None),
@@ -120,12 +124,12 @@ pub(super) fn prefix(s: &str, v6: bool) -> Result<(u128, u128), String> {
     let (addr, bits) = if v6 {
         let a: Ipv6Addr = a
             .parse()
-            .map_err(|_| format!("'{a}' is not an IPv6 address"))?;
+            .map_err(|_| invalid(format!("'{a}' is not an IPv6 address")))?;
         (u128::from(a), 128)
     } else {
         let a: Ipv4Addr = a
             .parse()
-            .map_err(|_| format!("'{a}' is not an IPv4 address"))?;
+            .map_err(|_| invalid(format!("'{a}' is not an IPv4 address")))?;
         (u32::from(a) as u128, 32)
     };
     let len = match len {
@@ -133,7 +137,7 @@ pub(super) fn prefix(s: &str, v6: bool) -> Result<(u128, u128), String> {
             .parse::<u32>()
             .ok()
             .filter(|l| *l <= bits)
-            .ok_or_else(|| format!("'/{l}' is not a prefix length (0 to {bits})"))?,
+            .ok_or_else(|| invalid(format!("'/{l}' is not a prefix length (0 to {bits})")))?,
         None => bits,
     };
     let mask = if len == 0 {
@@ -173,9 +177,9 @@ pub(super) fn agree<T: PartialEq + std::fmt::Display>(
     field: &mut Option<T>,
     v: T,
     name: &str,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     match field {
-        Some(old) if *old != v => Err(format!("{name} is given twice ({old} and {v})")),
+        Some(old) if *old != v => Err(invalid(format!("{name} is given twice ({old} and {v})"))),
         _ => {
             *field = Some(v);
             Ok(())
@@ -199,12 +203,12 @@ pub(super) const SHORTHANDS: &[(&str, u16, Option<u8>)] = &[
 
 /// Parses a match: comma- or space-separated `FIELD=VALUE` and shorthands, with `prio=N`
 /// (`priority=N`) among them if `prio` is given somewhere to put it.
-pub(super) fn parse_match(text: &str, mut prio: Option<&mut Option<u16>>) -> Result<Match, String> {
+pub(super) fn parse_match(text: &str, mut prio: Option<&mut Option<u16>>) -> Result<Match, Error> {
     let mut m = Match::default();
     let mut seen: Vec<&str> = Vec::new();
     let once = |name: &'static str, seen: &mut Vec<&str>| {
         if seen.contains(&name) {
-            Err(format!("{name} is given twice"))
+            Err(invalid(format!("{name} is given twice")))
         } else {
             seen.push(name);
             Ok(())
@@ -222,29 +226,29 @@ pub(super) fn parse_match(text: &str, mut prio: Option<&mut Option<u16>>) -> Res
             .map(|&(_, t, p)| (t, p));
         if let Some((t, p)) = shorthand {
             if value.is_some() {
-                return Err(format!("'{tok}': {name} takes no value"));
+                return Err(invalid(format!("'{tok}': {name} takes no value")));
             }
-            agree(&mut dl_type, t, "dl_type").map_err(|e| format!("'{tok}': {e}"))?;
+            agree(&mut dl_type, t, "dl_type").map_err(|e| e.context(format!("'{tok}': ")))?;
             if let Some(p) = p {
-                agree(&mut proto, p, "nw_proto").map_err(|e| format!("'{tok}': {e}"))?;
+                agree(&mut proto, p, "nw_proto").map_err(|e| e.context(format!("'{tok}': ")))?;
             }
             continue;
         }
         let Some(v) = value else {
-            return Err(format!("unknown field '{tok}' (known: {FIELDS})"));
+            return Err(invalid(format!("unknown field '{tok}' (known: {FIELDS})")));
         };
-        let err = |e: String| format!("'{tok}': {e}");
+        let err = |e: Error| e.context(format!("'{tok}': "));
         match name {
             "prio" | "priority" => {
                 let Some(p) = prio.as_deref_mut() else {
-                    return Err(format!("'{tok}': no priority here"));
+                    return Err(invalid(format!("'{tok}': no priority here")));
                 };
                 once("priority", &mut seen).map_err(err)?;
                 *p = Some(number(v, u16::MAX as u64).map_err(err)? as u16);
             }
             "in_port" => {
                 once("in_port", &mut seen).map_err(err)?;
-                vale_abi::name::parse_port(v).map_err(|e| err(e.to_string()))?;
+                vale_abi::name::parse_port(v).map_err(|e| err(e.into()))?;
                 m.in_port = Some(v.to_string());
                 m.mask.set(IN_PORT, 0xffff);
             }
@@ -309,25 +313,29 @@ pub(super) fn parse_match(text: &str, mut prio: Option<&mut Option<u16>>) -> Res
                 m.value.0[0] |= F_PORTS;
                 m.mask.0[0] |= F_PORTS;
             }
-            _ => return Err(format!("unknown field '{name}' (known: {FIELDS})")),
+            _ => return Err(invalid(format!("unknown field '{name}' (known: {FIELDS})"))),
         }
     }
     // Prerequisites, as in OpenFlow: a field means something only under its protocol.
     let ip4 = dl_type == Some(ETH_P_IPV4);
     let ip6 = dl_type == Some(ETH_P_IPV6);
     if seen.iter().any(|f| *f == "nw_src" || *f == "nw_dst") && !ip4 {
-        return Err("nw_src and nw_dst need ip (dl_type=0x0800)".into());
+        return Err(invalid("nw_src and nw_dst need ip (dl_type=0x0800)"));
     }
     if seen.iter().any(|f| *f == "ipv6_src" || *f == "ipv6_dst") && !ip6 {
-        return Err("ipv6_src and ipv6_dst need ipv6 (dl_type=0x86dd)".into());
+        return Err(invalid("ipv6_src and ipv6_dst need ipv6 (dl_type=0x86dd)"));
     }
     if proto.is_some() && !ip4 && !ip6 {
-        return Err("nw_proto needs ip or ipv6 (dl_type=0x0800 or 0x86dd)".into());
+        return Err(invalid(
+            "nw_proto needs ip or ipv6 (dl_type=0x0800 or 0x86dd)",
+        ));
     }
     if seen.iter().any(|f| *f == "tp_src" || *f == "tp_dst")
         && !matches!(proto, Some(IPPROTO_TCP | IPPROTO_UDP))
     {
-        return Err("tp_src and tp_dst need tcp or udp (nw_proto=6 or 17)".into());
+        return Err(invalid(
+            "tp_src and tp_dst need tcp or udp (nw_proto=6 or 17)",
+        ));
     }
     if let Some(t) = dl_type {
         m.value.set(DL_TYPE, t as u64);
@@ -345,14 +353,16 @@ pub(super) fn parse_match(text: &str, mut prio: Option<&mut Option<u16>>) -> Res
 /// Parses one rule: `[prio=N] [MATCH] actions=ACTION`, where MATCH is comma- or
 /// space-separated fields (see docs/modules.md) and ACTION one of `output:PORT`, `drop`,
 /// `flood`, `normal`. `prio` may stand anywhere before `actions=`; the default is 32768.
-pub fn parse_rule(text: &str) -> Result<Rule, String> {
+pub fn parse_rule(text: &str) -> Result<Rule, Error> {
     let text = text.trim();
     let Some(at) = text.find("actions=") else {
-        return Err("no 'actions=' (a rule is '[prio=N] MATCH actions=ACTION')".into());
+        return Err(invalid(
+            "no 'actions=' (a rule is '[prio=N] MATCH actions=ACTION')",
+        ));
     };
     let (head, action) = (&text[..at], text[at + "actions=".len()..].trim());
     if !head.is_empty() && !head.ends_with([' ', ',', '\t']) {
-        return Err(format!("'{}' runs into 'actions='", head.trim()));
+        return Err(invalid(format!("'{}' runs into 'actions='", head.trim())));
     }
     let mut prio = None;
     let matches = parse_match(head, Some(&mut prio))?;

@@ -1,4 +1,5 @@
 use super::*;
+use crate::ErrorKind;
 
 const A: u8 = 0xa;
 const B: u8 = 0xb;
@@ -228,10 +229,15 @@ fn the_grammar_refuses_bad_rules_saying_why() {
     for (text, why) in cases {
         match parse_rule(text) {
             Ok(r) => panic!("{text} was taken: {r:?}"),
-            Err(e) => assert!(e.contains(why), "{text}: '{e}' does not say '{why}'"),
+            Err(e) => assert!(
+                e.to_string().contains(why),
+                "{text}: '{e}' does not say '{why}'"
+            ),
         }
     }
-    let e = parse_rules("# comment\n\nactions=drop\n  tcp,tp_dst=x actions=drop\n").unwrap_err();
+    let e = parse_rules("# comment\n\nactions=drop\n  tcp,tp_dst=x actions=drop\n")
+        .unwrap_err()
+        .to_string();
     assert!(
         e.contains("line 4") && e.contains("'tcp,tp_dst=x actions=drop'"),
         "{e}"
@@ -389,11 +395,20 @@ fn add_and_del_are_all_or_nothing() {
     let t = table("prio=1 udp actions=drop\nprio=1 tcp,tp_dst=22 actions=drop\n");
     let e = t
         .add_text("prio=2 udp actions=flood\nprio=2 udp,tp_dst=x actions=flood")
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("line 2"), "{e}");
     assert_eq!(t.dump("vale0").rules.len(), 2, "nothing added");
-    assert!(t.del("99").unwrap_err().contains("no rule with id 99"));
-    assert!(t.del("tcp").unwrap_err().contains("no rule has exactly"));
+    assert!(t
+        .del("99")
+        .unwrap_err()
+        .to_string()
+        .contains("no rule with id 99"));
+    assert!(t
+        .del("tcp")
+        .unwrap_err()
+        .to_string()
+        .contains("no rule has exactly"));
     assert!(t.del("tcp,tp_dst=22 actions=drop").is_err());
     assert!(t.del("prio=2 tcp,tp_dst=22").is_err(), "another priority");
     let gone = t.del("tcp,tp_dst=22").unwrap();
@@ -404,12 +419,13 @@ fn add_and_del_are_all_or_nothing() {
     assert_eq!(gone.iter().map(|r| r.id).collect::<Vec<_>>(), vec![1, 3]);
     assert!(t.dump("vale0").rules.is_empty());
     assert_eq!(
-        t.add_text("id=5").unwrap_err(),
+        t.add_text("id=5").unwrap_err().to_string(),
         "bad rule at line 1, 'id=5': no 'actions=' (a rule is '[prio=N] MATCH actions=ACTION')"
     );
     assert!(t
         .add_text("\n# nothing\n")
         .unwrap_err()
+        .to_string()
         .contains("no rule given"));
 }
 
@@ -699,7 +715,7 @@ fn the_table_is_bounded() {
     let t = Flow::new(&[]).unwrap();
     let many = "udp actions=drop\n".repeat(MAX_RULES);
     t.add_text(&many).unwrap();
-    let e = t.add_text("tcp actions=drop").unwrap_err();
+    let e = t.add_text("tcp actions=drop").unwrap_err().to_string();
     assert!(e.contains("limit of 200000"), "{e}");
     assert_eq!(t.counters()[1], ("masks".to_string(), 1));
     assert!(parse_rules(&"udp actions=drop\n".repeat(MAX_RULES + 1)).is_err());
@@ -726,4 +742,140 @@ fn a_dump_page_by_page_is_the_dump() {
         }
         assert_eq!(pages, whole, "pages of {max}");
     }
+}
+
+/// The module's commands, as valed carries them: text in, the JSON of a `FlowTable` out, each
+/// refusal of the kind valed's reply gives it.
+#[test]
+fn commands_add_del_dump_through_the_control_seam() {
+    let t = table("");
+    let ctx = ControlCtx { switch: "vale0" };
+    let kind = |e: Error| crate::Error::from(e).kind;
+    let table = |s: String| serde_json::from_str::<FlowTable>(&s).expect("a FlowTable");
+    let added = table(
+        t.control(
+            ctx,
+            "add",
+            "prio=5 udp actions=drop\ntcp actions=output:vale0:p1",
+        )
+        .unwrap(),
+    );
+    assert_eq!(added.switch, "vale0");
+    assert_eq!(added.rules.iter().map(|r| r.id).collect::<Vec<_>>(), [1, 2]);
+    // All or none, a bad rule is an invalid argument.
+    let e = t.control(ctx, "add", "udp actions=flood\nudp,bogus=1 actions=drop");
+    assert_eq!(kind(e.unwrap_err()), ErrorKind::InvalidArgument);
+    // A port of another switch is refused, as at installation.
+    let e = t.control(ctx, "add", "actions=output:vale1:x").unwrap_err();
+    assert!(e.to_string().contains("not on switch 'vale0'"), "{e}");
+    assert_eq!(table(t.control(ctx, "dump", "").unwrap()).rules.len(), 2);
+    // Paged: `after=N` with the `next` of the page before.
+    let many: String = (0..FLOW_DUMP_PAGE + 10)
+        .map(|i| format!("udp,tp_dst={i} actions=drop\n"))
+        .collect();
+    t.control(ctx, "add", &many).unwrap();
+    let first = table(t.control(ctx, "dump", "").unwrap());
+    assert_eq!(first.rules.len(), FLOW_DUMP_PAGE);
+    let next = first.next.expect("more after the first page");
+    let second = table(t.control(ctx, "dump", &format!("after={next}")).unwrap());
+    assert_eq!(second.rules.len(), 12);
+    assert_eq!(second.next, None);
+    let e = t.control(ctx, "dump", "after=x").unwrap_err();
+    assert_eq!(kind(e), ErrorKind::InvalidArgument);
+    let gone = table(t.control(ctx, "del", "2").unwrap());
+    assert_eq!(gone.rules[0].id, 2);
+    assert_eq!(
+        kind(t.control(ctx, "del", "2").unwrap_err()),
+        ErrorKind::NotFound
+    );
+    // An unknown command is unsupported, and says which there are.
+    let e = t.control(ctx, "frobnicate", "").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "lookup module 'flow' has no command 'frobnicate' (known: add, del, dump)"
+    );
+    assert_eq!(kind(e), ErrorKind::Unsupported);
+    // Only reading is open to anyone.
+    assert!(t.open_op("dump"));
+    assert!(!t.open_op("add") && !t.open_op("del") && !t.open_op("frobnicate"));
+}
+
+/// A module without commands says so, of the Unsupported kind; a learning bridge saves
+/// nothing and takes nothing back.
+#[test]
+fn a_module_without_commands_refuses_them() {
+    let m = crate::lookup::make("learning", &[]).unwrap();
+    let ctx = ControlCtx { switch: "vale0" };
+    let e = m.control(ctx, "dump", "").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "lookup module 'learning' has no command 'dump': it takes no commands"
+    );
+    assert_eq!(crate::Error::from(e).kind, ErrorKind::Unsupported);
+    assert!(m.save().is_empty());
+    assert!(m.restore(ctx, &[]).is_ok());
+    assert!(m.restore(ctx, &["x".into()]).is_err());
+}
+
+/// What the module saves, taken back by a module made afresh, is the same table: the same
+/// rules in the same order, with the same ids.
+#[test]
+fn saved_rules_restore_the_same_table() {
+    let t = table("prio=5 udp actions=drop\ntcp,tp_dst=22 actions=output:vale0:p1\nactions=flood");
+    t.del("1").unwrap();
+    t.add_text("arp actions=normal").unwrap();
+    let lines = t.save();
+    assert_eq!(
+        lines,
+        [
+            "prio=32768 tcp,tp_dst=22 actions=output:vale0:p1",
+            "prio=32768 actions=flood",
+            "prio=32768 arp actions=normal",
+        ]
+    );
+    let again = Flow::new(&[]).unwrap();
+    again
+        .restore(ControlCtx { switch: "vale0" }, &lines)
+        .unwrap();
+    let view = |f: &Flow| {
+        f.dump("vale0")
+            .rules
+            .into_iter()
+            .map(|r| (r.priority, r.matches, r.actions))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(view(&again), view(&t));
+    assert_eq!(again.save(), lines);
+    // A rule naming a port of another switch is refused, all or none.
+    let e = again
+        .restore(ControlCtx { switch: "vale1" }, &lines)
+        .unwrap_err();
+    assert!(e.to_string().contains("not on switch 'vale1'"), "{e}");
+}
+
+/// At installation the module refuses a switch its rules cannot be on, and shows its `rules`
+/// argument as a line, not saved (the rules are its state).
+#[test]
+fn installing_summarises_the_rules_argument() {
+    let rules = "udp actions=drop\nactions=output:vale0:b";
+    let t = Flow::new(&args(&[("rules", rules), ("default", "drop")])).unwrap();
+    let mut kept = vec![
+        KeptArg {
+            key: "rules".into(),
+            value: rules.into(),
+            saved: true,
+        },
+        KeptArg {
+            key: "default".into(),
+            value: "drop".into(),
+            saved: true,
+        },
+    ];
+    let e = t.installing(ControlCtx { switch: "vale1" }, &mut kept);
+    assert!(e.unwrap_err().to_string().contains("not on switch 'vale1'"));
+    t.installing(ControlCtx { switch: "vale0" }, &mut kept)
+        .unwrap();
+    assert_eq!(kept[0].value, "(2 rules at load; see vale-ctl flow dump)");
+    assert!(!kept[0].saved);
+    assert!(kept[1].saved && kept[1].value == "drop");
 }
