@@ -15,6 +15,7 @@ mod guard;
 pub mod nic;
 mod socket;
 pub mod tap;
+pub mod tunnel;
 pub mod vhost_user;
 mod virtq;
 
@@ -129,7 +130,13 @@ pub struct Kind {
 }
 
 /// Every kind valed can attach: a new kind is one module and one entry here.
-pub const KINDS: &[Kind] = &[tap::KIND, nic::KIND, vhost_user::KIND];
+pub const KINDS: &[Kind] = &[
+    tap::KIND,
+    nic::KIND,
+    vhost_user::KIND,
+    tunnel::VXLAN,
+    tunnel::GENEVE,
+];
 
 /// How a device is opened from a kind's name and arguments ([`open_device`], [`restore_device`]).
 pub type OpenDevice = fn(&str, &KindArgs) -> Result<Box<dyn Device>, Error>;
