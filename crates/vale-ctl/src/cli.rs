@@ -251,8 +251,9 @@ offload both ways, merged receive buffers and event indices; 'vale-ctl list' sho
 guest took.\n\n\
 The generic form 'vale-ctl attach PORT KIND KEY=VALUE...' names any kind valed knows with \
 its arguments as the control protocol carries them: 'tap name=NAME [persist=yes]', \
-'nic iface=NAME [mode=MODE]', 'vhost-user path=PATH [client=yes] [queues=N]'; valed refuses \
-a kind or an argument it does not know, naming those it does.",
+'nic iface=NAME [mode=MODE]', 'vhost-user path=PATH [client=yes] [queues=N]', \
+'vxlan vni=N local=ADDR remote=ADDR[,ADDR...] [dstport=4789] [learn-limit=N]', 'geneve' as \
+vxlan (dstport 6081); valed refuses a kind or an argument it does not know, naming those it does.",
         group(clap::ArgGroup::new("device").required(true).args(["tap", "iface", "vhost_user", "kind"]))
     )]
     Attach {
@@ -280,7 +281,7 @@ a kind or an argument it does not know, naming those it does.",
         /// Queue pairs the vhost-user port offers, 1-16 (default 4)
         #[arg(long, value_name = "N", requires = "vhost_user", value_parser = clap::value_parser!(u8).range(1..=16))]
         queues: Option<u8>,
-        /// The generic form: a port kind (tap, nic, vhost-user), then its arguments
+        /// The generic form: a port kind (tap, nic, vhost-user, vxlan, geneve), then its arguments
         #[arg(value_name = "KIND")]
         kind: Option<String>,
         /// The kind's arguments

@@ -122,7 +122,11 @@ fn vxlan_interoperates_with_the_linux_vxlan_device() {
         field(remote(l, "192.168.77.2"), "rx") >= 12
     });
     assert_eq!(field(&l, "too-big"), 0, "{l}");
-    assert_eq!(field(&l, "bad-header") + field(&l, "unknown-vtep"), 0, "{l}");
+    assert_eq!(
+        field(&l, "bad-header") + field(&l, "unknown-vtep"),
+        0,
+        "{l}"
+    );
     // 1500 bytes of IP, 1514 of frame: 1564 on the underlay of MTU 1500.
     let reasm = ip_stat(&x.h2, "ReasmReqds");
     let out = c1.run("ping -c 2 -i 0.2 -W 1 -M do -s 1472 10.77.0.2", T);
@@ -130,7 +134,11 @@ fn vxlan_interoperates_with_the_linux_vxlan_device() {
     wait_line(&x.net.v, "vale0:vx", "too big counted", |l| {
         field(l, "too-big") == 2
     });
-    assert_eq!(ip_stat(&x.h2, "ReasmReqds"), reasm, "no fragment reached H2");
+    assert_eq!(
+        ip_stat(&x.h2, "ReasmReqds"),
+        reasm,
+        "no fragment reached H2"
+    );
     // The path still works.
     c1.ok("ping -c 2 -i 0.2 -W 2 10.77.0.2");
 }
@@ -210,16 +218,35 @@ fn geneve_ports_join_two_switches_losing_nothing() {
 fn tunnel_arguments_are_checked_and_a_taken_port_is_busy() {
     let (_home, v) = two_switches("vxlan", &[]);
     v.ctl_fails(
-        &["attach", "vale2:t", "vxlan", "vni=5", "local=127.0.0.1", "remote=127.0.0.9"],
+        &[
+            "attach",
+            "vale2:t",
+            "vxlan",
+            "vni=5",
+            "local=127.0.0.1",
+            "remote=127.0.0.9",
+        ],
         1,
         "use another local address or dstport",
     );
     for (args, msg) in [
-        (&["vni=16777216", "local=127.0.0.1", "remote=127.0.0.9"][..], "vni"),
-        (&["vni=1", "local=nowhere", "remote=127.0.0.9"], "not an IPv4 or IPv6"),
-        (&["vni=1", "local=127.0.0.1", "remote=::1"], "same IP version"),
+        (
+            &["vni=16777216", "local=127.0.0.1", "remote=127.0.0.9"][..],
+            "vni",
+        ),
+        (
+            &["vni=1", "local=nowhere", "remote=127.0.0.9"],
+            "not an IPv4 or IPv6",
+        ),
+        (
+            &["vni=1", "local=127.0.0.1", "remote=::1"],
+            "same IP version",
+        ),
         (&["vni=1", "local=127.0.0.1"], "needs argument 'remote'"),
-        (&["vni=1", "local=127.0.0.1", "remote=127.0.0.9", "dstport=0"], "dstport"),
+        (
+            &["vni=1", "local=127.0.0.1", "remote=127.0.0.9", "dstport=0"],
+            "dstport",
+        ),
     ] {
         let mut a = vec!["attach", "vale2:t", "geneve"];
         a.extend_from_slice(args);
@@ -274,7 +301,12 @@ fn a_hostile_underlay_is_counted_and_harms_nobody() {
     const MAC_S: [u8; 6] = [2, 0, 0, 0, 0, 0x5];
     const MAC_Q: [u8; 6] = [2, 0, 0, 0, 0, 0x9];
     // vale0 learns the sink: what the hostile remotes send goes there, not to a.
-    send_and_expect(&sink, &a, &test_frame(60, MAC_S, BROADCAST, 0), "sink's hello");
+    send_and_expect(
+        &sink,
+        &a,
+        &test_frame(60, MAC_S, BROADCAST, 0),
+        "sink's hello",
+    );
     assert_eq!(recv_n(&b, 1), vec![test_frame(60, MAC_S, BROADCAST, 0)]);
     send_and_expect(&a, &b, &test_frame(60, MAC_A, BROADCAST, 0), "a's hello");
     send_and_expect(&b, &a, &test_frame(60, MAC_B, MAC_A, 0), "b's reply");
@@ -311,9 +343,7 @@ fn a_hostile_underlay_is_counted_and_harms_nobody() {
                     x ^= x << 17;
                     let m = x.to_le_bytes();
                     let src = [m[0] & 0xfe | 2, m[1], m[2], m[3], m[4], m[5]];
-                    known
-                        .send_to(&vxlan_packet(5, src, MAC_S, 60), to)
-                        .unwrap();
+                    known.send_to(&vxlan_packet(5, src, MAC_S, 60), to).unwrap();
                     if i % 64 == 0 {
                         std::thread::sleep(Duration::from_millis(2));
                     }
@@ -334,7 +364,11 @@ fn a_hostile_underlay_is_counted_and_harms_nobody() {
         // same bucket (about one in thirty here): most are refused.
         field(l, "not-learnt") >= 2000 && field(remote(l, "127.0.0.4"), "rx") == 1
     });
-    assert_eq!(field(&l, "bad-header"), field(&before, "bad-header") + 4, "{l}");
+    assert_eq!(
+        field(&l, "bad-header"),
+        field(&before, "bad-header") + 4,
+        "{l}"
+    );
     assert_eq!(field(&l, "wrong-vni"), 1, "{l}");
     assert_eq!(field(&l, "too-big"), 1, "{l}");
     assert_eq!(field(&l, "unknown-vtep"), 1, "{l}");
@@ -346,7 +380,11 @@ fn a_hostile_underlay_is_counted_and_harms_nobody() {
     let l = wait_line(&v, "vale0:t", "unicast to the learnt remote", |l| {
         field(remote(l, "127.0.0.4"), "tx") == tx4 + 1
     });
-    assert_eq!(field(remote(&l, "127.0.0.2"), "tx"), tx2, "not flooded: {l}");
+    assert_eq!(
+        field(remote(&l, "127.0.0.2"), "tx"),
+        tx2,
+        "not flooded: {l}"
+    );
     // The stream kept going beside it; valed lives.
     checked_stream(&b, &a, MAC_B, MAC_A, 200);
     assert!(started.elapsed() < Duration::from_secs(60));

@@ -162,11 +162,17 @@ const fn kind(proto: Proto, name: &'static str) -> super::Kind {
 }
 
 fn open_vxlan(args: &KindArgs) -> Result<Box<dyn Device>, super::Error> {
-    Ok(Box::new(TunnelDevice::open(Config::parse(Proto::Vxlan, args)?)?))
+    Ok(Box::new(TunnelDevice::open(Config::parse(
+        Proto::Vxlan,
+        args,
+    )?)?))
 }
 
 fn open_geneve(args: &KindArgs) -> Result<Box<dyn Device>, super::Error> {
-    Ok(Box::new(TunnelDevice::open(Config::parse(Proto::Geneve, args)?)?))
+    Ok(Box::new(TunnelDevice::open(Config::parse(
+        Proto::Geneve,
+        args,
+    )?)?))
 }
 
 /// `vxlan`: `vni`, `local` (address), `remote` (addresses, comma-separated), `dstport`

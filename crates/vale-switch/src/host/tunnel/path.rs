@@ -123,7 +123,8 @@ fn errno(e: libc::c_int) -> io::Error {
 
 impl Path {
     pub fn new(cfg: &Config) -> Path {
-        let (addrs, lens): (Vec<_>, Vec<_>) = cfg.remotes.iter().map(|r| sock::sockaddr(*r)).unzip();
+        let (addrs, lens): (Vec<_>, Vec<_>) =
+            cfg.remotes.iter().map(|r| sock::sockaddr(*r)).unzip();
         let mut p = Path {
             counters: Counters::default(),
             now_s: 0,
@@ -145,7 +146,9 @@ impl Path {
             rx_iov: vec![iov(std::ptr::null(), 0); 2 * RX_BATCH].into(),
             rx_hdr: vec![[0; HDR_LEN]; RX_BATCH].into(),
             // SAFETY: all-zero is a valid sockaddr_storage.
-            rx_from: (0..RX_BATCH).map(|_| unsafe { std::mem::zeroed() }).collect(),
+            rx_from: (0..RX_BATCH)
+                .map(|_| unsafe { std::mem::zeroed() })
+                .collect(),
         };
         // The header iovecs never change.
         for k in 0..RX_BATCH {
@@ -184,7 +187,11 @@ impl Path {
                 .find(dst, self.now_s)
                 .filter(|r| (*r as usize) < self.remotes.len())
         };
-        let count = if known.is_some() { 1 } else { self.remotes.len() };
+        let count = if known.is_some() {
+            1
+        } else {
+            self.remotes.len()
+        };
         if self.tx_sets == TX_BATCH || self.tx_msg_count + count > TX_BATCH {
             self.flush(sock);
         }

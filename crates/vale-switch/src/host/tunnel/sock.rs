@@ -68,12 +68,7 @@ pub fn ip_of(ss: &libc::sockaddr_storage) -> Option<IpAddr> {
     }
 }
 
-fn setopt(
-    fd: &OwnedFd,
-    level: libc::c_int,
-    name: libc::c_int,
-    val: libc::c_int,
-) -> io::Result<()> {
+fn setopt(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, val: libc::c_int) -> io::Result<()> {
     // SAFETY: a c_int option value, its size given.
     let r = unsafe {
         libc::setsockopt(
@@ -108,13 +103,19 @@ pub fn open(kind: &str, local: SocketAddr) -> Result<OwnedFd, Error> {
     };
     if fd < 0 {
         let e = io::Error::last_os_error();
-        return Err(Error::of_io(format!("{kind}: cannot open a UDP socket: {e}"), &e));
+        return Err(Error::of_io(
+            format!("{kind}: cannot open a UDP socket: {e}"),
+            &e,
+        ));
     }
     // SAFETY: a fresh descriptor we own.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let opt = |level, name, val, what: &str| {
         setopt(&fd, level, name, val).map_err(|e| {
-            Error::of_io(format!("{kind}: cannot set {what} on the UDP socket: {e}"), &e)
+            Error::of_io(
+                format!("{kind}: cannot set {what} on the UDP socket: {e}"),
+                &e,
+            )
         })
     };
     if local.is_ipv4() {
@@ -146,7 +147,14 @@ pub fn open(kind: &str, local: SocketAddr) -> Result<OwnedFd, Error> {
     }
     let (ss, len) = sockaddr(local);
     // SAFETY: a socket address of `len` bytes.
-    if unsafe { libc::bind(fd.as_raw_fd(), &ss as *const _ as *const libc::sockaddr, len) } != 0 {
+    if unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            &ss as *const _ as *const libc::sockaddr,
+            len,
+        )
+    } != 0
+    {
         let e = io::Error::last_os_error();
         let msg = if e.raw_os_error() == Some(libc::EADDRINUSE) {
             return Err(Error::Busy(format!(

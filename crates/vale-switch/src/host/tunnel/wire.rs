@@ -160,13 +160,25 @@ mod tests {
         // Options overrunning the packet: 63 words (252 bytes) in a packet of 100.
         assert_eq!(p.decap(&geneve(63, 0, 0x6558, 7), 100, 7), Err(Bad::Header));
         // Options leaving less than an Ethernet header.
-        assert_eq!(p.decap(&geneve(1, 0, 0x6558, 7), 8 + 4 + 13, 7), Err(Bad::Header));
+        assert_eq!(
+            p.decap(&geneve(1, 0, 0x6558, 7), 8 + 4 + 13, 7),
+            Err(Bad::Header)
+        );
         // The critical flag.
-        assert_eq!(p.decap(&geneve(1, 0x40, 0x6558, 7), 200, 7), Err(Bad::Critical));
+        assert_eq!(
+            p.decap(&geneve(1, 0x40, 0x6558, 7), 200, 7),
+            Err(Bad::Critical)
+        );
         // Version 1, another protocol, another VNI, truncated.
-        assert_eq!(p.decap(&geneve(0x40, 0, 0x6558, 7), 200, 7), Err(Bad::Header));
+        assert_eq!(
+            p.decap(&geneve(0x40, 0, 0x6558, 7), 200, 7),
+            Err(Bad::Header)
+        );
         assert_eq!(p.decap(&geneve(0, 0, 0x0800, 7), 200, 7), Err(Bad::Header));
         assert_eq!(p.decap(&geneve(0, 0, 0x6558, 8), 200, 7), Err(Bad::Vni));
-        assert_eq!(p.decap(&geneve(0, 0, 0x6558, 7)[..4], 4, 7), Err(Bad::Header));
+        assert_eq!(
+            p.decap(&geneve(0, 0, 0x6558, 7)[..4], 4, 7),
+            Err(Bad::Header)
+        );
     }
 }
