@@ -24,7 +24,7 @@ fn field(line: &str, name: &str) -> u64 {
 }
 
 /// The part of the line about remote `ip`.
-fn remote<'a>(line: &'a str, ip: &str) -> &'a str {
+fn remote_of<'a>(line: &'a str, ip: &str) -> &'a str {
     let tag = format!("remote {ip}: ");
     let at = line
         .find(&tag)
@@ -51,8 +51,17 @@ fn wait_line(v: &Valed, port: &str, what: &str, cond: impl Fn(&str) -> bool) -> 
     last
 }
 
-/// An IPv4 counter of namespace `ns` from /proc/net/snmp (`Ip:` line).
+/// An IP counter of namespace `ns`: IPv4's from /proc/net/snmp (`Ip:` lines), IPv6's
+/// (`Ip6...`) from /proc/net/snmp6.
 fn ip_stat(ns: &Netns, name: &str) -> u64 {
+    if name.starts_with("Ip6") {
+        let snmp = ns.ok("cat /proc/net/snmp6");
+        let l = snmp
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .expect("Ip6 counter");
+        return l.split_whitespace().nth(1).unwrap().parse().unwrap();
+    }
     let snmp = ns.ok("cat /proc/net/snmp");
     let mut lines = snmp.lines().filter(|l| l.starts_with("Ip:"));
     let (names, values) = (lines.next().unwrap(), lines.next().unwrap());
@@ -65,8 +74,8 @@ fn ip_stat(ns: &Netns, name: &str) -> u64 {
 
 /// valed (in `net.home`) with a vxlan port toward a Linux vxlan device on a bridge in
 /// namespace H2, behind which namespace C2 (10.77.0.2) sits; C1 (10.77.0.1) is behind a TAP
-/// port of the same switch. The underlay is a veth, 192.168.77.1 (valed) to .2 (H2), MTU
-/// 1500.
+/// port of the same switch. The underlay is a veth, 192.168.77.1 (valed) to .2 (H2), or
+/// fd78::1 to fd78::2 (`v6`), MTU 1500.
 struct Interop {
     net: TapNet,
     h2: Netns,
@@ -74,7 +83,12 @@ struct Interop {
 }
 
 impl Interop {
-    fn new() -> Interop {
+    fn new(v6: bool) -> Interop {
+        let (local, remote, plen) = if v6 {
+            ("fd78::1", "fd78::2", 64)
+        } else {
+            ("192.168.77.1", "192.168.77.2", 24)
+        };
         let net = TapNet::new(&["c1"]);
         let h2 = Netns::new("x");
         let c2 = Netns::new("y");
@@ -82,44 +96,51 @@ impl Interop {
         net.home
             .ok(&format!("ip link add {u} type veth peer name under"));
         net.home.ok(&format!("ip link set under netns {}", h2.name));
-        net.home.adopt(None, &u, &["192.168.77.1/24"]);
-        h2.adopt(None, "under", &["192.168.77.2/24"]);
-        h2.ok(
-            "ip link add vx type vxlan id 42 dstport 4789 local 192.168.77.2 \
-             remote 192.168.77.1 && ip link add br0 type bridge && ip link set vx master br0 \
+        net.home.adopt(None, &u, &[&format!("{local}/{plen}")]);
+        h2.adopt(None, "under", &[&format!("{remote}/{plen}")]);
+        h2.ok(&format!(
+            "ip link add vx type vxlan id 42 dstport 4789 local {remote} remote {local} \
+             && ip link add br0 type bridge && ip link set vx master br0 \
              && ip link set vx up && ip link add vc type veth peer name ce \
              && ip link set vc master br0 && ip link set vc up && ip link set br0 up",
-        );
+        ));
         c2.adopt(Some(&h2), "ce", &["10.77.0.2/24"]);
         net.v.ctl_ok(&[
             "attach",
             "vale0:vx",
             "vxlan",
             "vni=42",
-            "local=192.168.77.1",
-            "remote=192.168.77.2",
+            &format!("local={local}"),
+            &format!("remote={remote}"),
         ]);
         Interop { net, h2, c2 }
     }
 }
 
 /// A vxlan port and Linux's vxlan device carry pings both ways, small and large; a frame too
-/// big for the underlay is counted as such and not fragmented.
-#[test]
-fn vxlan_interoperates_with_the_linux_vxlan_device() {
-    let x = Interop::new();
+/// big for the underlay is counted as such and not fragmented. Over an IPv4 or IPv6 (`v6`)
+/// underlay.
+fn interop(v6: bool) {
+    let x = Interop::new(v6);
+    let (local, remote, reasm) = if v6 {
+        ("[fd78::1]:4789", "fd78::2", "Ip6ReasmReqds")
+    } else {
+        ("192.168.77.1:4789", "192.168.77.2", "ReasmReqds")
+    };
+    // The largest ping that fits: 1500 - 50 (IPv4) or 70 (IPv6) - 28.
+    let big = if v6 { 1400 } else { 1420 };
     let c1 = x.net.ns(0);
     let p = x.net.v.port("vale0:vx").expect("listed");
     assert_eq!(
         (p.kind.as_str(), p.device.as_deref(), p.mode.as_deref()),
-        ("vxlan", Some("192.168.77.1:4789"), Some("vni 42"))
+        ("vxlan", Some(local), Some("vni 42"))
     );
     c1.ok("ping -c 3 -i 0.2 -W 2 10.77.0.2");
     x.c2.ok("ping -c 3 -i 0.2 -W 2 10.77.0.1");
-    c1.ok("ping -c 3 -i 0.2 -W 2 -s 1400 10.77.0.2");
-    x.c2.ok("ping -c 3 -i 0.2 -W 2 -s 1400 10.77.0.1");
+    c1.ok(&format!("ping -c 3 -i 0.2 -W 2 -M do -s {big} 10.77.0.2"));
+    x.c2.ok(&format!("ping -c 3 -i 0.2 -W 2 -M do -s {big} 10.77.0.1"));
     let l = wait_line(&x.net.v, "vale0:vx", "traffic counted", |l| {
-        field(remote(l, "192.168.77.2"), "rx") >= 12
+        field(remote_of(l, remote), "rx") >= 12
     });
     assert_eq!(field(&l, "too-big"), 0, "{l}");
     assert_eq!(
@@ -127,20 +148,26 @@ fn vxlan_interoperates_with_the_linux_vxlan_device() {
         0,
         "{l}"
     );
-    // 1500 bytes of IP, 1514 of frame: 1564 on the underlay of MTU 1500.
-    let reasm = ip_stat(&x.h2, "ReasmReqds");
+    // 1500 bytes of IP, 1514 of frame: 1564 or 1584 on the underlay of MTU 1500.
+    let before = ip_stat(&x.h2, reasm);
     let out = c1.run("ping -c 2 -i 0.2 -W 1 -M do -s 1472 10.77.0.2", T);
     assert!(!out.status.success(), "no reply to a frame too big");
     wait_line(&x.net.v, "vale0:vx", "too big counted", |l| {
         field(l, "too-big") == 2
     });
-    assert_eq!(
-        ip_stat(&x.h2, "ReasmReqds"),
-        reasm,
-        "no fragment reached H2"
-    );
+    assert_eq!(ip_stat(&x.h2, reasm), before, "no fragment reached H2");
     // The path still works.
     c1.ok("ping -c 2 -i 0.2 -W 2 10.77.0.2");
+}
+
+#[test]
+fn vxlan_interoperates_with_the_linux_vxlan_device() {
+    interop(false);
+}
+
+#[test]
+fn vxlan_interoperates_with_the_linux_vxlan_device_over_ipv6() {
+    interop(true);
 }
 
 /// valed in `home` with native ports vale0:a and vale1:b, and tunnel ports vale0:t and vale1:t
@@ -194,9 +221,9 @@ fn stream_between_two_switches(kind: &str) {
     checked_stream(&a, &b, MAC_A, MAC_B, 3000);
     checked_stream(&b, &a, MAC_B, MAC_A, 1000);
     let l = wait_line(&v, "vale0:t", "stream counted", |l| {
-        field(remote(l, "127.0.0.2"), "tx") >= 3001
+        field(remote_of(l, "127.0.0.2"), "tx") >= 3001
     });
-    assert_eq!(field(remote(&l, "127.0.0.2"), "drops"), 0, "{l}");
+    assert_eq!(field(remote_of(&l, "127.0.0.2"), "drops"), 0, "{l}");
     assert!(l.starts_with(&format!("{kind} vni 5")), "{l}");
     // Both MACs known: unicast, learnt on both ends.
     assert!(field(&l, "learnt") >= 1, "{l}");
@@ -362,7 +389,7 @@ fn a_hostile_underlay_is_counted_and_harms_nobody() {
     let l = wait_line(&v, "vale0:t", "hostile packets counted", |l| {
         // A new MAC of a remote at its limit is learnt only in place of one of its own in the
         // same bucket (about one in thirty here): most are refused.
-        field(l, "not-learnt") >= 2000 && field(remote(l, "127.0.0.4"), "rx") == 1
+        field(l, "not-learnt") >= 2000 && field(remote_of(l, "127.0.0.4"), "rx") == 1
     });
     assert_eq!(
         field(&l, "bad-header"),
@@ -374,14 +401,14 @@ fn a_hostile_underlay_is_counted_and_harms_nobody() {
     assert_eq!(field(&l, "unknown-vtep"), 1, "{l}");
     assert!(field(&l, "learnt") <= 64 + 2, "the limit holds: {l}");
     // MAC_Q is known at 127.0.0.4: a frame to it goes there only.
-    let tx2 = field(remote(&l, "127.0.0.2"), "tx");
-    let tx4 = field(remote(&l, "127.0.0.4"), "tx");
+    let tx2 = field(remote_of(&l, "127.0.0.2"), "tx");
+    let tx4 = field(remote_of(&l, "127.0.0.4"), "tx");
     send_all(&a, &[test_frame(60, MAC_A, MAC_Q, 1)]);
     let l = wait_line(&v, "vale0:t", "unicast to the learnt remote", |l| {
-        field(remote(l, "127.0.0.4"), "tx") == tx4 + 1
+        field(remote_of(l, "127.0.0.4"), "tx") == tx4 + 1
     });
     assert_eq!(
-        field(remote(&l, "127.0.0.2"), "tx"),
+        field(remote_of(&l, "127.0.0.2"), "tx"),
         tx2,
         "not flooded: {l}"
     );
@@ -389,4 +416,55 @@ fn a_hostile_underlay_is_counted_and_harms_nobody() {
     checked_stream(&b, &a, MAC_B, MAC_A, 200);
     assert!(started.elapsed() < Duration::from_secs(60));
     drop(sink);
+}
+
+/// A Geneve header of VNI `vni` saying `opt_words` words of options and `flags`, then
+/// `opt_bytes` bytes of options (zeros), then `inner`.
+fn geneve_packet(vni: u32, opt_words: u8, flags: u8, opt_bytes: usize, inner: &[u8]) -> Vec<u8> {
+    let v = vni.to_be_bytes();
+    let mut p = vec![opt_words, flags, 0x65, 0x58, v[1], v[2], v[3], 0];
+    p.extend(std::iter::repeat_n(0u8, opt_bytes));
+    p.extend_from_slice(inner);
+    p
+}
+
+/// Geneve: options are skipped (the inner frame arrives whole), the critical flag and options
+/// overrunning the packet are counted drops, and packets after a drop in the same batch arrive
+/// whole and in order.
+#[test]
+fn geneve_options_are_skipped_and_critical_ones_dropped() {
+    let (home, v) = two_switches("geneve", &[]);
+    let a = v.open("vale0:a");
+    let b = v.open("vale1:b");
+    send_and_expect(&a, &b, &test_frame(60, MAC_A, BROADCAST, 0), "a's hello");
+    let frames: Vec<Vec<u8>> = (1..=4)
+        .map(|s| test_frame(100 + s, MAC_B, MAC_A, s as u64))
+        .collect();
+    let packets = vec![
+        geneve_packet(5, 1, 0x40, 4, &frames[0]),
+        geneve_packet(5, 2, 0, 8, &frames[0]),
+        // 252 bytes of options said, 60 there.
+        geneve_packet(5, 63, 0, 0, &frames[1][..60]),
+        geneve_packet(5, 0, 0, 0, &frames[1]),
+        // Options leaving 13 bytes of inner frame.
+        geneve_packet(5, 63, 0, 252 - 100 + 13, &frames[2][..100]),
+        geneve_packet(9, 0, 0, 0, &frames[2]),
+        geneve_packet(5, 0x41, 0, 4, &frames[2]),
+        geneve_packet(5, 0, 0x80, 0, &frames[3]),
+    ];
+    in_netns(&home.name, move || {
+        let s = UdpSocket::bind("127.0.0.2:0").unwrap();
+        for p in &packets {
+            s.send_to(p, "127.0.0.1:6081").unwrap();
+        }
+    });
+    // The first frame (options skipped), the second, the fourth (the O flag is no reason to
+    // drop); the third's packets were all refused.
+    let want = vec![frames[0].clone(), frames[1].clone(), frames[3].clone()];
+    assert_eq!(recv_n(&a, 3), want);
+    let l = wait_line(&v, "vale0:t", "drops counted", |l| {
+        field(l, "critical") == 1 && field(l, "bad-header") == 3
+    });
+    assert_eq!(field(&l, "wrong-vni"), 1, "{l}");
+    assert_eq!(field(remote_of(&l, "127.0.0.2"), "drops"), 5, "{l}");
 }
