@@ -468,3 +468,49 @@ fn geneve_options_are_skipped_and_critical_ones_dropped() {
     assert_eq!(field(&l, "wrong-vni"), 1, "{l}");
     assert_eq!(field(remote_of(&l, "127.0.0.2"), "drops"), 5, "{l}");
 }
+
+/// A saved configuration brings tunnel ports back with their arguments: the stream flows
+/// again after a restart.
+#[test]
+fn tunnel_ports_come_back_after_a_restart() {
+    let home = Netns::new("r");
+    let cfg_dir = TempDir::new("cfg");
+    let cfg = cfg_dir.0.join("valed.toml");
+    let cfg_s = cfg.to_str().unwrap();
+    let mut v = Valed::start_in(&home, &["--config", cfg_s]);
+    for (port, kind, local, remote) in [
+        ("vale0:t", "vxlan", "127.0.0.1", "127.0.0.2"),
+        ("vale1:t", "vxlan", "127.0.0.2", "127.0.0.1"),
+        ("vale0:g", "geneve", "127.0.0.1", "127.0.0.3"),
+    ] {
+        v.ctl_ok(&[
+            "attach",
+            port,
+            kind,
+            "vni=77",
+            &format!("local={local}"),
+            &format!("remote={remote}"),
+            "learn-limit=100",
+        ]);
+    }
+    v.ctl_ok(&["save"]);
+    v.restart_in(&home, &["--config", cfg_s]);
+    for (port, kind, device) in [
+        ("vale0:t", "vxlan", "127.0.0.1:4789"),
+        ("vale1:t", "vxlan", "127.0.0.2:4789"),
+        ("vale0:g", "geneve", "127.0.0.1:6081"),
+    ] {
+        let p = v
+            .port(port)
+            .unwrap_or_else(|| panic!("{port} back: {}", v.log()));
+        assert_eq!(
+            (p.kind.as_str(), p.device.as_deref(), p.mode.as_deref()),
+            (kind, Some(device), Some("vni 77"))
+        );
+    }
+    let a = v.open("vale0:a");
+    let b = v.open("vale1:b");
+    send_and_expect(&a, &b, &test_frame(60, MAC_A, BROADCAST, 0), "a's hello");
+    send_and_expect(&b, &a, &test_frame(60, MAC_B, MAC_A, 0), "b's reply");
+    checked_stream(&a, &b, MAC_A, MAC_B, 500);
+}
