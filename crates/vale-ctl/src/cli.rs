@@ -164,7 +164,7 @@ NAME       the port, valeX:Y\n  \
 KIND       native: a libvale client\n  \
 UID        the user the port belongs to: only it or an administrator may destroy,\n             \
 detach or tune the port, or reopen it once free\n  \
-PID        pid of the process holding the port (valed's own for tap, nic, vhost-user), - if none\n  \
+PID        pid of the process holding the port (valed's own for tap, nic, vhost-user, vxlan, geneve), - if none\n  \
 PERSIST    yes: made by 'vale-ctl create', stays when no client holds it\n  \
 RINGS      tx/rx rings (- while no client holds the port)\n  \
 SLOTS      slots per ring\n  \
@@ -464,7 +464,7 @@ The header gives the time, the number of ports, the totals of the columns below 
 forwarding worker's busy share (CPU time of its thread, polling and forwarding, per second of \
 wall time). Then a line per port:\n\n  \
 PORT      the port, valeX:Y\n  \
-KIND      native, tap, nic or vhost-user\n  \
+KIND      native, tap, nic, vhost-user, vxlan or geneve\n  \
 STATE     up; down (its device is down or gone); free (persistent, nobody holds it)\n  \
 RX-PPS    frames per second the switch delivered to the port (RX-BPS: bits per second)\n  \
 TX-PPS    frames per second the port sent into the switch (TX-BPS: bits per second)\n  \
