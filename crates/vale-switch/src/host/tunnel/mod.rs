@@ -123,6 +123,9 @@ impl Config {
             if r.is_unspecified() || r.is_multicast() {
                 return Err(bad(format!("remote {r} is not a unicast address")));
             }
+            if r == local {
+                return Err(bad(format!("remote {r} is the local address")));
+            }
             let r = SocketAddr::new(r, port);
             if !remotes.contains(&r) {
                 remotes.push(r);
