@@ -320,3 +320,64 @@ impl Egress for TunnelDevice {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(kv: &[(&str, &str)]) -> KindArgs {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn arguments_and_their_defaults() {
+        let c = Config::parse(
+            Proto::Vxlan,
+            &args(&[
+                ("vni", "42"),
+                ("local", "10.0.0.1"),
+                ("remote", "10.0.0.2, 10.0.0.3,10.0.0.2"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.local, "10.0.0.1:4789".parse().unwrap());
+        assert_eq!(c.remotes.len(), 2, "duplicates go");
+        assert_eq!(c.remotes[1], "10.0.0.3:4789".parse().unwrap());
+        assert_eq!(c.learn_limit, DEFAULT_LEARN_LIMIT);
+        let c = Config::parse(
+            Proto::Geneve,
+            &args(&[
+                ("vni", "0"),
+                ("local", "fd00::1"),
+                ("remote", "fd00::2"),
+                ("dstport", "7000"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.remotes[0], "[fd00::2]:7000".parse().unwrap());
+        assert_eq!(
+            Config::parse(
+                Proto::Geneve,
+                &args(&[("vni", "1"), ("local", "fd00::1"), ("remote", "fd00::2")])
+            )
+            .unwrap()
+            .local
+            .port(),
+            6081
+        );
+        let many: Vec<String> = (0..=MAX_REMOTES)
+            .map(|i| format!("10.1.{}.{}", i / 250, i % 250 + 1))
+            .collect();
+        let e = Config::parse(
+            Proto::Vxlan,
+            &args(&[
+                ("vni", "1"),
+                ("local", "10.0.0.1"),
+                ("remote", &many.join(",")),
+            ]),
+        );
+        assert!(matches!(e, Err(crate::host::Error::Invalid(m)) if m.contains("257 remotes")));
+    }
+}

@@ -394,3 +394,19 @@ impl Path {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_destination_mac_is_read_across_pieces() {
+        let f = [2u8, 0, 0, 0, 0, 0xb, 2, 0, 0, 0, 0, 0xa, 0x88, 0xb5];
+        let whole = dst_mac(&[&f]);
+        assert_eq!(whole, mac(&[2, 0, 0, 0, 0, 0xb]));
+        assert_eq!(dst_mac(&[&f[..1], &f[1..4], &f[4..]]), whole);
+        assert!(!is_group(whole));
+        assert!(is_group(dst_mac(&[&[0xffu8; 14]])));
+        assert!(is_group(dst_mac(&[&[0x01, 0, 0x5e, 0, 0, 1]])));
+    }
+}
