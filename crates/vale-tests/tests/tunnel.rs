@@ -201,7 +201,8 @@ fn vxlan_interoperates_with_the_linux_vxlan_device_over_ipv6() {
 }
 
 /// valed in `home` with native ports vale0:a and vale1:b, and tunnel ports vale0:t and vale1:t
-/// of kind `kind` between 127.0.0.1 and 127.0.0.2 (`extra`: more arguments of vale0:t).
+/// of kind `kind` between 127.0.0.1 and 127.0.0.2 (`extra`: more arguments of vale0:t, its
+/// `remote` included).
 fn two_switches(kind: &str, extra: &[&str]) -> (Netns, Valed) {
     let home = Netns::new("t");
     let v = Valed::start_in(&home, &[]);
@@ -215,11 +216,12 @@ fn two_switches(kind: &str, extra: &[&str]) -> (Netns, Valed) {
             kind.into(),
             "vni=5".into(),
             format!("local={local}"),
-            format!("remote={remote}"),
         ];
-        if port == "vale0:t" {
-            args.extend(extra.iter().map(|s| s.to_string()));
+        let extra = if port == "vale0:t" { extra } else { &[] };
+        if !extra.iter().any(|a| a.starts_with("remote=")) {
+            args.push(format!("remote={remote}"));
         }
+        args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         v.ctl_ok(&args);
     }
