@@ -167,7 +167,7 @@ NAME       the port, valeX:Y\n  \
 KIND       native: a libvale client\n  \
 UID        the user the port belongs to: only it or an administrator may destroy,\n             \
 detach or tune the port, or reopen it once free\n  \
-PID        pid of the process holding the port (valed's own for tap, nic, vhost-user), - if none\n  \
+PID        pid of the process holding the port (valed's own for tap, nic, vhost-user, vxlan, geneve), - if none\n  \
 PERSIST    yes: made by 'vale-ctl create', stays when no client holds it\n  \
 RINGS      tx/rx rings (- while no client holds the port)\n  \
 SLOTS      slots per ring\n  \
@@ -254,8 +254,9 @@ offload both ways, merged receive buffers and event indices; 'vale-ctl list' sho
 guest took.\n\n\
 The generic form 'vale-ctl attach PORT KIND KEY=VALUE...' names any kind valed knows with \
 its arguments as the control protocol carries them: 'tap name=NAME [persist=yes]', \
-'nic iface=NAME [mode=MODE]', 'vhost-user path=PATH [client=yes] [queues=N]'; valed refuses \
-a kind or an argument it does not know, naming those it does.",
+'nic iface=NAME [mode=MODE]', 'vhost-user path=PATH [client=yes] [queues=N]', \
+'vxlan vni=N local=ADDR remote=ADDR[,ADDR...] [dstport=4789] [learn-limit=N]', 'geneve' as \
+vxlan (dstport 6081); valed refuses a kind or an argument it does not know, naming those it does.",
         group(clap::ArgGroup::new("device").required(true).args(["tap", "iface", "vhost_user", "kind"]))
     )]
     Attach(AttachCmd),
@@ -447,7 +448,7 @@ The header gives the time, the number of ports, the totals of the columns below 
 forwarding worker's busy share (CPU time of its thread, polling and forwarding, per second of \
 wall time). Then a line per port:\n\n  \
 PORT      the port, valeX:Y\n  \
-KIND      native, tap, nic or vhost-user\n  \
+KIND      native, tap, nic, vhost-user, vxlan or geneve\n  \
 STATE     up; down (its device is down or gone); free (persistent, nobody holds it)\n  \
 RX-PPS    frames per second the switch delivered to the port (RX-BPS: bits per second)\n  \
 TX-PPS    frames per second the port sent into the switch (TX-BPS: bits per second)\n  \
@@ -538,7 +539,7 @@ pub(crate) struct AttachCmd {
     /// Queue pairs the vhost-user port offers, 1-16 (default 4)
     #[arg(long, value_name = "N", requires = "vhost_user", value_parser = clap::value_parser!(u8).range(1..=16))]
     pub(crate) queues: Option<u8>,
-    /// The generic form: a port kind (tap, nic, vhost-user), then its arguments
+    /// The generic form: a port kind (tap, nic, vhost-user, vxlan, geneve), then its arguments
     #[arg(value_name = "KIND")]
     pub(crate) kind: Option<String>,
     /// The kind's arguments

@@ -296,7 +296,7 @@ fn the_generic_attach_names_a_kind_and_its_arguments() {
     v.ctl_fails(
         &["attach", "vale0:h", "bogus", "a=b"],
         1,
-        "no port kind 'bogus' (known: tap, nic, vhost-user)",
+        "no port kind 'bogus' (known: tap, nic, vhost-user, vxlan, geneve)",
     );
     v.ctl_fails(
         &["attach", "vale0:h", "tap", "nome=x"],

@@ -20,6 +20,7 @@ mod guard;
 mod nic;
 mod socket;
 mod tap;
+mod tunnel;
 mod vhost_user;
 mod virtq;
 
@@ -46,7 +47,13 @@ use crate::region::Region;
 use crate::switch::Switch;
 
 /// Every kind valed can attach: a new kind is one module and one entry here.
-pub const KINDS: &[Kind] = &[tap::KIND, nic::KIND, vhost_user::KIND];
+pub const KINDS: &[Kind] = &[
+    tap::KIND,
+    nic::KIND,
+    vhost_user::KIND,
+    tunnel::VXLAN,
+    tunnel::GENEVE,
+];
 
 /// How a device is opened from a kind's name and arguments ([`open_device`], [`restore_device`]).
 pub(crate) type OpenDevice = fn(&str, &KindArgs) -> Result<Box<dyn Device>, Error>;

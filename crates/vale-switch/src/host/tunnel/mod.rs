@@ -1,0 +1,377 @@
+//! Tunnel ports: a switch spanning hosts over an IP network, one VXLAN (RFC 7348) or Geneve
+//! (RFC 8926) segment per port.
+//!
+//! A tunnel port is a host port whose device is one kernel UDP socket bound to the port's
+//! `local` address and `dstport` ([`sock`]). The far ends (VTEPs) are the `remote` list:
+//!
+//! - Egress (switch → wire, [`TunnelDevice::send`]): the inner destination MAC is looked up in
+//!   the port's own table (inner MAC → remote); a known one goes to its remote, anything else
+//!   (unknown, broadcast, multicast) to every remote (head-end replication). The 8-byte header
+//!   is the same for every frame of the port, so a frame is sent from where it lies in the
+//!   port's ring: one message of iovecs (header, the frame's pieces) per remote, a burst in one
+//!   `sendmmsg`; nothing is allocated or copied per frame.
+//! - Ingress (wire → switch, [`TunnelDevice::ingress`]): one `recvmmsg` receives a batch straight
+//!   into the free slots of the port's tx ring (the header into scratch space beside it); each
+//!   packet's header, VNI and sender are checked ([`wire`]), its inner source MAC is learnt for
+//!   its remote, and it is committed to the ring.
+//!
+//! The table is the learning bridge's ([`LearningBridge`]), with remotes in place of ports: 300 s
+//! aging as Linux's vxlan, and a per-remote limit (`learn-limit`), so a remote sending from
+//! random inner MACs churns its own entries only and the others' stay known.
+//!
+//! Offloads: the port takes none ([`Caps::NONE`]), so the switch finishes checksums and
+//! segmentation in software before frames reach it. Frames bigger than the underlay's path MTU
+//! are refused by the kernel (the socket never fragments) and counted as too big.
+//!
+//! Counters (per port and per remote) are shown as the port's `negotiated` line in
+//! `vale-ctl list`, refreshed about once a second.
+
+mod path;
+mod sock;
+pub mod wire;
+
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::time::Instant;
+
+use vale_abi::region::PortParams;
+
+use super::{polled, DevError, Device, Driver, Egress, HostState, KindArgs, Polled, Steps, TxSide};
+use crate::lookup::LearningBridge;
+use crate::offload::{Caps, Offload};
+use wire::Proto;
+
+/// Most remotes of one port.
+pub const MAX_REMOTES: usize = 256;
+/// Entries of a port's table (all remotes together).
+const TABLE_ENTRIES: usize = 16_384;
+/// MACs one remote may hold in the table unless `learn-limit` says.
+const DEFAULT_LEARN_LIMIT: u32 = 1024;
+
+/// The ring geometry of a tunnel port: one slot per frame, jumbo frames included.
+const TUNNEL_PARAMS: PortParams = PortParams {
+    tx_rings: 1,
+    rx_rings: 1,
+    slots: 512,
+    buf_size: 9472,
+};
+
+/// The arguments of a tunnel port.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub proto: Proto,
+    pub vni: u32,
+    pub local: SocketAddr,
+    pub remotes: Vec<SocketAddr>,
+    pub learn_limit: u32,
+}
+
+const ARGS: &[&str] = &["vni", "local", "remote", "dstport", "learn-limit"];
+
+impl Config {
+    /// From an attach request's arguments.
+    pub fn parse(proto: Proto, args: &KindArgs) -> Result<Config, super::Error> {
+        let kind = proto.name();
+        let bad = |m: String| super::Error::Invalid(format!("{kind}: {m}"));
+        let vni = super::required(args, kind, "vni")?;
+        let vni = vni
+            .parse::<u32>()
+            .ok()
+            .filter(|v| *v < 1 << 24)
+            .ok_or_else(|| bad(format!("vni '{vni}' is not a number from 0 to 16777215")))?;
+        let ip = |s: &str, what: &str| {
+            s.trim()
+                .parse::<IpAddr>()
+                .map_err(|_| bad(format!("{what} '{s}' is not an IPv4 or IPv6 address")))
+        };
+        let local = ip(super::required(args, kind, "local")?, "local")?;
+        let port = match args.get("dstport") {
+            None => proto.default_port(),
+            Some(p) => p
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| bad(format!("dstport '{p}' is not a port from 1 to 65535")))?,
+        };
+        let learn_limit = match args.get("learn-limit") {
+            None => DEFAULT_LEARN_LIMIT,
+            Some(l) => l
+                .parse::<u32>()
+                .ok()
+                .filter(|l| (1..=TABLE_ENTRIES as u32).contains(l))
+                .ok_or_else(|| {
+                    bad(format!(
+                        "learn-limit '{l}' is not a number from 1 to {TABLE_ENTRIES}"
+                    ))
+                })?,
+        };
+        let mut remotes = Vec::new();
+        for r in super::required(args, kind, "remote")?.split(',') {
+            let r = ip(r, "remote")?;
+            if r.is_ipv4() != local.is_ipv4() {
+                return Err(bad(format!(
+                    "remote {r} and local {local} are not of the same IP version"
+                )));
+            }
+            if r.is_unspecified() || r.is_multicast() {
+                return Err(bad(format!("remote {r} is not a unicast address")));
+            }
+            if r == local {
+                return Err(bad(format!("remote {r} is the local address")));
+            }
+            let r = SocketAddr::new(r, port);
+            if !remotes.contains(&r) {
+                remotes.push(r);
+            }
+        }
+        if remotes.len() > MAX_REMOTES {
+            return Err(bad(format!(
+                "{} remotes, more than the {MAX_REMOTES} a port takes",
+                remotes.len()
+            )));
+        }
+        Ok(Config {
+            proto,
+            vni,
+            local: SocketAddr::new(local, port),
+            remotes,
+            learn_limit,
+        })
+    }
+}
+
+/// The kind of tunnel protocol `proto`.
+const fn kind(proto: Proto, name: &'static str) -> super::Kind {
+    let open = match proto {
+        Proto::Vxlan => open_vxlan as fn(&KindArgs) -> _,
+        Proto::Geneve => open_geneve,
+    };
+    super::Kind {
+        name,
+        args: ARGS,
+        open,
+        saved_args: &[],
+        // A tunnel port is opened again from what it was attached with.
+        saved: |attached, _device, _mode| attached.unwrap_or_default(),
+        restore: open,
+    }
+}
+
+fn open_vxlan(args: &KindArgs) -> Result<Box<dyn Device>, super::Error> {
+    Ok(Box::new(TunnelDevice::open(Config::parse(
+        Proto::Vxlan,
+        args,
+    )?)?))
+}
+
+fn open_geneve(args: &KindArgs) -> Result<Box<dyn Device>, super::Error> {
+    Ok(Box::new(TunnelDevice::open(Config::parse(
+        Proto::Geneve,
+        args,
+    )?)?))
+}
+
+/// `vxlan`: `vni`, `local` (address), `remote` (addresses, comma-separated), `dstport`
+/// (4789), `learn-limit` (MACs per remote, 1024).
+pub const VXLAN: super::Kind = kind(Proto::Vxlan, "vxlan");
+/// `geneve`: as `vxlan`, `dstport` 6081.
+pub const GENEVE: super::Kind = kind(Proto::Geneve, "geneve");
+
+/// A tunnel port's device: its socket, remotes, table and batches.
+pub struct TunnelDevice {
+    cfg: Config,
+    sock: OwnedFd,
+    table: LearningBridge,
+    path: path::Path,
+    epoch: Instant,
+    /// Where the counters are shown (set when the driver starts).
+    state: Option<Arc<HostState>>,
+}
+
+impl TunnelDevice {
+    pub fn open(cfg: Config) -> Result<TunnelDevice, super::Error> {
+        let sock = sock::open(cfg.proto.name(), cfg.local)?;
+        let table = LearningBridge::new(TABLE_ENTRIES);
+        let path = path::Path::new(&cfg);
+        Ok(TunnelDevice {
+            cfg,
+            sock,
+            table,
+            path,
+            epoch: Instant::now(),
+            state: None,
+        })
+    }
+
+    fn now_s(&self) -> u32 {
+        self.epoch.elapsed().as_secs() as u32
+    }
+
+    /// The counters, as `list` shows them.
+    fn shown(&self) -> String {
+        let c = &self.path.counters;
+        let mut s = format!(
+            "{} vni {}: bad-header {} wrong-vni {} critical {} unknown-vtep {} too-big {} \
+             not-learnt {} learnt {}",
+            self.cfg.proto.name(),
+            self.cfg.vni,
+            c.bad_header,
+            c.wrong_vni,
+            c.critical,
+            c.unknown_vtep,
+            c.too_big,
+            c.not_learnt,
+            self.table.len(self.now_s()),
+        );
+        for (r, rc) in self.cfg.remotes.iter().zip(self.path.remote_counters()) {
+            s.push_str(&format!(
+                "; remote {}: tx {} frames {} bytes, rx {} frames {} bytes, drops {}",
+                r.ip(),
+                rc.tx_frames,
+                rc.tx_bytes,
+                rc.rx_frames,
+                rc.rx_bytes,
+                rc.drops
+            ));
+        }
+        s
+    }
+}
+
+impl Device for TunnelDevice {
+    fn describe(&self) -> (&'static str, String, String) {
+        (
+            self.cfg.proto.name(),
+            self.cfg.local.to_string(),
+            format!("vni {}", self.cfg.vni),
+        )
+    }
+
+    fn caps(&self) -> Caps {
+        Caps::NONE
+    }
+
+    fn params(&self) -> PortParams {
+        TUNNEL_PARAMS
+    }
+
+    fn driver(self: Box<Self>) -> Box<dyn Driver> {
+        Box::new(TunnelDriver(self))
+    }
+}
+
+/// The generic driver, once the device knows where to show its counters.
+struct TunnelDriver(Box<TunnelDevice>);
+
+impl Driver for TunnelDriver {
+    fn start(
+        self: Box<Self>,
+        steps: Steps,
+        state: Arc<HostState>,
+    ) -> std::io::Result<std::thread::JoinHandle<()>> {
+        let mut dev = self.0;
+        dev.state = Some(state.clone());
+        *state.negotiated.lock().unwrap_or_else(|e| e.into_inner()) = dev.shown();
+        polled(dev).start(steps, state)
+    }
+}
+
+impl Polled for TunnelDevice {
+    fn poll_fds(&self) -> Vec<RawFd> {
+        vec![self.sock.as_raw_fd()]
+    }
+
+    fn ingress(&mut self, ring: &mut TxSide) -> Result<usize, DevError> {
+        let now_s = self.now_s();
+        self.path.now_s = now_s;
+        self.path
+            .receive(&self.sock, &self.table, ring)
+            .map_err(DevError::Frame)
+    }
+
+    /// Called about once a second: ages the table and shows the counters.
+    fn is_up(&self) -> bool {
+        self.table.tick(self.now_s());
+        if let Some(st) = &self.state {
+            *st.negotiated.lock().unwrap_or_else(|e| e.into_inner()) = self.shown();
+        }
+        true
+    }
+}
+
+impl Egress for TunnelDevice {
+    fn send(&mut self, pieces: &[&[u8]], _off: Offload) -> Result<bool, DevError> {
+        // Frames toward a tunnel never carry offload work: the switch finished it.
+        self.path
+            .queue(&self.sock, &self.table, pieces)
+            .map(|()| true)
+            .map_err(DevError::Frame)
+    }
+
+    fn flush(&mut self) -> Result<(), DevError> {
+        self.path.flush(&self.sock);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(kv: &[(&str, &str)]) -> KindArgs {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn arguments_and_their_defaults() {
+        let c = Config::parse(
+            Proto::Vxlan,
+            &args(&[
+                ("vni", "42"),
+                ("local", "10.0.0.1"),
+                ("remote", "10.0.0.2, 10.0.0.3,10.0.0.2"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.local, "10.0.0.1:4789".parse().unwrap());
+        assert_eq!(c.remotes.len(), 2, "duplicates go");
+        assert_eq!(c.remotes[1], "10.0.0.3:4789".parse().unwrap());
+        assert_eq!(c.learn_limit, DEFAULT_LEARN_LIMIT);
+        let c = Config::parse(
+            Proto::Geneve,
+            &args(&[
+                ("vni", "0"),
+                ("local", "fd00::1"),
+                ("remote", "fd00::2"),
+                ("dstport", "7000"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.remotes[0], "[fd00::2]:7000".parse().unwrap());
+        assert_eq!(
+            Config::parse(
+                Proto::Geneve,
+                &args(&[("vni", "1"), ("local", "fd00::1"), ("remote", "fd00::2")])
+            )
+            .unwrap()
+            .local
+            .port(),
+            6081
+        );
+        let many: Vec<String> = (0..=MAX_REMOTES)
+            .map(|i| format!("10.1.{}.{}", i / 250, i % 250 + 1))
+            .collect();
+        let e = Config::parse(
+            Proto::Vxlan,
+            &args(&[
+                ("vni", "1"),
+                ("local", "10.0.0.1"),
+                ("remote", &many.join(",")),
+            ]),
+        );
+        assert!(matches!(e, Err(crate::host::Error::Invalid(m)) if m.contains("257 remotes")));
+    }
+}
