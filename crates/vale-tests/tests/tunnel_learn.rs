@@ -247,3 +247,44 @@ fn a_linux_vtep_is_learnt_as_a_remote() {
     assert!(field(remote_of(&l, "192.168.79.2"), "rx") >= 12, "{l}");
     assert_eq!(field(&l, "bad-header") + field(&l, "too-big"), 0, "{l}");
 }
+
+/// Linux and OVS send from a UDP source port hashed from the inner flow: a remote is known by
+/// its address alone, whatever port a packet comes from (and, learnt or configured, it is sent
+/// to at `dstport`).
+#[test]
+fn packets_from_any_source_port_are_taken() {
+    let home = Netns::new("s");
+    let v = Valed::start_in(&home, &[]);
+    v.ctl_ok(&[
+        "attach",
+        "vale0:t",
+        "vxlan",
+        "vni=5",
+        "local=127.0.0.1",
+        "remote=127.0.0.2",
+    ]);
+    let a = v.options().slots(1024).open("vale0:a").expect("open a");
+    // a is known to vale0 before the packets come.
+    send_all(&a, &[test_frame(60, MAC_A, BROADCAST, 0)]);
+    let ports = in_netns(&home.name, || {
+        let mut ports = std::collections::BTreeSet::new();
+        for k in 0..64u8 {
+            // Each from a port of its own, as many flows would come.
+            let s = UdpSocket::bind("127.0.0.2:0").unwrap();
+            ports.insert(s.local_addr().unwrap().port());
+            s.send_to(&vxlan_packet(5, mac_of(k), MAC_A), "127.0.0.1:4789")
+                .unwrap();
+        }
+        ports.len()
+    });
+    assert!(ports > 1, "the packets came from {ports} source ports");
+    let got = recv_n(&a, 64);
+    let want: Vec<Vec<u8>> = (0..64u8)
+        .map(|k| test_frame(60, mac_of(k), MAC_A, 7))
+        .collect();
+    assert_eq!(got, want);
+    let l = wait_line(&v, "vale0:t", "all taken", |l| {
+        field(remote_of(l, "127.0.0.2"), "rx") == 64
+    });
+    assert_eq!(field(&l, "unknown-vtep"), 0, "{l}");
+}
