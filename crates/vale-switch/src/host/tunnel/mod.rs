@@ -136,6 +136,13 @@ impl Config {
                     ))
                 })?,
         };
+        if learn_remotes > 0 && (local.is_unspecified() || local.is_multicast()) {
+            // Any address of the host would be the port's own: a spoofed packet from one
+            // would make the port send floods to itself.
+            return Err(bad(format!(
+                "learn-remotes needs a unicast local address, not {local}"
+            )));
+        }
         // With learnt remotes the list may be empty: every VTEP is learnt.
         let listed = match args.get("remote") {
             None if learn_remotes > 0 => "",
@@ -430,6 +437,11 @@ mod tests {
             "a list is needed without learning"
         );
         assert!(learning("257", None).is_err());
+        let any = Config::parse(
+            Proto::Vxlan,
+            &args(&[("vni", "1"), ("local", "0.0.0.0"), ("learn-remotes", "yes")]),
+        );
+        assert!(matches!(any, Err(crate::host::Error::Invalid(m)) if m.contains("unicast local")));
         assert_eq!(learning("no", Some("10.0.0.2")).unwrap().learn_remotes, 0);
     }
 }

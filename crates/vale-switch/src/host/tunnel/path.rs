@@ -84,6 +84,8 @@ pub struct Path {
     proto: Proto,
     vni: u32,
     port: u16,
+    /// The port's own address: never a remote (what is sent there would come back in).
+    local: IpAddr,
     learn_limit: u32,
     /// Most learnt remotes at once (0: packets from unknown VTEPs are dropped).
     learn_remotes: usize,
@@ -182,6 +184,7 @@ impl Path {
             proto: cfg.proto,
             vni: cfg.vni,
             port: cfg.local.port(),
+            local: cfg.local.ip(),
             learn_limit: cfg.learn_limit,
             learn_remotes: cfg.learn_remotes,
             learnt: 0,
@@ -220,7 +223,7 @@ impl Path {
 
     /// Adds `ip` as a learnt remote, if the port may learn one more. Its slot.
     fn learn_remote(&mut self, ip: IpAddr) -> Option<usize> {
-        if self.learnt >= self.learn_remotes {
+        if self.learnt >= self.learn_remotes || ip == self.local {
             return None;
         }
         let slot = self.remotes[..self.slots]
@@ -484,8 +487,14 @@ impl Path {
                 self.counters.unknown_vtep += 1;
                 return Err(());
             };
-            let ip = ip.filter(|ip| !ip.is_unspecified() && !ip.is_multicast());
-            return match ip.and_then(|ip| self.learn_remote(ip)) {
+            let local = self.local;
+            let Some(ip) =
+                ip.filter(|ip| !ip.is_unspecified() && !ip.is_multicast() && *ip != local)
+            else {
+                self.counters.unknown_vtep += 1;
+                return Err(());
+            };
+            return match self.learn_remote(ip) {
                 Some(remote) => Ok((remote, opts)),
                 None => {
                     self.counters.remotes_full += 1;
@@ -542,6 +551,11 @@ mod tests {
         p.now_s = 10;
         assert_eq!(p.learn_remote(ip("10.0.0.4")), Some(2));
         assert_eq!(p.learn_remote(ip("10.0.0.5")), None, "at the bound");
+        assert_eq!(
+            Path::new(&config(9)).learn_remote(ip("10.0.0.1")),
+            None,
+            "itself"
+        );
         assert_eq!(p.remotes().count(), 3);
         assert_eq!(p.live, 3);
         // .3 was last heard at 0, .4 at 10: with an age of 300 s, .3 goes after 301 s.
