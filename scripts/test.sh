@@ -76,6 +76,30 @@ if ! dpdk_ok; then
         echo "test.sh: the DPDK tests need root to install dpdk-dev; they will be skipped" >&2
     fi
 fi
+# The Open vSwitch interop tests (tests/tunnel_ovs.rs) run ovsdb-server and ovs-vswitchd of
+# their own in network namespaces, with their own database and sockets: the package's system
+# service is not needed, so it is kept from starting at install (policy-rc.d) and stopped and
+# disabled where a booted systemd started it anyway.
+if ! command -v ovs-vswitchd >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq
+        policy=/usr/sbin/policy-rc.d
+        own_policy=
+        if [ ! -e "$policy" ]; then
+            printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && own_policy=1
+        fi
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            openvswitch-switch
+        if [ -n "$own_policy" ]; then rm -f "$policy"; fi
+        if [ -d /run/systemd/system ]; then
+            systemctl disable --now openvswitch-switch ovs-vswitchd ovsdb-server \
+                >/dev/null 2>&1 || true
+        fi
+    else
+        echo "test.sh: the Open vSwitch tests need root to install openvswitch-switch;" \
+            "they will be skipped" >&2
+    fi
+fi
 # The metrics test: a real Prometheus server scrapes valed --metrics (run with a temporary
 # configuration and storage; the package's own service is not needed).
 if ! command -v prometheus >/dev/null 2>&1; then

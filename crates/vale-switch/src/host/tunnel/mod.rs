@@ -19,6 +19,13 @@
 //! aging as Linux's vxlan, and a per-remote limit (`learn-limit`), so a remote sending from
 //! random inner MACs churns its own entries only and the others' stay known.
 //!
+//! Remotes not in the list: a packet from one is dropped (`unknown-vtep`), unless the port
+//! learns remotes (`learn-remotes=yes` or a count): then a VTEP whose packet passes every check
+//! becomes a learnt remote (flooded to, and its inner MACs learnt for it) until it has sent
+//! nothing for longer than the table's age, so that all its MACs have aged. At most
+//! `learn-remotes` of them at once (and [`MAX_REMOTES`] in all, in slots made when the port
+//! opens): a flood of spoofed senders beyond that is counted (`remotes-full`), never grown.
+//!
 //! Offloads: the port takes none ([`Caps::NONE`]), so the switch finishes checksums and
 //! segmentation in software before frames reach it. Frames bigger than the underlay's path MTU
 //! are refused by the kernel (the socket never fragments) and counted as too big.
@@ -65,9 +72,19 @@ pub struct Config {
     pub local: SocketAddr,
     pub remotes: Vec<SocketAddr>,
     pub learn_limit: u32,
+    /// Most remotes learnt from valid packets of VTEPs not in `remotes` (0: such packets are
+    /// dropped).
+    pub learn_remotes: usize,
 }
 
-const ARGS: &[&str] = &["vni", "local", "remote", "dstport", "learn-limit"];
+const ARGS: &[&str] = &[
+    "vni",
+    "local",
+    "remote",
+    "dstport",
+    "learn-limit",
+    "learn-remotes",
+];
 
 impl Config {
     /// From an attach request's arguments.
@@ -106,8 +123,36 @@ impl Config {
                     ))
                 })?,
         };
+        let learn_remotes = match args.get("learn-remotes").map(|s| s.as_str()) {
+            None | Some("no") => 0,
+            Some("yes") => MAX_REMOTES,
+            Some(n) => n
+                .parse::<usize>()
+                .ok()
+                .filter(|n| *n <= MAX_REMOTES)
+                .ok_or_else(|| {
+                    bad(format!(
+                        "learn-remotes '{n}' is not yes, no or a number from 0 to {MAX_REMOTES}"
+                    ))
+                })?,
+        };
+        if learn_remotes > 0 && (local.is_unspecified() || local.is_multicast()) {
+            // Any address of the host would be the port's own: a spoofed packet from one
+            // would make the port send floods to itself.
+            return Err(bad(format!(
+                "learn-remotes needs a unicast local address, not {local}"
+            )));
+        }
+        // With learnt remotes the list may be empty: every VTEP is learnt.
+        let listed = match args.get("remote") {
+            None if learn_remotes > 0 => "",
+            _ => super::required(args, kind, "remote")?,
+        };
         let mut remotes = Vec::new();
-        for r in super::required(args, kind, "remote")?.split(',') {
+        for r in listed
+            .split(',')
+            .filter(|r| !r.trim().is_empty() || learn_remotes == 0)
+        {
             let r = ip(r, "remote")?;
             if r.is_ipv4() != local.is_ipv4() {
                 return Err(bad(format!(
@@ -137,6 +182,7 @@ impl Config {
             local: SocketAddr::new(local, port),
             remotes,
             learn_limit,
+            learn_remotes,
         })
     }
 }
@@ -173,7 +219,8 @@ fn open_geneve(args: &KindArgs) -> Result<Box<dyn Device>, super::Error> {
 }
 
 /// `vxlan`: `vni`, `local` (address), `remote` (addresses, comma-separated), `dstport`
-/// (4789), `learn-limit` (MACs per remote, 1024).
+/// (4789), `learn-limit` (MACs per remote, 1024), `learn-remotes` (no, yes or a count: VTEPs
+/// not in `remote` learnt from their packets; `remote` may be left out then).
 pub const VXLAN: super::Kind = kind(Proto::Vxlan, "vxlan");
 /// `geneve`: as `vxlan`, `dstport` 6081.
 pub const GENEVE: super::Kind = kind(Proto::Geneve, "geneve");
@@ -212,22 +259,25 @@ impl TunnelDevice {
     fn shown(&self) -> String {
         let c = &self.path.counters;
         let mut s = format!(
-            "{} vni {}: bad-header {} wrong-vni {} critical {} unknown-vtep {} too-big {} \
-             not-learnt {} learnt {}",
+            "{} vni {}: bad-header {} wrong-vni {} critical {} unknown-vtep {} remotes-full {} \
+             too-big {} not-learnt {} learnt {}",
             self.cfg.proto.name(),
             self.cfg.vni,
             c.bad_header,
             c.wrong_vni,
             c.critical,
             c.unknown_vtep,
+            c.remotes_full,
             c.too_big,
             c.not_learnt,
             self.table.len(self.now_s()),
         );
-        for (r, rc) in self.cfg.remotes.iter().zip(self.path.remote_counters()) {
+        for r in self.path.remotes() {
+            let rc = &r.counters;
             s.push_str(&format!(
-                "; remote {}: tx {} frames {} bytes, rx {} frames {} bytes, drops {}",
-                r.ip(),
+                "; {}remote {}: tx {} frames {} bytes, rx {} frames {} bytes, drops {}",
+                if r.learnt { "learnt " } else { "" },
+                r.ip,
                 rc.tx_frames,
                 rc.tx_bytes,
                 rc.rx_frames,
@@ -373,5 +423,25 @@ mod tests {
             ]),
         );
         assert!(matches!(e, Err(crate::host::Error::Invalid(m)) if m.contains("257 remotes")));
+        let learning = |v: &str, remote: Option<&str>| {
+            let mut a = vec![("vni", "1"), ("local", "10.0.0.1"), ("learn-remotes", v)];
+            a.extend(remote.map(|r| ("remote", r)));
+            Config::parse(Proto::Vxlan, &args(&a))
+        };
+        let c = learning("yes", None).unwrap();
+        assert_eq!((c.learn_remotes, c.remotes.len()), (MAX_REMOTES, 0));
+        let c = learning("7", Some("10.0.0.2")).unwrap();
+        assert_eq!((c.learn_remotes, c.remotes.len()), (7, 1));
+        assert!(
+            learning("no", None).is_err(),
+            "a list is needed without learning"
+        );
+        assert!(learning("257", None).is_err());
+        let any = Config::parse(
+            Proto::Vxlan,
+            &args(&[("vni", "1"), ("local", "0.0.0.0"), ("learn-remotes", "yes")]),
+        );
+        assert!(matches!(any, Err(crate::host::Error::Invalid(m)) if m.contains("unicast local")));
+        assert_eq!(learning("no", Some("10.0.0.2")).unwrap().learn_remotes, 0);
     }
 }

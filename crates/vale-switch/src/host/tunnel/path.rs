@@ -33,8 +33,11 @@ pub struct Counters {
     pub wrong_vni: u64,
     /// Received Geneve packets with the critical flag.
     pub critical: u64,
-    /// Received from an address not in the remote list.
+    /// Received from an address not in the remote list (and not learnt: `learn-remotes` off).
     pub unknown_vtep: u64,
+    /// Received valid packets from a new VTEP while the port held as many learnt remotes as
+    /// `learn-remotes` allows (or [`MAX_REMOTES`] in all).
+    pub remotes_full: u64,
     /// Sent frames the underlay refused as too big (or beyond a UDP datagram), and received
     /// packets larger than a slot.
     pub too_big: u64,
@@ -54,17 +57,46 @@ pub struct RemoteCounters {
     pub drops: u64,
 }
 
+/// One remote VTEP: configured, or learnt from a valid packet (`learn-remotes`).
+pub struct Remote {
+    pub ip: IpAddr,
+    pub counters: RemoteCounters,
+    /// Learnt, not configured: forgotten once all its MACs have aged.
+    pub learnt: bool,
+    /// A slot in use (a learnt remote's slot is reused once it is forgotten).
+    pub live: bool,
+    /// When a valid packet last came from it (seconds since the port was opened).
+    last_rx: u32,
+}
+
 /// The port's batches and counters. The messages point into the boxed arrays beside them,
 /// which never move once made.
+///
+/// Remotes live in [`MAX_REMOTES`] slots made when the port opens: the configured ones first,
+/// learnt ones in free slots after them. The learning table names a remote by its slot, so a
+/// learnt remote's slot is reused only when none of the table's entries for it can be found
+/// any more: the remote sent nothing for longer than the table's age (every entry it taught
+/// is at least that old), plus a second for the sweep that empties them.
 pub struct Path {
     pub counters: Counters,
     /// Seconds since the port was opened, for the table (set once per round).
     pub now_s: u32,
     proto: Proto,
     vni: u32,
+    port: u16,
+    /// The port's own address: never a remote (what is sent there would come back in).
+    local: IpAddr,
     learn_limit: u32,
-    remote_ips: Box<[IpAddr]>,
-    remotes: Box<[RemoteCounters]>,
+    /// Most learnt remotes at once (0: packets from unknown VTEPs are dropped).
+    learn_remotes: usize,
+    learnt: usize,
+    /// Slots in use or used before: the rest are empty.
+    slots: usize,
+    /// Remotes in use (the copies of a flooded frame).
+    live: usize,
+    /// When learnt remotes were last looked at for expiry.
+    expired_s: u32,
+    remotes: Box<[Remote]>,
     addrs: Box<[libc::sockaddr_storage]>,
     addr_lens: Box<[libc::socklen_t]>,
     hdr: Box<[u8; HDR_LEN]>,
@@ -123,16 +155,43 @@ fn errno(e: libc::c_int) -> io::Error {
 
 impl Path {
     pub fn new(cfg: &Config) -> Path {
-        let (addrs, lens): (Vec<_>, Vec<_>) =
-            cfg.remotes.iter().map(|r| sock::sockaddr(*r)).unzip();
+        let unspecified = if cfg.local.is_ipv4() {
+            IpAddr::from([0u8; 4])
+        } else {
+            IpAddr::from([0u8; 16])
+        };
+        let (mut addrs, mut lens) = (Vec::new(), Vec::new());
+        let mut remotes = Vec::new();
+        for i in 0..MAX_REMOTES {
+            let r = cfg.remotes.get(i);
+            let (a, l) = sock::sockaddr(std::net::SocketAddr::new(
+                r.map_or(unspecified, |r| r.ip()),
+                cfg.local.port(),
+            ));
+            addrs.push(a);
+            lens.push(l);
+            remotes.push(Remote {
+                ip: r.map_or(unspecified, |r| r.ip()),
+                counters: RemoteCounters::default(),
+                learnt: false,
+                live: r.is_some(),
+                last_rx: 0,
+            });
+        }
         let mut p = Path {
             counters: Counters::default(),
             now_s: 0,
             proto: cfg.proto,
             vni: cfg.vni,
+            port: cfg.local.port(),
+            local: cfg.local.ip(),
             learn_limit: cfg.learn_limit,
-            remote_ips: cfg.remotes.iter().map(|r| r.ip()).collect(),
-            remotes: vec![RemoteCounters::default(); cfg.remotes.len()].into(),
+            learn_remotes: cfg.learn_remotes,
+            learnt: 0,
+            slots: cfg.remotes.len(),
+            live: cfg.remotes.len(),
+            expired_s: 0,
+            remotes: remotes.into(),
             addrs: addrs.into(),
             addr_lens: lens.into(),
             hdr: Box::new(cfg.proto.header(cfg.vni)),
@@ -157,8 +216,51 @@ impl Path {
         p
     }
 
-    pub fn remote_counters(&self) -> &[RemoteCounters] {
-        &self.remotes
+    /// The remotes in use, configured ones first.
+    pub fn remotes(&self) -> impl Iterator<Item = &Remote> {
+        self.remotes[..self.slots].iter().filter(|r| r.live)
+    }
+
+    /// Adds `ip` as a learnt remote, if the port may learn one more. Its slot.
+    fn learn_remote(&mut self, ip: IpAddr) -> Option<usize> {
+        if self.learnt >= self.learn_remotes || ip == self.local {
+            return None;
+        }
+        let slot = self.remotes[..self.slots]
+            .iter()
+            .position(|r| !r.live)
+            .or((self.slots < MAX_REMOTES).then_some(self.slots))?;
+        let (a, l) = sock::sockaddr(std::net::SocketAddr::new(ip, self.port));
+        self.addrs[slot] = a;
+        self.addr_lens[slot] = l;
+        self.remotes[slot] = Remote {
+            ip,
+            counters: RemoteCounters::default(),
+            learnt: true,
+            live: true,
+            last_rx: self.now_s,
+        };
+        self.slots = self.slots.max(slot + 1);
+        self.learnt += 1;
+        self.live += 1;
+        Some(slot)
+    }
+
+    /// Forgets the learnt remotes none of whose table entries can be found any more (see
+    /// [`Path`]); looks once a second.
+    fn expire(&mut self, max_age_s: u32) {
+        if self.expired_s == self.now_s || self.learnt == 0 {
+            return;
+        }
+        self.expired_s = self.now_s;
+        let now = self.now_s;
+        for r in self.remotes[..self.slots].iter_mut() {
+            if r.live && r.learnt && now.wrapping_sub(r.last_rx) > max_age_s.saturating_add(1) {
+                r.live = false;
+                self.learnt -= 1;
+                self.live -= 1;
+            }
+        }
     }
 
     /// Queues the frame in `pieces` for its remote (a learnt destination) or every remote;
@@ -185,13 +287,9 @@ impl Path {
         } else {
             table
                 .find(dst, self.now_s)
-                .filter(|r| (*r as usize) < self.remotes.len())
+                .filter(|r| self.remotes.get(*r as usize).is_some_and(|r| r.live))
         };
-        let count = if known.is_some() {
-            1
-        } else {
-            self.remotes.len()
-        };
+        let count = if known.is_some() { 1 } else { self.live };
         if self.tx_sets == TX_BATCH || self.tx_msg_count + count > TX_BATCH {
             self.flush(sock);
         }
@@ -201,8 +299,11 @@ impl Path {
             self.tx_iov[base + 1 + i] = iov(p.as_ptr(), p.len());
         }
         let iov_ptr = self.tx_iov[base..].as_mut_ptr();
-        let first = known.map_or(0, |r| r as usize);
-        for r in first..first + count {
+        let (first, end) = known.map_or((0, self.slots), |r| (r as usize, r as usize + 1));
+        for r in first..end {
+            if !self.remotes[r].live {
+                continue;
+            }
             let m = &mut self.tx_msgs[self.tx_msg_count];
             m.msg_hdr.msg_name = &mut self.addrs[r] as *mut _ as *mut libc::c_void;
             m.msg_hdr.msg_namelen = self.addr_lens[r];
@@ -239,7 +340,7 @@ impl Path {
             };
             if r > 0 {
                 for k in i..i + r as usize {
-                    let c = &mut self.remotes[self.tx_remote[k] as usize];
+                    let c = &mut self.remotes[self.tx_remote[k] as usize].counters;
                     c.tx_frames += 1;
                     c.tx_bytes += self.tx_len[k] as u64;
                 }
@@ -252,7 +353,7 @@ impl Path {
                 libc::EAGAIN | libc::ENOBUFS => {
                     // The socket's buffer is full: the rest of the batch is lost, counted.
                     for k in i..n {
-                        self.remotes[self.tx_remote[k] as usize].drops += 1;
+                        self.remotes[self.tx_remote[k] as usize].counters.drops += 1;
                     }
                     break;
                 }
@@ -260,7 +361,7 @@ impl Path {
                     if e == libc::EMSGSIZE {
                         self.counters.too_big += 1;
                     }
-                    self.remotes[self.tx_remote[i] as usize].drops += 1;
+                    self.remotes[self.tx_remote[i] as usize].counters.drops += 1;
                     i += 1;
                 }
             }
@@ -269,10 +370,11 @@ impl Path {
         self.tx_sets = 0;
     }
 
-    /// The remote `from` is, if it is one.
-    fn remote_of(&self, from: &libc::sockaddr_storage) -> Option<usize> {
-        let ip = sock::ip_of(from)?;
-        self.remote_ips.iter().position(|r| *r == ip)
+    /// The remote `ip` is, if it is one in use.
+    fn remote_of(&self, ip: IpAddr) -> Option<usize> {
+        self.remotes[..self.slots]
+            .iter()
+            .position(|r| r.live && r.ip == ip)
     }
 
     /// Receives packets straight into the free slots of `ring`, checks them, learns their
@@ -283,6 +385,7 @@ impl Path {
         table: &LearningBridge,
         ring: &mut TxSide,
     ) -> io::Result<usize> {
+        self.expire(table.max_age_s.load(std::sync::atomic::Ordering::Relaxed));
         let bsize = ring.buf_size();
         let mut moved = 0;
         while moved < INGRESS_BURST {
@@ -348,7 +451,9 @@ impl Path {
                         }
                         ring.commit(len, None);
                         committed += 1;
-                        let c = &mut self.remotes[remote];
+                        let r = &mut self.remotes[remote];
+                        r.last_rx = self.now_s;
+                        let c = &mut r.counters;
                         c.rx_frames += 1;
                         c.rx_bytes += len as u64;
                     }
@@ -364,14 +469,38 @@ impl Path {
     }
 
     /// Checks received packet `k`: its remote and the bytes of options before its inner frame,
-    /// or a counted drop.
+    /// or a counted drop. A valid packet from an unknown VTEP makes it a learnt remote when
+    /// the port learns remotes and has room for one more.
     fn check(&mut self, k: usize) -> Result<(usize, usize), ()> {
         let m = &self.rx_msgs[k];
         let total = m.msg_len as usize;
         let truncated = m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
-        let Some(remote) = self.remote_of(&self.rx_from[k]) else {
-            self.counters.unknown_vtep += 1;
-            return Err(());
+        let ip = sock::ip_of(&self.rx_from[k]);
+        let Some(remote) = ip.and_then(|ip| self.remote_of(ip)) else {
+            if self.learn_remotes == 0 || truncated {
+                self.counters.unknown_vtep += 1;
+                return Err(());
+            }
+            // Only a packet that would be taken teaches a remote.
+            let hdr = &self.rx_hdr[k][..total.min(HDR_LEN)];
+            let Ok(opts) = self.proto.decap(hdr, total, self.vni) else {
+                self.counters.unknown_vtep += 1;
+                return Err(());
+            };
+            let local = self.local;
+            let Some(ip) =
+                ip.filter(|ip| !ip.is_unspecified() && !ip.is_multicast() && *ip != local)
+            else {
+                self.counters.unknown_vtep += 1;
+                return Err(());
+            };
+            return match self.learn_remote(ip) {
+                Some(remote) => Ok((remote, opts)),
+                None => {
+                    self.counters.remotes_full += 1;
+                    Err(())
+                }
+            };
         };
         let r = if truncated {
             self.counters.too_big += 1;
@@ -388,7 +517,7 @@ impl Path {
         match r {
             Ok(opts) => Ok((remote, opts)),
             Err(()) => {
-                self.remotes[remote].drops += 1;
+                self.remotes[remote].counters.drops += 1;
                 Err(())
             }
         }
@@ -398,6 +527,53 @@ impl Path {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn config(learn_remotes: usize) -> Config {
+        Config {
+            proto: Proto::Vxlan,
+            vni: 1,
+            local: "10.0.0.1:4789".parse().unwrap(),
+            remotes: vec!["10.0.0.2:4789".parse().unwrap()],
+            learn_limit: 16,
+            learn_remotes,
+        }
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn learnt_remotes_are_bounded_and_forgotten_once_their_macs_aged() {
+        let mut p = Path::new(&config(2));
+        assert_eq!(p.remote_of(ip("10.0.0.2")), Some(0));
+        assert_eq!(p.learn_remote(ip("10.0.0.3")), Some(1));
+        p.now_s = 10;
+        assert_eq!(p.learn_remote(ip("10.0.0.4")), Some(2));
+        assert_eq!(p.learn_remote(ip("10.0.0.5")), None, "at the bound");
+        assert_eq!(
+            Path::new(&config(9)).learn_remote(ip("10.0.0.1")),
+            None,
+            "itself"
+        );
+        assert_eq!(p.remotes().count(), 3);
+        assert_eq!(p.live, 3);
+        // .3 was last heard at 0, .4 at 10: with an age of 300 s, .3 goes after 301 s.
+        p.now_s = 301;
+        p.expire(300);
+        assert_eq!(p.remotes().count(), 3, "not before the age and the sweep");
+        p.now_s = 302;
+        p.expire(300);
+        assert_eq!(p.remote_of(ip("10.0.0.3")), None);
+        assert_eq!(p.remote_of(ip("10.0.0.2")), Some(0), "configured ones stay");
+        assert_eq!(p.live, 2);
+        // Its slot is taken by the next one.
+        assert_eq!(p.learn_remote(ip("10.0.0.5")), Some(1));
+        assert_eq!(p.remote_of(ip("10.0.0.5")), Some(1));
+        assert!(p.remotes().all(|r| r.counters == RemoteCounters::default()));
+        // Without learn-remotes nothing is learnt.
+        assert_eq!(Path::new(&config(0)).learn_remote(ip("10.0.0.3")), None);
+    }
 
     #[test]
     fn the_destination_mac_is_read_across_pieces() {
