@@ -111,8 +111,8 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Capture a port's frames, as pcapng or pcap, to a file or a pipe
     #[command(
-        long_about = "Captures the frames of port valeX:Y, of any kind (native, tap, nic, \
-vhost-user), and writes them as pcapng (the default) or classic pcap to FILE, or to \
+        long_about = "Captures the frames of port valeX:Y, of any kind (native, or a host \
+port's), and writes them as pcapng (the default) or classic pcap to FILE, or to \
 standard output with -w - or no -w, for tcpdump -r, tshark -r, Wireshark, or live into \
 'tcpdump -nr -' and 'wireshark -k -i -'.\n\n\
 Directions are the port's, as on a network interface: tx is what the port sends into the \
@@ -167,7 +167,8 @@ NAME       the port, valeX:Y\n  \
 KIND       native: a libvale client\n  \
 UID        the user the port belongs to: only it or an administrator may destroy,\n             \
 detach or tune the port, or reopen it once free\n  \
-PID        pid of the process holding the port (valed's own for tap, nic, vhost-user, vxlan, geneve), - if none\n  \
+PID        pid of the process holding the port (valed's own for a host port, of any kind\n             \
+but native), - if none\n  \
 PERSIST    yes: made by 'vale-ctl create', stays when no client holds it\n  \
 RINGS      tx/rx rings (- while no client holds the port)\n  \
 SLOTS      slots per ring\n  \
@@ -417,7 +418,7 @@ The header gives the time, the number of ports, the totals of the columns below 
 forwarding worker's busy share (CPU time of its thread, polling and forwarding, per second of \
 wall time). Then a line per port:\n\n  \
 PORT      the port, valeX:Y\n  \
-KIND      native, tap, nic, vhost-user, vxlan or geneve\n  \
+KIND      native (a libvale client), or a host port's kind ('vale-ctl attach --help')\n  \
 STATE     up; down (its device is down or gone); free (persistent, nobody holds it)\n  \
 RX-PPS    frames per second the switch delivered to the port (RX-BPS: bits per second)\n  \
 TX-PPS    frames per second the port sent into the switch (TX-BPS: bits per second)\n  \
@@ -481,7 +482,7 @@ pub(crate) struct CaptureCmd {
     pub(crate) expression: Vec<String>,
 }
 
-// `vale-ctl attach`: PORT and the generic form are here; each kind's flag (`--tap NAME`) and
+// `vale-ctl attach`: PORT and the generic form are here; each kind's flag and
 // options come from its registration entry ([`crate::ports::flags`] adds them).
 #[derive(Args, Debug)]
 pub(crate) struct AttachCmd {
