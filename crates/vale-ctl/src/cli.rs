@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use vale_abi::control::ModuleArg;
 use vale_abi::name::{parse_port, parse_switch};
 
@@ -111,8 +111,8 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Capture a port's frames, as pcapng or pcap, to a file or a pipe
     #[command(
-        long_about = "Captures the frames of port valeX:Y, of any kind (native, tap, nic, \
-vhost-user), and writes them as pcapng (the default) or classic pcap to FILE, or to \
+        long_about = "Captures the frames of port valeX:Y, of any kind (native, or a host \
+port's), and writes them as pcapng (the default) or classic pcap to FILE, or to \
 standard output with -w - or no -w, for tcpdump -r, tshark -r, Wireshark, or live into \
 'tcpdump -nr -' and 'wireshark -k -i -'.\n\n\
 Directions are the port's, as on a network interface: tx is what the port sends into the \
@@ -167,7 +167,8 @@ NAME       the port, valeX:Y\n  \
 KIND       native: a libvale client\n  \
 UID        the user the port belongs to: only it or an administrator may destroy,\n             \
 detach or tune the port, or reopen it once free\n  \
-PID        pid of the process holding the port (valed's own for tap, nic, vhost-user, vxlan, geneve), - if none\n  \
+PID        pid of the process holding the port (valed's own for a host port, of any kind\n             \
+but native), - if none\n  \
 PERSIST    yes: made by 'vale-ctl create', stays when no client holds it\n  \
 RINGS      tx/rx rings (- while no client holds the port)\n  \
 SLOTS      slots per ring\n  \
@@ -221,43 +222,12 @@ to or from it."
         #[arg(value_name = "NAME", value_parser = any_name)]
         name: String,
     },
-    /// Attach a TAP device, a network interface or a vhost-user VM as a port
+    /// Attach a device of the host as a port
     #[command(
         long_about = "Attaches a device of the host as port valeX:Y (and makes switch valeX \
 if absent). valed itself moves the device's frames to and from the switch; the port stays \
 until 'vale-ctl detach' or 'vale-ctl destroy'. Attaching needs an administrator (root, \
-valed's own user, or a member of valed --admin-group); the port then belongs to the caller.\n\n\
---tap NAME creates TAP device NAME, or adopts it if a persistent TAP of that name exists and \
-nobody has it open. The TAP carries TSO segments and partial checksums as they are to other \
-TAP ports; toward other ports valed segments and checksums in software. Move the TAP into a \
-container's network namespace with 'ip link set NAME netns NS'; it stays on the switch. \
-With --persist the TAP device outlives valed and the port.\n\n\
---iface NAME binds network interface NAME (a NIC, a veth): AF_XDP in the driver's XDP mode \
-(xdp) or the kernel's generic mode (xdp-generic), or AF_PACKET (packet). Without --mode \
-valed tries them in that order and keeps the first that binds; 'vale-ctl list' shows which. \
-While attached, the interface's received frames go to the switch instead of the kernel.\n\n\
---vhost-user PATH makes valed the virtio-net device of a virtual machine (QEMU's \
-'-netdev vhost-user', any vhost-user front end) through the Unix socket PATH: valed listens \
-there, and serves one front end after the other (QEMU '-chardev socket,path=PATH,reconnect=1'). \
-PATH must be free or hold a stale socket (one nobody listens at), which valed replaces; \
-anything else there (a file, a directory, a socket in use) is refused and left as it is, and \
-detach removes PATH only while it is still valed's socket. With --client valed connects to a \
-front end listening there instead (QEMU 'server=on,wait=off'), again after each \
-disconnection, and makes or removes nothing at PATH. The guest's RAM must be shared memory \
-('-object memory-backend-memfd,...,share=on'). The port is down while no front end is connected. \
-The port offers --queues queue pairs (QEMU '-netdev vhost-user,queues=N' with \
-'-device virtio-net-pci,mq=on', up to as many); each pair has a thread of its own in valed, \
-and the frames of one flow toward the guest stay on one receive queue. valed also offers \
-the MTU ('-device virtio-net-pci,host_mtu=9000'; longer frames without segmentation are \
-dropped both ways), link status, checksum and TCP segmentation \
-offload both ways, merged receive buffers and event indices; 'vale-ctl list' shows what the \
-guest took.\n\n\
-The generic form 'vale-ctl attach PORT KIND KEY=VALUE...' names any kind valed knows with \
-its arguments as the control protocol carries them: 'tap name=NAME [persist=yes]', \
-'nic iface=NAME [mode=MODE]', 'vhost-user path=PATH [client=yes] [queues=N]', \
-'vxlan vni=N local=ADDR remote=ADDR[,ADDR...] [dstport=4789] [learn-limit=N]', 'geneve' as \
-vxlan (dstport 6081); valed refuses a kind or an argument it does not know, naming those it does.",
-        group(clap::ArgGroup::new("device").required(true).args(["tap", "iface", "vhost_user", "kind"]))
+valed's own user, or a member of valed --admin-group); the port then belongs to the caller."
     )]
     Attach(AttachCmd),
     /// Give a TAP or NIC port's device back
@@ -448,7 +418,7 @@ The header gives the time, the number of ports, the totals of the columns below 
 forwarding worker's busy share (CPU time of its thread, polling and forwarding, per second of \
 wall time). Then a line per port:\n\n  \
 PORT      the port, valeX:Y\n  \
-KIND      native, tap, nic, vhost-user, vxlan or geneve\n  \
+KIND      native (a libvale client), or a host port's kind ('vale-ctl attach --help')\n  \
 STATE     up; down (its device is down or gone); free (persistent, nobody holds it)\n  \
 RX-PPS    frames per second the switch delivered to the port (RX-BPS: bits per second)\n  \
 TX-PPS    frames per second the port sent into the switch (TX-BPS: bits per second)\n  \
@@ -512,39 +482,22 @@ pub(crate) struct CaptureCmd {
     pub(crate) expression: Vec<String>,
 }
 
-// `vale-ctl attach`.
+// `vale-ctl attach`: PORT and the generic form are here; each kind's flag and
+// options come from its registration entry ([`crate::ports::flags`] adds them).
 #[derive(Args, Debug)]
 pub(crate) struct AttachCmd {
     /// The port, valeX:Y
     #[arg(value_name = "PORT", value_parser = port_name)]
     pub(crate) port: String,
-    /// A TAP device, created or adopted
-    #[arg(long, value_name = "NAME")]
-    pub(crate) tap: Option<String>,
-    /// Keep the TAP device after valed lets it go
-    #[arg(long, requires = "tap", conflicts_with = "iface")]
-    pub(crate) persist: bool,
-    /// A network interface, bound through AF_XDP or AF_PACKET
-    #[arg(long, value_name = "NAME")]
-    pub(crate) iface: Option<String>,
-    /// How to bind the interface (default: the first of these that works)
-    #[arg(long, requires = "iface", value_parser = ["xdp", "xdp-generic", "packet"])]
-    pub(crate) mode: Option<String>,
-    /// A vhost-user socket: valed listens there (connects with --client)
-    #[arg(long, value_name = "PATH")]
-    pub(crate) vhost_user: Option<PathBuf>,
-    /// Connect to a front end listening at the vhost-user socket
-    #[arg(long, requires = "vhost_user")]
-    pub(crate) client: bool,
-    /// Queue pairs the vhost-user port offers, 1-16 (default 4)
-    #[arg(long, value_name = "N", requires = "vhost_user", value_parser = clap::value_parser!(u8).range(1..=16))]
-    pub(crate) queues: Option<u8>,
-    /// The generic form: a port kind (tap, nic, vhost-user, vxlan, geneve), then its arguments
-    #[arg(value_name = "KIND")]
+    /// The generic form: a port kind, then its arguments
+    #[arg(value_name = "KIND", help = crate::ports::kind_help())]
     pub(crate) kind: Option<String>,
     /// The kind's arguments
     #[arg(value_name = "KEY=VALUE", requires = "kind", value_parser = key_value)]
     pub(crate) kind_args: Vec<(String, String)>,
+    /// What valed is asked for, from the flags or the generic form ([`crate::ports::request`]).
+    #[arg(skip)]
+    pub(crate) request: crate::ports::Attach,
 }
 
 // `vale-ctl lookup`.
@@ -591,6 +544,39 @@ pub(crate) struct TopCmd {
           value_parser = clap::value_parser!(u64).range(1..),
           default_value_if("once", "true", "1"))]
     pub(crate) count: Option<u64>,
+}
+
+/// vale-ctl's command line: the derived [`Cli`], with `attach`'s kind flags and options, which
+/// come from the kinds' registration entries ([`crate::ports::flags`]). `--help`, the man
+/// pages and parsing all use this one.
+pub(crate) fn command() -> clap::Command {
+    Cli::command().mut_subcommand("attach", crate::ports::flags)
+}
+
+/// The command line of this process; a usage error ends it (status 2), as clap's do.
+pub(crate) fn parse() -> Cli {
+    try_parse_from(std::env::args_os()).unwrap_or_else(|e| e.exit())
+}
+
+/// The command line `args` (the program's name first).
+pub(crate) fn try_parse_from<I, T>(args: I) -> Result<Cli, clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let mut cmd = command();
+    let matches = cmd.try_get_matches_from_mut(args)?;
+    let mut cli = Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))?;
+    if let (Command::Attach(c), Some(m)) = (&mut cli.command, matches.subcommand_matches("attach"))
+    {
+        c.request = crate::ports::request(c, m).map_err(|(kind, message)| {
+            let attach = cmd
+                .find_subcommand_mut("attach")
+                .expect("attach is a command");
+            attach.error(kind, message)
+        })?;
+    }
+    Ok(cli)
 }
 
 /// Seconds between refreshes of `top`.
@@ -698,13 +684,12 @@ pub(crate) fn port_name(s: &str) -> Result<String, ValueError> {
 
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory;
-
     use super::*;
 
+    /// The command with the kinds' flags and options: no clash with vale-ctl's own.
     #[test]
     fn cli_is_consistent() {
-        Cli::command().debug_assert();
+        command().debug_assert();
     }
 
     #[test]

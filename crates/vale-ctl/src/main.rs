@@ -10,8 +10,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 mod capture;
 mod cli;
 mod client;
@@ -32,8 +30,8 @@ const EXIT_USAGE: u8 = 2;
 const EXIT_NO_DAEMON: u8 = 3;
 
 fn main() -> ExitCode {
-    vale_man::write_if_asked("1", <Cli as clap::CommandFactory>::command);
-    let cli = Cli::parse();
+    vale_man::write_if_asked("1", cli::command);
+    let cli = cli::parse();
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::NoDaemon(dir, e)) => {

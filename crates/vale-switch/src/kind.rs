@@ -7,13 +7,17 @@
 //! `host/` and one line in [`crate::host::KINDS`]:
 //!
 //! 1. **The registration entry**, a [`Kind`]: the name the control protocol and
-//!    `vale-ctl attach PORT KIND KEY=VALUE...` use, the arguments it takes ([`KindArgs`];
-//!    [`required`] and [`flag`] read them), `open` (a device from those arguments), and how a
-//!    port of the kind is saved in valed's configuration and opened again at its next start
+//!    `vale-ctl attach PORT KIND KEY=VALUE...` use, the description of the arguments it takes
+//!    ([`Arg`]: key, value, help, [`Shape`]; a request carries them as [`KindArgs`], which
+//!    [`required`] and [`flag`] read), vale-ctl's flag for the kind ([`Flag`]: `--tap NAME`)
+//!    and its help paragraph, `open` (a device from those arguments), and how a port of the
+//!    kind is saved in valed's configuration and opened again at its next start
 //!    (`saved_args`, `saved`, `restore`: retries and namespaces live there). Failures are an
 //!    [`Error`], whose variant becomes the errno a client sees. The engine checks the
-//!    arguments against the entry (an unknown one is refused with the list of known ones)
-//!    before calling `open`.
+//!    arguments against the description (an unknown one is refused with the list of known
+//!    ones, a missing required one named) before calling `open`; vale-ctl makes its `attach`
+//!    flags, their help and its usage errors from the same descriptions, so a new kind needs
+//!    no change there.
 //! 2. **The device**, a [`Device`]: what attaching needs (`describe` for the control plane's
 //!    [`HostState`], `caps`: the offloads frames to it may carry as they are, `params`: its
 //!    rings' geometry, [`HOST_PARAMS`] unless it says otherwise, `direct`: an optional
@@ -62,8 +66,13 @@ pub type KindArgs = BTreeMap<String, String>;
 /// the engine name no kind.
 pub struct Kind {
     pub name: &'static str,
-    /// The arguments it takes.
-    pub args: &'static [&'static str],
+    /// vale-ctl's flag for the kind (`--tap NAME`).
+    pub flag: Flag,
+    /// The kind's paragraph in `vale-ctl attach --help` (and its man page): what the flag
+    /// does, and its options.
+    pub about: &'static str,
+    /// The arguments it takes: valed refuses any other, vale-ctl offers each as an option.
+    pub args: &'static [Arg],
     pub open: fn(&KindArgs) -> Result<Box<dyn Device>, Error>,
     /// Arguments only a saved configuration carries ([`Kind::saved`] writes them,
     /// [`Kind::restore`] reads them): where a device was found, how it was bound.
@@ -74,6 +83,109 @@ pub struct Kind {
     /// Opens the device again from its saved form at valed's start, with the kind's own
     /// retries and namespace handling.
     pub restore: fn(&KindArgs) -> Result<Box<dyn Device>, Error>,
+}
+
+/// vale-ctl's flag for a kind: `--tap NAME` picks kind `tap` and carries its argument `name`;
+/// a bare one (`--vxlan`) only picks the kind, whose arguments are options of their own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Flag {
+    /// The long flag, without its dashes.
+    pub long: &'static str,
+    /// The key of the argument ([`Kind::args`]) the flag's value is, if it takes a value.
+    pub value: Option<&'static str>,
+    /// One line for the flag in `vale-ctl attach --help`.
+    pub help: &'static str,
+}
+
+/// One argument a kind takes: its key in the control protocol, and how vale-ctl offers it (an
+/// option `--KEY VALUE`, or `--FLAG` where [`Arg::flag`] says).
+///
+/// Kinds may share an option (vxlan and geneve both take `--vni`): vale-ctl shows it once, so
+/// an option shared by two kinds must be the same [`Arg`] in both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Arg {
+    /// The key, as the control protocol and the configuration file carry it.
+    pub key: &'static str,
+    /// vale-ctl's long flag for it, when it is not the key.
+    pub flag: Option<&'static str>,
+    /// What the value is called in help texts (`NAME`, `PATH`); unused for a [`Shape::Switch`].
+    pub value_name: &'static str,
+    /// One line for vale-ctl's help: what the argument is, its default.
+    pub help: &'static str,
+    pub shape: Shape,
+    /// The kind cannot do without it.
+    pub required: bool,
+}
+
+/// What values an argument takes: vale-ctl checks the shape before it asks valed (the kind's
+/// `open` checks the value itself again, since a request may come from elsewhere).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shape {
+    /// Any text.
+    Text,
+    /// `yes` or `no` ([`flag`] reads it): vale-ctl's flag takes no value and sends `yes`.
+    Switch,
+    /// One of these words.
+    Choice(&'static [&'static str]),
+    /// A whole number from the first to the second, both included.
+    Range(u64, u64),
+    /// A file system path, which vale-ctl sends absolute: valed resolves no relative path (its
+    /// directory is not the caller's).
+    Path,
+    /// Values joined with commas: vale-ctl's option may be repeated, and joins them.
+    List,
+}
+
+impl Arg {
+    /// Argument `key`, an optional text named `value_name` in help texts.
+    pub const fn new(key: &'static str, value_name: &'static str, help: &'static str) -> Arg {
+        Arg {
+            key,
+            flag: None,
+            value_name,
+            help,
+            shape: Shape::Text,
+            required: false,
+        }
+    }
+
+    /// A yes/no argument `key`: absent is no.
+    pub const fn switch(key: &'static str, help: &'static str) -> Arg {
+        Arg::new(key, "yes|no", help).shape(Shape::Switch)
+    }
+
+    /// The same, with values of shape `shape`.
+    pub const fn shape(self, shape: Shape) -> Arg {
+        Arg { shape, ..self }
+    }
+
+    /// The same, required.
+    pub const fn required(self) -> Arg {
+        Arg {
+            required: true,
+            ..self
+        }
+    }
+
+    /// The same, offered by vale-ctl as `--FLAG`.
+    pub const fn flag(self, flag: &'static str) -> Arg {
+        Arg {
+            flag: Some(flag),
+            ..self
+        }
+    }
+
+    /// vale-ctl's long flag for it (without the dashes).
+    pub fn long(&self) -> &'static str {
+        self.flag.unwrap_or(self.key)
+    }
+}
+
+impl Kind {
+    /// The description of argument `key`, if the kind takes it.
+    pub fn arg(&self, key: &str) -> Option<&'static Arg> {
+        self.args.iter().find(|a| a.key == key)
+    }
 }
 
 /// Why a host port's device could not be attached: the words name the device and what is

@@ -563,3 +563,78 @@ fn tunnel_ports_come_back_after_a_restart() {
     send_and_expect(&b, &a, &test_frame(60, MAC_B, MAC_A, 0), "b's reply");
     checked_stream(&a, &b, MAC_A, MAC_B, 500);
 }
+
+/// vale-ctl's `--vxlan` and `--geneve` flags (made from the kinds' descriptions) attach the
+/// ports the generic form does: frames cross, every `--remote` is one, `--dstport` is used.
+#[test]
+fn the_vxlan_and_geneve_flags_attach_tunnel_ports() {
+    let home = Netns::new("f");
+    let v = Valed::start_in(&home, &[]);
+    let vxlan = |port: &str, local: &str, remotes: &[&str]| {
+        let mut a = vec!["attach", port, "--vxlan", "--vni", "5", "--local", local];
+        for r in remotes {
+            a.extend(["--remote", r]);
+        }
+        v.ctl_ok(&a);
+    };
+    vxlan("vale0:t", "127.0.0.1", &["127.0.0.2", "127.0.0.3"]);
+    vxlan("vale1:t", "127.0.0.2", &["127.0.0.1"]);
+    let a = v.open("vale0:a");
+    let b = v.open("vale1:b");
+    send_and_expect(&a, &b, &test_frame(60, MAC_A, BROADCAST, 0), "a's hello");
+    send_and_expect(&b, &a, &test_frame(60, MAC_B, MAC_A, 0), "b's reply");
+    let l = wait_line(&v, "vale0:t", "the hello counted", |l| {
+        field(remote_of(l, "127.0.0.2"), "tx") >= 1
+    });
+    assert!(l.starts_with("vxlan vni 5"), "{l}");
+    // The broadcast went to the second remote too.
+    assert!(field(remote_of(&l, "127.0.0.3"), "tx") >= 1, "{l}");
+    v.ctl_ok(&[
+        "attach",
+        "vale2:g",
+        "--geneve",
+        "--vni",
+        "7",
+        "--local",
+        "127.0.0.1",
+        "--remote",
+        "127.0.0.2",
+        "--dstport",
+        "6090",
+    ]);
+    let g = v.port("vale2:g").expect("listed");
+    assert_eq!(g.kind, "geneve");
+    assert_eq!(g.device.as_deref(), Some("127.0.0.1:6090"));
+    // Usage errors, before valed is asked.
+    v.ctl_fails(
+        &[
+            "attach",
+            "vale2:h",
+            "--vxlan",
+            "--vni",
+            "5",
+            "--remote",
+            "127.0.0.2",
+        ],
+        2,
+        "--vxlan (vxlan) needs --local <ADDR>",
+    );
+    v.ctl_fails(
+        &[
+            "attach",
+            "vale2:h",
+            "--geneve",
+            "--vni",
+            "5",
+            "--local",
+            "127.0.0.1",
+            "--remote",
+            "127.0.0.2",
+            "--mode",
+            "xdp",
+        ],
+        2,
+        "--mode belongs to --iface (nic), not --geneve",
+    );
+    assert!(v.port("vale2:h").is_none());
+}

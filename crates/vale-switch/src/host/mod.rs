@@ -25,8 +25,8 @@ mod vhost_user;
 mod virtq;
 
 pub use crate::kind::{
-    flag, required, Delivered, DevError, Device, DirectSink, Driver, Egress, Error, HostState,
-    Kind, KindArgs, OutFrame, OutFrames, Polled, HOST_PARAMS,
+    flag, required, Arg, Delivered, DevError, Device, DirectSink, Driver, Egress, Error, Flag,
+    HostState, Kind, KindArgs, OutFrame, OutFrames, Polled, Shape, HOST_PARAMS,
 };
 
 use std::io;
@@ -69,15 +69,25 @@ pub fn kind(kind: &str) -> Result<&'static Kind, Error> {
     })
 }
 
-/// Refuses an argument `k` does not take (`saved` too: those of a saved configuration).
+/// Checks `args` against `k`'s description: refuses an argument it does not take (`saved`
+/// too: those of a saved configuration), naming those it does, and names a required one
+/// that is missing.
 fn check_args(k: &Kind, args: &KindArgs, saved: bool) -> Result<(), Error> {
-    let takes = |a: &str| k.args.contains(&a) || (saved && k.saved_args.contains(&a));
-    match args.keys().find(|a| !takes(a)) {
-        Some(bad) => Err(Error::Invalid(format!(
+    let takes = |a: &str| k.arg(a).is_some() || (saved && k.saved_args.contains(&a));
+    if let Some(bad) = args.keys().find(|a| !takes(a)) {
+        let known: Vec<&str> = k.args.iter().map(|a| a.key).collect();
+        return Err(Error::Invalid(format!(
             "port kind '{}' takes no argument '{bad}' (it takes: {})",
             k.name,
-            k.args.join(", ")
-        ))),
+            known.join(", ")
+        )));
+    }
+    match k
+        .args
+        .iter()
+        .find(|a| a.required && !args.contains_key(a.key))
+    {
+        Some(a) => required(args, k.name, a.key).map(drop),
         None => Ok(()),
     }
 }

@@ -93,7 +93,24 @@ impl Egress for NicDevice {
 /// that binds).
 pub const KIND: super::Kind = super::Kind {
     name: "nic",
-    args: &["iface", "mode"],
+    flag: super::Flag {
+        long: "iface",
+        value: Some("iface"),
+        help: "A network interface, bound through AF_XDP or AF_PACKET",
+    },
+    about: "--iface NAME binds network interface NAME (a NIC, a veth): AF_XDP in the driver's \
+XDP mode (xdp) or the kernel's generic mode (xdp-generic), or AF_PACKET (packet). Without --mode \
+valed tries them in that order and keeps the first that binds; 'vale-ctl list' shows which. \
+While attached, the interface's received frames go to the switch instead of the kernel.",
+    args: &[
+        super::Arg::new("iface", "NAME", "The network interface's name").required(),
+        super::Arg::new(
+            "mode",
+            "MODE",
+            "How to bind the interface (default: the first of these that works)",
+        )
+        .shape(super::Shape::Choice(&["xdp", "xdp-generic", "packet"])),
+    ],
     open: |args| {
         let iface = super::required(args, "nic", "iface")?;
         let mode = args

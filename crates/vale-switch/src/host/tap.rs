@@ -87,7 +87,20 @@ fn ioctl(
 /// `tap`: `name` (the device), `persist` (yes: the device stays after valed lets go).
 pub const KIND: super::Kind = super::Kind {
     name: "tap",
-    args: &["name", "persist"],
+    flag: super::Flag {
+        long: "tap",
+        value: Some("name"),
+        help: "A TAP device, created or adopted",
+    },
+    about: "--tap NAME creates TAP device NAME, or adopts it if a persistent TAP of that name \
+exists and nobody has it open. The TAP carries TSO segments and partial checksums as they are \
+to other TAP ports; toward other ports valed segments and checksums in software. Move the TAP \
+into a container's network namespace with 'ip link set NAME netns NS'; it stays on the switch. \
+With --persist the TAP device outlives valed and the port.",
+    args: &[
+        super::Arg::new("name", "NAME", "The TAP device's name").required(),
+        super::Arg::switch("persist", "Keep the TAP device after valed lets it go"),
+    ],
     open: |args| {
         let name = super::required(args, "tap", "name")?;
         Ok(Box::new(Tap::open(name, super::flag(args, "persist")?)?))

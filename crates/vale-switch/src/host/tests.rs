@@ -1332,3 +1332,145 @@ fn vhost_user_the_mtu_holds_both_ways() {
     g.close(&engine);
     engine.detach("vale0:peer", &Caller::valed()).unwrap();
 }
+
+/// Every registered kind's description is complete, and vale-ctl can make its flags from it
+/// with no clash: names and flags unique, every argument helped, an option two kinds share
+/// the same argument in both, no kind's flag taken by an option.
+#[test]
+fn every_kind_is_described() {
+    use super::{Shape, KINDS};
+    use std::collections::HashMap;
+
+    let mut kind_flags = HashMap::new();
+    for k in KINDS {
+        assert!(!k.name.is_empty());
+        assert!(
+            !k.flag.help.is_empty(),
+            "{}: no help for --{}",
+            k.name,
+            k.flag.long
+        );
+        assert!(!k.about.is_empty(), "{}: no help paragraph", k.name);
+        assert!(
+            k.about.contains(&format!("--{}", k.flag.long)),
+            "{}: the paragraph does not say what --{} does",
+            k.name,
+            k.flag.long
+        );
+        let other = kind_flags.insert(k.flag.long, k.name);
+        assert_eq!(other, None, "--{} picks two kinds", k.flag.long);
+        assert_eq!(
+            KINDS.iter().filter(|o| o.name == k.name).count(),
+            1,
+            "kind {} registered twice",
+            k.name
+        );
+        if let Some(key) = k.flag.value {
+            let a = k.arg(key).unwrap_or_else(|| {
+                panic!("{}: --{} carries no argument '{key}'", k.name, k.flag.long)
+            });
+            assert!(
+                a.shape != Shape::Switch && a.shape != Shape::List,
+                "{}: --{} carries a {:?}",
+                k.name,
+                k.flag.long,
+                a.shape
+            );
+        }
+        for (i, a) in k.args.iter().enumerate() {
+            assert!(!a.help.is_empty(), "{}: no help for '{}'", k.name, a.key);
+            assert!(
+                a.shape == Shape::Switch || !a.value_name.is_empty(),
+                "{}: '{}' has no value name",
+                k.name,
+                a.key
+            );
+            assert!(
+                !k.saved_args.contains(&a.key),
+                "{}: '{}' is also a saved argument",
+                k.name,
+                a.key
+            );
+            for b in &k.args[i + 1..] {
+                assert_ne!(a.key, b.key, "{}: argument '{}' twice", k.name, a.key);
+                assert_ne!(
+                    a.long(),
+                    b.long(),
+                    "{}: two arguments are --{}",
+                    k.name,
+                    a.long()
+                );
+            }
+            match a.shape {
+                Shape::Choice(words) => {
+                    assert!(!words.is_empty(), "{}: '{}' has no choice", k.name, a.key)
+                }
+                Shape::Range(lo, hi) => {
+                    assert!(lo <= hi, "{}: '{}' has an empty range", k.name, a.key)
+                }
+                _ => {}
+            }
+        }
+    }
+    // An option (a kind's argument not carried by its flag) means one thing in every kind.
+    let mut options: HashMap<&str, (&str, &super::Arg)> = HashMap::new();
+    for k in KINDS {
+        for a in k.args.iter().filter(|a| Some(a.key) != k.flag.value) {
+            if let Some(kind) = kind_flags.get(a.long()) {
+                panic!(
+                    "{}: option --{} is the flag of kind {kind}",
+                    k.name,
+                    a.long()
+                );
+            }
+            if let Some((other, b)) = options.insert(a.long(), (k.name, a)) {
+                assert_eq!(
+                    a,
+                    b,
+                    "--{} means one thing in {} and another in {other}",
+                    a.long(),
+                    k.name
+                );
+            }
+        }
+    }
+}
+
+/// valed checks a request's arguments against the kind's description: an unknown one is
+/// refused naming those it takes, a missing required one is named.
+#[test]
+fn arguments_are_checked_against_the_description() {
+    let tap = super::kind("tap").unwrap();
+    let args = |a: &[(&str, &str)]| -> super::KindArgs {
+        a.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    assert_eq!(
+        super::check_args(tap, &args(&[("nome", "t")]), false),
+        Err(super::Error::Invalid(
+            "port kind 'tap' takes no argument 'nome' (it takes: name, persist)".into()
+        ))
+    );
+    assert_eq!(
+        super::check_args(tap, &args(&[("persist", "yes")]), false),
+        Err(super::Error::Invalid(
+            "port kind 'tap' needs argument 'name'".into()
+        ))
+    );
+    assert_eq!(
+        super::check_args(tap, &args(&[("name", "t")]), false),
+        Ok(())
+    );
+    // A saved configuration's own arguments only where one is read.
+    let saved = args(&[("name", "t"), ("netns", "ns1")]);
+    assert!(super::check_args(tap, &saved, false).is_err());
+    assert_eq!(super::check_args(tap, &saved, true), Ok(()));
+    let vxlan = super::kind("vxlan").unwrap();
+    assert_eq!(
+        super::check_args(vxlan, &args(&[("vni", "1"), ("remote", "10.0.0.2")]), false),
+        Err(super::Error::Invalid(
+            "port kind 'vxlan' needs argument 'local'".into()
+        ))
+    );
+}

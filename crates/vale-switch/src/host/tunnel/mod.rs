@@ -77,13 +77,44 @@ pub struct Config {
     pub learn_remotes: usize,
 }
 
-const ARGS: &[&str] = &[
-    "vni",
-    "local",
-    "remote",
-    "dstport",
-    "learn-limit",
-    "learn-remotes",
+/// The arguments of both tunnel kinds ([`Config::parse`] reads them).
+const ARGS: &[super::Arg] = &[
+    super::Arg::new(
+        "vni",
+        "N",
+        "The segment's id, 0-16777215, the same at every end",
+    )
+    .shape(super::Shape::Range(0, (1 << 24) - 1))
+    .required(),
+    super::Arg::new(
+        "local",
+        "ADDR",
+        "This host's address in the underlay (IPv4 or IPv6)",
+    )
+    .required(),
+    super::Arg::new(
+        "remote",
+        "ADDR",
+        "A far end's address (repeatable, or comma-separated; needed unless --learn-remotes)",
+    )
+    .shape(super::Shape::List),
+    super::Arg::new(
+        "dstport",
+        "PORT",
+        "UDP port at both ends (default 4789 vxlan, 6081 geneve)",
+    )
+    .shape(super::Shape::Range(1, 65535)),
+    super::Arg::new(
+        "learn-limit",
+        "N",
+        "Most MACs learnt from one remote (default 1024)",
+    )
+    .shape(super::Shape::Range(1, TABLE_ENTRIES as u64)),
+    super::Arg::new(
+        "learn-remotes",
+        "no|yes|N",
+        "Learn VTEPs not in --remote from their packets (yes: up to 256; N: up to N)",
+    ),
 ];
 
 impl Config {
@@ -188,13 +219,20 @@ impl Config {
 }
 
 /// The kind of tunnel protocol `proto`.
-const fn kind(proto: Proto, name: &'static str) -> super::Kind {
+const fn kind(
+    proto: Proto,
+    name: &'static str,
+    flag: super::Flag,
+    about: &'static str,
+) -> super::Kind {
     let open = match proto {
         Proto::Vxlan => open_vxlan as fn(&KindArgs) -> _,
         Proto::Geneve => open_geneve,
     };
     super::Kind {
         name,
+        flag,
+        about,
         args: ARGS,
         open,
         saved_args: &[],
@@ -221,9 +259,36 @@ fn open_geneve(args: &KindArgs) -> Result<Box<dyn Device>, super::Error> {
 /// `vxlan`: `vni`, `local` (address), `remote` (addresses, comma-separated), `dstport`
 /// (4789), `learn-limit` (MACs per remote, 1024), `learn-remotes` (no, yes or a count: VTEPs
 /// not in `remote` learnt from their packets; `remote` may be left out then).
-pub const VXLAN: super::Kind = kind(Proto::Vxlan, "vxlan");
+pub const VXLAN: super::Kind = kind(
+    Proto::Vxlan,
+    "vxlan",
+    super::Flag {
+        long: "vxlan",
+        value: None,
+        help: "A VXLAN segment to other hosts (with --vni, --local, --remote)",
+    },
+    "--vxlan joins the switch to a VXLAN segment (RFC 7348) over an IP network: valed binds \
+a UDP socket at --local, an address of this host, and --dstport (default 4789), and sends the \
+port's frames to the VTEPs at the --remote addresses (the option repeated or comma-separated, \
+up to 256): a destination MAC learnt from a remote to that remote, anything else to each of \
+them. --vni is the segment's id, the same at every end. The port keeps at most --learn-limit \
+MACs (default 1024) learnt from one remote. With --learn-remotes (yes, or a count) a VTEP not \
+in --remote that sends a valid packet becomes a remote until its MACs have aged (--remote may \
+be left out then). Frames leave without offload work (the switch \
+finishes checksums and segmentation); one too long for the underlay's path with its \
+encapsulation (50 bytes over IPv4) is dropped and counted as too big.",
+);
 /// `geneve`: as `vxlan`, `dstport` 6081.
-pub const GENEVE: super::Kind = kind(Proto::Geneve, "geneve");
+pub const GENEVE: super::Kind = kind(
+    Proto::Geneve,
+    "geneve",
+    super::Flag {
+        long: "geneve",
+        value: None,
+        help: "A Geneve segment to other hosts (with --vni, --local, --remote)",
+    },
+    "--geneve is --vxlan with Geneve encapsulation (RFC 8926), at --dstport 6081 by default.",
+);
 
 /// A tunnel port's device: its socket, remotes, table and batches.
 pub struct TunnelDevice {

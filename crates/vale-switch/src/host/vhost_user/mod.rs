@@ -112,7 +112,42 @@ type Vring = VringMutex<Mem>;
 /// there; no: valed listens there), `queues` (queue pairs offered, 1 to [`MAX_PAIRS`]).
 pub const KIND: super::Kind = super::Kind {
     name: "vhost-user",
-    args: &["path", "client", "queues"],
+    flag: super::Flag {
+        long: "vhost-user",
+        value: Some("path"),
+        help: "A vhost-user socket: valed listens there (connects with --client)",
+    },
+    about: "--vhost-user PATH makes valed the virtio-net device of a virtual machine (QEMU's \
+'-netdev vhost-user', any vhost-user front end) through the Unix socket PATH: valed listens \
+there, and serves one front end after the other (QEMU '-chardev socket,path=PATH,reconnect=1'). \
+PATH must be free or hold a stale socket (one nobody listens at), which valed replaces; \
+anything else there (a file, a directory, a socket in use) is refused and left as it is, and \
+detach removes PATH only while it is still valed's socket. With --client valed connects to a \
+front end listening there instead (QEMU 'server=on,wait=off'), again after each \
+disconnection, and makes or removes nothing at PATH. The guest's RAM must be shared memory \
+('-object memory-backend-memfd,...,share=on'). The port is down while no front end is connected. \
+The port offers --queues queue pairs (QEMU '-netdev vhost-user,queues=N' with \
+'-device virtio-net-pci,mq=on', up to as many); each pair has a thread of its own in valed, \
+and the frames of one flow toward the guest stay on one receive queue. valed also offers \
+the MTU ('-device virtio-net-pci,host_mtu=9000'; longer frames without segmentation are \
+dropped both ways), link status, checksum and TCP segmentation \
+offload both ways, merged receive buffers and event indices; 'vale-ctl list' shows what the \
+guest took.",
+    args: &[
+        super::Arg::new("path", "PATH", "The vhost-user socket")
+            .shape(super::Shape::Path)
+            .required(),
+        super::Arg::switch(
+            "client",
+            "Connect to a front end listening at the vhost-user socket",
+        ),
+        super::Arg::new(
+            "queues",
+            "N",
+            "Queue pairs the vhost-user port offers, 1-16 (default 4)",
+        )
+        .shape(super::Shape::Range(1, MAX_PAIRS as u64)),
+    ],
     open: |args| {
         let path = super::required(args, "vhost-user", "path")?;
         let pairs = match args.get("queues") {
