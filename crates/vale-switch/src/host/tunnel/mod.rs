@@ -26,6 +26,7 @@
 //! Counters (per port and per remote) are shown as the port's `negotiated` line in
 //! `vale-ctl list`, refreshed about once a second.
 
+mod evpn;
 mod path;
 mod sock;
 pub mod wire;
@@ -65,9 +66,11 @@ pub struct Config {
     pub local: SocketAddr,
     pub remotes: Vec<SocketAddr>,
     pub learn_limit: u32,
+    /// Remote tables from BGP EVPN through FRR ([`evpn`]); `remote` is optional then.
+    pub evpn: bool,
 }
 
-const ARGS: &[&str] = &["vni", "local", "remote", "dstport", "learn-limit"];
+const ARGS: &[&str] = &["vni", "local", "remote", "dstport", "learn-limit", "evpn"];
 
 impl Config {
     /// From an attach request's arguments.
@@ -106,8 +109,16 @@ impl Config {
                     ))
                 })?,
         };
+        let evpn = super::flag(args, "evpn")?;
+        if evpn && proto != Proto::Vxlan {
+            return Err(bad("evpn=yes is for vxlan ports only".into()));
+        }
+        let list = match args.get("remote") {
+            None if evpn => "",
+            _ => super::required(args, kind, "remote")?,
+        };
         let mut remotes = Vec::new();
-        for r in super::required(args, kind, "remote")?.split(',') {
+        for r in list.split(',').filter(|r| !(evpn && r.trim().is_empty())) {
             let r = ip(r, "remote")?;
             if r.is_ipv4() != local.is_ipv4() {
                 return Err(bad(format!(
@@ -137,6 +148,7 @@ impl Config {
             local: SocketAddr::new(local, port),
             remotes,
             learn_limit,
+            evpn,
         })
     }
 }
@@ -184,6 +196,8 @@ pub struct TunnelDevice {
     sock: OwnedFd,
     table: LearningBridge,
     path: path::Path,
+    /// The EVPN side (`evpn=yes`).
+    evpn: Option<evpn::Evpn>,
     epoch: Instant,
     /// Where the counters are shown (set when the driver starts).
     state: Option<Arc<HostState>>,
@@ -194,11 +208,16 @@ impl TunnelDevice {
         let sock = sock::open(cfg.proto.name(), cfg.local)?;
         let table = LearningBridge::new(TABLE_ENTRIES);
         let path = path::Path::new(&cfg);
+        let evpn = match cfg.evpn {
+            true => Some(evpn::Evpn::open(&cfg, cfg.remotes.len())?),
+            false => None,
+        };
         Ok(TunnelDevice {
             cfg,
             sock,
             table,
             path,
+            evpn,
             epoch: Instant::now(),
             state: None,
         })
@@ -234,6 +253,9 @@ impl TunnelDevice {
                 rc.rx_bytes,
                 rc.drops
             ));
+        }
+        if let Some(e) = &self.evpn {
+            s.push_str(&e.shown(self.path.remote_counters()));
         }
         s
     }
@@ -279,12 +301,17 @@ impl Driver for TunnelDriver {
 
 impl Polled for TunnelDevice {
     fn poll_fds(&self) -> Vec<RawFd> {
-        vec![self.sock.as_raw_fd()]
+        let mut fds = vec![self.sock.as_raw_fd()];
+        fds.extend(self.evpn.as_ref().map(|e| e.fd()));
+        fds
     }
 
     fn ingress(&mut self, ring: &mut TxSide) -> Result<usize, DevError> {
         let now_s = self.now_s();
         self.path.now_s = now_s;
+        if let Some(e) = &mut self.evpn {
+            e.poll(&mut self.path, &self.table, now_s);
+        }
         self.path
             .receive(&self.sock, &self.table, ring)
             .map_err(DevError::Frame)
@@ -303,6 +330,9 @@ impl Polled for TunnelDevice {
 impl Egress for TunnelDevice {
     fn send(&mut self, pieces: &[&[u8]], _off: Offload) -> Result<bool, DevError> {
         // Frames toward a tunnel never carry offload work: the switch finished it.
+        if let Some(e) = &mut self.evpn {
+            e.sent_from(evpn::src_mac(pieces), self.path.now_s);
+        }
         self.path
             .queue(&self.sock, &self.table, pieces)
             .map(|()| true)

@@ -4,7 +4,7 @@
 
 use std::io;
 use std::mem::size_of;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use super::super::TxSide;
@@ -63,7 +63,13 @@ pub struct Path {
     proto: Proto,
     vni: u32,
     learn_limit: u32,
+    /// Whether inner source MACs are learnt (off when a control plane sets the table).
+    pub learn: bool,
+    /// The remotes by slot (an EVPN port has all [`MAX_REMOTES`] slots, filled as routes name
+    /// VTEPs; an empty slot's address is unspecified and matches no sender).
     remote_ips: Box<[IpAddr]>,
+    /// The slots unknown and group destinations go to (a static port: all of them).
+    flood: Vec<u16>,
     remotes: Box<[RemoteCounters]>,
     addrs: Box<[libc::sockaddr_storage]>,
     addr_lens: Box<[libc::socklen_t]>,
@@ -123,16 +129,22 @@ fn errno(e: libc::c_int) -> io::Error {
 
 impl Path {
     pub fn new(cfg: &Config) -> Path {
-        let (addrs, lens): (Vec<_>, Vec<_>) =
-            cfg.remotes.iter().map(|r| sock::sockaddr(*r)).unzip();
+        let mut slots = cfg.remotes.clone();
+        if cfg.evpn {
+            let none = SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0);
+            slots.resize(MAX_REMOTES, none);
+        }
+        let (addrs, lens): (Vec<_>, Vec<_>) = slots.iter().map(|r| sock::sockaddr(*r)).unzip();
         let mut p = Path {
             counters: Counters::default(),
             now_s: 0,
             proto: cfg.proto,
             vni: cfg.vni,
             learn_limit: cfg.learn_limit,
-            remote_ips: cfg.remotes.iter().map(|r| r.ip()).collect(),
-            remotes: vec![RemoteCounters::default(); cfg.remotes.len()].into(),
+            learn: !cfg.evpn,
+            remote_ips: slots.iter().map(|r| r.ip()).collect(),
+            flood: (0..cfg.remotes.len() as u16).collect(),
+            remotes: vec![RemoteCounters::default(); slots.len()].into(),
             addrs: addrs.into(),
             addr_lens: lens.into(),
             hdr: Box::new(cfg.proto.header(cfg.vni)),
@@ -159,6 +171,26 @@ impl Path {
 
     pub fn remote_counters(&self) -> &[RemoteCounters] {
         &self.remotes
+    }
+
+    /// Sets slot `slot` to remote `to` (its counters start again), or empties it (`None`).
+    /// Between bursts only: no frame may be queued.
+    pub fn set_remote(&mut self, slot: usize, to: Option<SocketAddr>) {
+        let to = to.unwrap_or(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0));
+        (self.addrs[slot], self.addr_lens[slot]) = sock::sockaddr(to);
+        self.remote_ips[slot] = to.ip();
+        self.remotes[slot] = RemoteCounters::default();
+    }
+
+    /// Adds slot `slot` to the flood list, or takes it out.
+    pub fn set_flood(&mut self, slot: u16, on: bool) {
+        match (self.flood.iter().position(|s| *s == slot), on) {
+            (None, true) => self.flood.push(slot),
+            (Some(i), false) => {
+                self.flood.swap_remove(i);
+            }
+            _ => {}
+        }
     }
 
     /// Queues the frame in `pieces` for its remote (a learnt destination) or every remote;
@@ -190,7 +222,7 @@ impl Path {
         let count = if known.is_some() {
             1
         } else {
-            self.remotes.len()
+            self.flood.len()
         };
         if self.tx_sets == TX_BATCH || self.tx_msg_count + count > TX_BATCH {
             self.flush(sock);
@@ -201,8 +233,8 @@ impl Path {
             self.tx_iov[base + 1 + i] = iov(p.as_ptr(), p.len());
         }
         let iov_ptr = self.tx_iov[base..].as_mut_ptr();
-        let first = known.map_or(0, |r| r as usize);
-        for r in first..first + count {
+        for j in 0..count {
+            let r = known.map_or_else(|| self.flood[j] as usize, |r| r as usize);
             let m = &mut self.tx_msgs[self.tx_msg_count];
             m.msg_hdr.msg_name = &mut self.addrs[r] as *mut _ as *mut libc::c_void;
             m.msg_hdr.msg_namelen = self.addr_lens[r];
@@ -341,7 +373,8 @@ impl Path {
                         // SAFETY: `len >= MIN_INNER` bytes written at `dst`.
                         let smac = unsafe { &*(dst.add(6) as *const [u8; 6]) };
                         let smac = mac(smac);
-                        if !is_group(smac)
+                        if self.learn
+                            && !is_group(smac)
                             && !table.learn(smac, remote as u16, self.learn_limit, self.now_s)
                         {
                             self.counters.not_learnt += 1;
