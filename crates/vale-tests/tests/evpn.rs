@@ -72,10 +72,7 @@ impl Frr {
 
     /// `vtysh -c cmd` in this FRR.
     fn show(&self, cmd: &str) -> String {
-        let out = run_bounded(
-            Command::new("vtysh").args(["-N", &self.ns, "-c", cmd]),
-            T,
-        );
+        let out = run_bounded(Command::new("vtysh").args(["-N", &self.ns, "-c", cmd]), T);
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 }
@@ -153,8 +150,9 @@ fn evpn_with_frr() {
     ));
     c2.adopt(Some(&h2), "ce", &["10.77.0.2/24"]);
     // A crashed valed's leftovers: replaced by the attach.
-    net.home
-        .ok("ip link add vale-br42 type bridge && ip link add vale-lm42 type veth peer name vale-lp42");
+    net.home.ok(
+        "ip link add vale-br42 type bridge && ip link add vale-lm42 type veth peer name vale-lp42",
+    );
     net.v.ctl_ok(&[
         "attach",
         "vale0:ev",
@@ -237,7 +235,12 @@ fn evpn_with_frr() {
         !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("vni 42"),
         "{out:?}"
     );
-    let exists = |d: &str| net.home.run(&format!("ip link show {d}"), T).status.success();
+    let exists = |d: &str| {
+        net.home
+            .run(&format!("ip link show {d}"), T)
+            .status
+            .success()
+    };
     net.v.ctl_ok(&["detach", "vale0:ev"]);
     for d in ["vale-br42", "vale-vx42", "vale-lm42", "vale-lp42"] {
         assert!(!exists(d), "{d} left after detach");
@@ -260,4 +263,53 @@ fn evpn_with_frr() {
     );
     drop(frr1);
     drop(frr2);
+}
+
+/// A placeholder FDB filled with 100,000 entries behind 300 VTEPs (as a hostile or broken
+/// control plane would write them): the port keeps at most its bounds (8192 MACs, 256 VTEPs),
+/// counts what it refused, and valed goes on serving. Needs no FRR: the test writes the
+/// entries zebra would.
+#[test]
+fn evpn_fdb_flood_is_bounded() {
+    let net = TapNet::new(&["c1"]);
+    net.home
+        .ok("ip link add vu type veth peer name vu2 && ip addr add 192.168.78.1/24 dev vu && ip link set vu up && ip link set vu2 up");
+    net.v.ctl_ok(&[
+        "attach",
+        "vale0:ev",
+        "vxlan",
+        "vni=7",
+        "local=192.168.78.1",
+        "evpn=yes",
+    ]);
+    let dir = TempDir::new("fdb");
+    let mut batch = String::new();
+    for i in 0..100_000u32 {
+        let vtep = i % 300;
+        batch.push_str(&format!(
+            "fdb add 02:00:{:02x}:{:02x}:{:02x}:01 dev vale-vx7 dst 10.9.{}.{} self\n",
+            i >> 16,
+            (i >> 8) & 0xff,
+            i & 0xff,
+            vtep / 200,
+            vtep % 200 + 1
+        ));
+    }
+    let file = dir.0.join("batch");
+    std::fs::write(&file, batch).unwrap();
+    net.home.ok(&format!("bridge -batch {}", file.display()));
+    let l = wait(
+        "the port takes the FDB up to its bounds",
+        || line(&net.v),
+        |l| field(l, "macs") == 8192 && field(l, "refused") > 0,
+    );
+    let vteps = l.matches("; vtep ").count();
+    assert!(vteps <= 256, "{vteps} VTEPs: {l}");
+    // Still serving: the control socket answers and the TAP port works.
+    assert!(net.v.port("vale0:c1").is_some());
+    // Entries deleted go (the placeholder goes with the port at detach).
+    net.home
+        .ok("bridge fdb del 02:00:00:00:00:01 dev vale-vx7 dst 10.9.0.1 self");
+    net.v.ctl_ok(&["detach", "vale0:ev"]);
+    assert!(!net.home.run("ip link show vale-vx7", T).status.success());
 }

@@ -60,6 +60,8 @@ const LOCAL_AGE_S: u32 = 300;
 const WRITES_PER_S: usize = 512;
 /// Netlink datagrams read per poll (the rest wait for the next).
 const READS_PER_POLL: usize = 64;
+/// The least time between two dumps of the FDB.
+const DUMP_EVERY: Duration = Duration::from_secs(1);
 /// How often the port's thread looks at the netlink socket.
 const POLL_EVERY: Duration = Duration::from_millis(1);
 
@@ -213,6 +215,9 @@ pub struct Evpn {
     last_src: u64,
     pub counters: Counters,
     need_dump: bool,
+    /// When the FDB was last dumped (at most once a second: a flood of notifications that
+    /// overruns the socket again and again costs one dump a second).
+    dumped: Option<Instant>,
     polled: Instant,
     slow_s: u32,
     buf: Box<[u8]>,
@@ -240,7 +245,9 @@ impl Evpn {
         // Subscribed before the devices exist: nothing zebra writes can be missed.
         let events = Socket::open(1 << (libc::RTNLGRP_NEIGH - 1))
             .map_err(|e| fail("netlink socket for neighbour notifications", e))?;
-        events.nonblocking().map_err(|e| fail("netlink socket", e))?;
+        events
+            .nonblocking()
+            .map_err(|e| fail("netlink socket", e))?;
         remove(&mut req, &names);
         let made = create(&mut req, &names, cfg);
         let (vx_index, port_index) = match made {
@@ -276,6 +283,7 @@ impl Evpn {
             last_src: 0,
             counters: Counters::default(),
             need_dump: true,
+            dumped: None,
             polled: Instant::now() - POLL_EVERY,
             slow_s: 0,
             buf: vec![0u8; 1 << 16].into(),
@@ -316,8 +324,9 @@ impl Evpn {
             return;
         }
         self.polled = Instant::now();
-        if self.need_dump {
+        if self.need_dump && self.dumped.is_none_or(|t| t.elapsed() >= DUMP_EVERY) {
             self.need_dump = false;
+            self.dumped = Some(Instant::now());
             self.dump(path, table, now_s);
         }
         for _ in 0..READS_PER_POLL {
@@ -350,7 +359,10 @@ impl Evpn {
 
     /// Reads the vxlan placeholder's FDB whole.
     fn dump(&mut self, path: &mut Path, table: &LearningBridge, now_s: u32) {
-        let mut m = Msg::new(libc::RTM_GETNEIGH, (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16);
+        let mut m = Msg::new(
+            libc::RTM_GETNEIGH,
+            (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16,
+        );
         m.put(&ndmsg(libc::AF_BRIDGE as u8, self.vx_index, 0, 0));
         let seq = self.req.next_seq();
         if self.req.send(m.finish(seq)).is_err() {
@@ -418,12 +430,19 @@ impl Evpn {
             return;
         }
         if n.del {
-            if self.find(dst).is_some_and(|s| self.macs.get(&mac) == Some(&(s as u16))) {
+            if self
+                .find(dst)
+                .is_some_and(|s| self.macs.get(&mac) == Some(&(s as u16)))
+            {
                 self.forget(mac, table, path);
             }
             return;
         }
-        if self.macs.get(&mac).is_some_and(|s| self.vteps[*s as usize - self.base].map(|v| v.ip) == Some(dst)) {
+        if self
+            .macs
+            .get(&mac)
+            .is_some_and(|s| self.vteps[*s as usize - self.base].map(|v| v.ip) == Some(dst))
+        {
             return; // known as it is
         }
         self.forget(mac, table, path);
@@ -504,7 +523,11 @@ impl Evpn {
             }
             let aged = now_s.wrapping_sub(l.seen_s) >= LOCAL_AGE_S;
             if aged || !l.written {
-                let ty = if aged { libc::RTM_DELNEIGH } else { libc::RTM_NEWNEIGH };
+                let ty = if aged {
+                    libc::RTM_DELNEIGH
+                } else {
+                    libc::RTM_NEWNEIGH
+                };
                 if l.written || !aged {
                     budget -= 1;
                     let mut m = Msg::new(
@@ -612,7 +635,10 @@ impl Drop for Evpn {
 /// Deletes the placeholders `n` (those that exist).
 fn remove(s: &mut Socket, n: &Names) {
     for name in n.all() {
-        let mut m = Msg::new(libc::RTM_DELLINK, (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16);
+        let mut m = Msg::new(
+            libc::RTM_DELLINK,
+            (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16,
+        );
         m.put(&ifinfomsg(libc::AF_UNSPEC as u8, 0, 0, 0));
         m.attr(libc::IFLA_IFNAME, &cstr(name));
         let _ = s.request(m);
@@ -626,7 +652,8 @@ fn cstr(s: &str) -> Vec<u8> {
 }
 
 fn index_of(name: &str) -> io::Result<i32> {
-    let c = std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let c =
+        std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: a NUL-terminated name.
     match unsafe { libc::if_nametoindex(c.as_ptr()) } {
         0 => Err(io::Error::last_os_error()),
@@ -643,7 +670,8 @@ fn no_ipv6(name: &str) {
 /// Makes the bridge, the veth pair and the vxlan device of `n`, up. Their indexes (vxlan, the
 /// veth end in the bridge).
 fn create(s: &mut Socket, n: &Names, cfg: &Config) -> io::Result<(i32, i32)> {
-    let new = (libc::NLM_F_REQUEST | libc::NLM_F_ACK | libc::NLM_F_CREATE | libc::NLM_F_EXCL) as u16;
+    let new =
+        (libc::NLM_F_REQUEST | libc::NLM_F_ACK | libc::NLM_F_CREATE | libc::NLM_F_EXCL) as u16;
     let link = |name: &str, kind: &str| {
         let mut m = Msg::new(libc::RTM_NEWLINK, new);
         m.put(&ifinfomsg(libc::AF_UNSPEC as u8, 0, 0, 0));
@@ -678,7 +706,10 @@ fn create(s: &mut Socket, n: &Names, cfg: &Config) -> io::Result<(i32, i32)> {
         IpAddr::V4(a) => m.attr(IFLA_VXLAN_LOCAL, &a.octets()),
         IpAddr::V6(a) => m.attr(IFLA_VXLAN_LOCAL6, &a.octets()),
     }
-    m.attr(IFLA_VXLAN_PORT, &placeholder_port(cfg.local.port()).to_be_bytes());
+    m.attr(
+        IFLA_VXLAN_PORT,
+        &placeholder_port(cfg.local.port()).to_be_bytes(),
+    );
     m.attr(IFLA_VXLAN_LEARNING, &[0]);
     m.end(data);
     m.end(info);
@@ -689,7 +720,10 @@ fn create(s: &mut Socket, n: &Names, cfg: &Config) -> io::Result<(i32, i32)> {
     let port = index_of(&n.port)?;
 
     // No learning on the bridge port either (as FRR's recipe has it).
-    let mut m = Msg::new(libc::RTM_SETLINK, (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16);
+    let mut m = Msg::new(
+        libc::RTM_SETLINK,
+        (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16,
+    );
     m.put(&ifinfomsg(libc::AF_BRIDGE as u8, vx, 0, 0));
     let p = m.nest(libc::IFLA_PROTINFO | libc::NLA_F_NESTED as u16);
     m.attr(IFLA_BRPORT_LEARNING, &[0]);
@@ -697,7 +731,10 @@ fn create(s: &mut Socket, n: &Names, cfg: &Config) -> io::Result<(i32, i32)> {
     s.request(m)?;
 
     for name in [&n.peer, &n.port, &n.vxlan, &n.bridge] {
-        let mut m = Msg::new(libc::RTM_SETLINK, (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16);
+        let mut m = Msg::new(
+            libc::RTM_SETLINK,
+            (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16,
+        );
         let up = libc::IFF_UP as u32;
         m.put(&ifinfomsg(libc::AF_UNSPEC as u8, index_of(name)?, up, up));
         s.request(m)?;
@@ -728,7 +765,7 @@ impl Msg {
     }
 
     fn align(&mut self) {
-        while self.0.len() % 4 != 0 {
+        while !self.0.len().is_multiple_of(4) {
             self.0.push(0);
         }
     }
@@ -739,7 +776,8 @@ impl Msg {
     }
 
     fn attr(&mut self, ty: u16, data: &[u8]) {
-        self.0.extend_from_slice(&((4 + data.len()) as u16).to_ne_bytes());
+        self.0
+            .extend_from_slice(&((4 + data.len()) as u16).to_ne_bytes());
         self.0.extend_from_slice(&ty.to_ne_bytes());
         self.put(data);
     }
@@ -798,7 +836,11 @@ fn for_each_msg(buf: &[u8], mut f: impl FnMut(u16, u32, &[u8])) {
         if len < 16 || at + len > buf.len() {
             return;
         }
-        f(u16_at(buf, at + 4), u32_at(buf, at + 8), &buf[at + 16..at + len]);
+        f(
+            u16_at(buf, at + 4),
+            u32_at(buf, at + 8),
+            &buf[at + 16..at + len],
+        );
         at += (len + 3) & !3;
     }
 }
@@ -1026,15 +1068,35 @@ mod tests {
     }
 
     #[test]
+    fn a_withdrawn_mac_is_forgotten() {
+        let t = LearningBridge::new(64);
+        let m = key(&[2, 0, 0, 0, 0, 9]);
+        assert!(t.learn(m, 3, u32::MAX, 0));
+        assert_eq!(t.find(m, 0), Some(3));
+        assert!(t.forget(m));
+        assert_eq!(t.find(m, 0), None);
+        assert!(!t.forget(m));
+        assert_eq!(t.len(0), 0);
+    }
+
+    #[test]
     fn neighbour_messages_parse() {
         let mut m = Msg::new(libc::RTM_NEWNEIGH, 0);
-        m.put(&ndmsg(libc::AF_BRIDGE as u8, 7, libc::NUD_NOARP, libc::NTF_SELF));
+        m.put(&ndmsg(
+            libc::AF_BRIDGE as u8,
+            7,
+            libc::NUD_NOARP,
+            libc::NTF_SELF,
+        ));
         m.attr(libc::NDA_LLADDR, &[2, 0, 0, 0, 0, 9]);
         m.attr(libc::NDA_DST, &[192, 0, 2, 2]);
         let mut m2 = Msg::new(libc::RTM_DELNEIGH, 0);
         m2.put(&ndmsg(libc::AF_BRIDGE as u8, 7, 0, 0));
         m2.attr(libc::NDA_LLADDR, &[0; 6]);
-        m2.attr(libc::NDA_DST, &[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+        m2.attr(
+            libc::NDA_DST,
+            &[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+        );
         let mut buf = m.finish(1);
         buf.extend(m2.finish(2));
         // A truncated tail is ignored.

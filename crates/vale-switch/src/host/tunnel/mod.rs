@@ -404,4 +404,20 @@ mod tests {
         );
         assert!(matches!(e, Err(crate::host::Error::Invalid(m)) if m.contains("257 remotes")));
     }
+
+    #[test]
+    fn evpn_needs_no_remote_and_is_for_vxlan_only() {
+        let a = args(&[("vni", "42"), ("local", "10.0.0.1"), ("evpn", "yes")]);
+        let c = Config::parse(Proto::Vxlan, &a).unwrap();
+        assert!(c.evpn && c.remotes.is_empty());
+        let e = Config::parse(Proto::Geneve, &a);
+        assert!(matches!(e, Err(crate::host::Error::Invalid(m)) if m.contains("vxlan ports only")));
+        let e = Config::parse(Proto::Vxlan, &args(&[("vni", "42"), ("local", "10.0.0.1")]));
+        assert!(matches!(e, Err(crate::host::Error::Invalid(m)) if m.contains("remote")));
+        let e = Config::parse(
+            Proto::Vxlan,
+            &args(&[("vni", "42"), ("local", "10.0.0.1"), ("evpn", "maybe")]),
+        );
+        assert!(matches!(e, Err(crate::host::Error::Invalid(m)) if m.contains("evpn")));
+    }
 }

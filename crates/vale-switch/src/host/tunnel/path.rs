@@ -219,11 +219,7 @@ impl Path {
                 .find(dst, self.now_s)
                 .filter(|r| (*r as usize) < self.remotes.len())
         };
-        let count = if known.is_some() {
-            1
-        } else {
-            self.flood.len()
-        };
+        let count = if known.is_some() { 1 } else { self.flood.len() };
         if self.tx_sets == TX_BATCH || self.tx_msg_count + count > TX_BATCH {
             self.flush(sock);
         }
