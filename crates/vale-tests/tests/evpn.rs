@@ -214,6 +214,30 @@ fn evpn_with_frr() {
     assert_eq!(field(&l, "learnt"), 0, "learnt from the data plane: {l}");
     assert_eq!(field(&l, "refused"), 0, "{l}");
 
+    // A route comes back under traffic (C1 pinging all along): C2 returns with its MAC, zebra
+    // advertises it again, vale's port takes it between bursts and the pings cross again.
+    let mut pinger = c1
+        .cmd("exec ping -i 0.1 -w 90 10.77.0.2 > /dev/null")
+        .spawn()
+        .expect("ping");
+    h2.ok(&format!(
+        "ip link add vc type veth peer name ce address {c2_mac} && ip link set vc master br0 \
+         && ip link set vc up && ip link set ce netns {}",
+        c2.name
+    ));
+    c2.ok("ip addr add 10.77.0.2/24 dev ce && ip link set ce up");
+    wait(
+        "vale takes C2's MAC again",
+        || line(&net.v),
+        |l| l.contains(&format!("evpn-mac {c2_mac} -> {remote}")),
+    );
+    let ok = wait_until_every(CONVERGE, Duration::from_millis(100), || {
+        c1.run("ping -c 1 -W 1 10.77.0.2", T).status.success()
+    });
+    let _ = pinger.kill();
+    let _ = pinger.wait();
+    assert!(ok, "C1 does not reach C2 again: {}", line(&net.v));
+
     // The placeholder vxlan device never carried a frame.
     assert_eq!(
         net.home.counter("vale-vx42", "tx_packets"),

@@ -212,7 +212,8 @@ pub struct Evpn {
     /// Remote MAC → slot.
     macs: MacMap<u16>,
     local: MacMap<Local>,
-    last_src: u64,
+    /// The last source seen, and when: a burst from one station costs one map lookup a second.
+    last_src: (u64, u32),
     pub counters: Counters,
     need_dump: bool,
     /// When the FDB was last dumped (at most once a second: a flood of notifications that
@@ -280,7 +281,7 @@ impl Evpn {
                 m.reserve(MAX_LOCAL);
                 m
             },
-            last_src: 0,
+            last_src: (0, 0),
             counters: Counters::default(),
             need_dump: true,
             dumped: None,
@@ -294,10 +295,10 @@ impl Evpn {
     /// station behind this VTEP. No system call; no allocation (the map is reserved whole).
     #[inline]
     pub fn sent_from(&mut self, src: u64, now_s: u32) {
-        if src == self.last_src {
+        if (src, now_s) == self.last_src {
             return;
         }
-        self.last_src = src;
+        self.last_src = (src, now_s);
         if src & 1 != 0 || src == 0 {
             return; // group or null source: not a station
         }
@@ -957,14 +958,20 @@ impl Socket {
                 std::mem::size_of::<libc::timeval>() as u32,
             );
             // A burst of notifications (zebra installing a large table) fits; past it the
-            // socket overruns and the FDB is dumped again.
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUF,
-                &big as *const _ as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as u32,
-            );
+            // socket overruns and the FDB is dumped again. Beyond rmem_max only with
+            // CAP_NET_ADMIN (FORCE); else as much as rmem_max allows.
+            for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
+                if libc::setsockopt(
+                    fd.as_raw_fd(),
+                    libc::SOL_SOCKET,
+                    opt,
+                    &big as *const _ as *const libc::c_void,
+                    std::mem::size_of::<libc::c_int>() as u32,
+                ) == 0
+                {
+                    break;
+                }
+            }
         }
         Ok(Socket { fd, seq: 0 })
     }
