@@ -229,11 +229,10 @@ impl Evpn {
     /// routes use the remote slots from `base` on.
     pub fn open(cfg: &Config, base: usize) -> Result<Evpn, super::super::Error> {
         let names = Names::of(cfg.vni);
-        let fail = |what: &str, e: io::Error| {
-            super::super::Error::of_io(format!("vxlan evpn: {what}: {e}"), &e)
-        };
         {
-            let live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+            // Reserved now, under one lock with the check: a concurrent attach of the VNI is
+            // refused; the reservation goes if this one fails.
+            let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
             if live.contains(&names) {
                 return Err(super::super::Error::Busy(format!(
                     "vxlan: vni {} has an evpn port already (one per VNI: FRR maps a VNI to one \
@@ -241,21 +240,15 @@ impl Evpn {
                     cfg.vni
                 )));
             }
+            live.push(names.clone());
         }
-        let mut req = Socket::open(0).map_err(|e| fail("netlink socket", e))?;
-        // Subscribed before the devices exist: nothing zebra writes can be missed.
-        let events = Socket::open(1 << (libc::RTNLGRP_NEIGH - 1))
-            .map_err(|e| fail("netlink socket for neighbour notifications", e))?;
-        events
-            .nonblocking()
-            .map_err(|e| fail("netlink socket", e))?;
-        remove(&mut req, &names);
-        let made = create(&mut req, &names, cfg);
-        let (vx_index, port_index) = match made {
-            Ok(i) => i,
+        let (req, events, vx_index, port_index) = match Self::make(&names, cfg) {
+            Ok(made) => made,
             Err(e) => {
-                remove(&mut req, &names);
-                return Err(fail(&format!("placeholder devices {}", names.bridge), e));
+                LIVE.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .retain(|n| *n != names);
+                return Err(e);
             }
         };
         static AT_EXIT: Once = Once::new();
@@ -263,9 +256,6 @@ impl Evpn {
         AT_EXIT.call_once(|| unsafe {
             libc::atexit(remove_at_exit);
         });
-        LIVE.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(names.clone());
         Ok(Evpn {
             names,
             vx_index,
@@ -289,6 +279,32 @@ impl Evpn {
             slow_s: 0,
             buf: vec![0u8; 1 << 16].into(),
         })
+    }
+
+    /// The sockets and the placeholders of `names`: (requests, notifications, the vxlan
+    /// placeholder's index, the veth end's).
+    fn make(
+        names: &Names,
+        cfg: &Config,
+    ) -> Result<(Socket, Socket, i32, i32), super::super::Error> {
+        let fail = |what: &str, e: io::Error| {
+            super::super::Error::of_io(format!("vxlan evpn: {what}: {e}"), &e)
+        };
+        let mut req = Socket::open(0).map_err(|e| fail("netlink socket", e))?;
+        // Subscribed before the devices exist: nothing zebra writes can be missed.
+        let events = Socket::open(1 << (libc::RTNLGRP_NEIGH - 1))
+            .map_err(|e| fail("netlink socket for neighbour notifications", e))?;
+        events
+            .nonblocking()
+            .map_err(|e| fail("netlink socket", e))?;
+        remove(&mut req, names);
+        match create(&mut req, names, cfg) {
+            Ok((vx, port)) => Ok((req, events, vx, port)),
+            Err(e) => {
+                remove(&mut req, names);
+                Err(fail(&format!("placeholder devices {}", names.bridge), e))
+            }
+        }
     }
 
     /// The data path's hook: `src`, the inner source MAC of a frame the port sends, is a
