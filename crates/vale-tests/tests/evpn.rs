@@ -327,6 +327,7 @@ fn evpn_fdb_flood_is_bounded() {
         || line(&net.v),
         |l| field(l, "macs") == 8192 && field(l, "refused") > 0,
     );
+    eprintln!("{}", &l[..l.find("; vtep").unwrap_or(l.len())]);
     let vteps = l.matches("; vtep ").count();
     assert!(vteps <= 256, "{vteps} VTEPs: {l}");
     // Still serving: the control socket answers and the TAP port works.
