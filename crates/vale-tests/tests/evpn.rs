@@ -291,11 +291,12 @@ fn evpn_with_frr() {
 
 /// A placeholder FDB filled with 100,000 entries behind 300 VTEPs (as a hostile or broken
 /// control plane would write them): the port keeps at most its bounds (8192 MACs, 256 VTEPs),
-/// counts what it refused, and valed goes on serving. Needs no FRR: the test writes the
+/// counts what it refused, and valed goes on serving: two TAP ports ping each other meanwhile
+/// without a loss. Needs no FRR: the test writes the
 /// entries zebra would.
 #[test]
 fn evpn_fdb_flood_is_bounded() {
-    let net = TapNet::new(&["c1"]);
+    let net = TapNet::new(&["c1", "c2"]);
     net.home
         .ok("ip link add vu type veth peer name vu2 && ip addr add 192.168.78.1/24 dev vu && ip link set vu up && ip link set vu2 up");
     net.v.ctl_ok(&[
@@ -321,7 +322,15 @@ fn evpn_fdb_flood_is_bounded() {
     }
     let file = dir.0.join("batch");
     std::fs::write(&file, batch).unwrap();
-    net.home.ok(&format!("bridge -batch {}", file.display()));
+    // The flood is written while two other ports of the switch talk: they lose nothing.
+    let mut writer = net
+        .home
+        .cmd(&format!("bridge -batch {}", file.display()))
+        .spawn()
+        .expect("bridge -batch");
+    let out = net.ns(0).ok("ping -c 20 -i 0.05 -W 2 10.77.0.2");
+    assert!(out.contains(" 0% packet loss"), "{out}");
+    assert!(writer.wait().expect("bridge -batch").success());
     let l = wait(
         "the port takes the FDB up to its bounds",
         || line(&net.v),

@@ -62,6 +62,9 @@ const WRITES_PER_S: usize = 512;
 const READS_PER_POLL: usize = 64;
 /// The least time between two dumps of the FDB.
 const DUMP_EVERY: Duration = Duration::from_secs(1);
+/// The longest a dump may hold the port's thread (an FDB of 100,000 entries takes tens of
+/// milliseconds; past the limit the rest of it is lost and counted).
+const DUMP_LIMIT: Duration = Duration::from_secs(2);
 /// How often the port's thread looks at the netlink socket.
 const POLL_EVERY: Duration = Duration::from_millis(1);
 
@@ -387,8 +390,11 @@ impl Evpn {
             return;
         }
         let mut buf = std::mem::take(&mut self.buf);
-        // Bounded: a dump ends with NLMSG_DONE; a silent kernel times the socket out.
-        'dump: for _ in 0..1_000_000 {
+        // Bounded: a dump ends with NLMSG_DONE; a silent kernel times the socket out, and
+        // the whole dump may take the port's thread for at most DUMP_LIMIT.
+        let until = Instant::now() + DUMP_LIMIT;
+        let mut finished = false;
+        while !finished && Instant::now() < until {
             let n = match self.req.recv(&mut buf, true) {
                 Ok(n) => n,
                 Err(_) => {
@@ -396,13 +402,12 @@ impl Evpn {
                     break;
                 }
             };
-            let mut done = false;
             for_each_msg(&buf[..n], |ty, s, body| {
                 if ty == libc::NLMSG_DONE as u16 && s == seq {
-                    done = true;
+                    finished = true;
                 } else if ty == libc::NLMSG_ERROR as u16 {
                     if s == seq {
-                        done = true;
+                        finished = true;
                     }
                     if error_of(body) != 0 {
                         self.counters.nl_errors += 1;
@@ -411,9 +416,9 @@ impl Evpn {
                     self.apply(ty, body, path, table, now_s);
                 }
             });
-            if done {
-                break 'dump;
-            }
+        }
+        if !finished {
+            self.counters.nl_errors += 1;
         }
         self.buf = buf;
     }
