@@ -15,6 +15,8 @@ command -v ip >/dev/null 2>&1 || need+=(iproute2)
 command -v iperf3 >/dev/null 2>&1 || need+=(iperf3)
 command -v ethtool >/dev/null 2>&1 || need+=(ethtool)
 command -v ping >/dev/null 2>&1 || need+=(iputils-ping)
+# The BGP EVPN test: FRR's zebra and bgpd on each side of a tunnel.
+[ -x /usr/lib/frr/bgpd ] || need+=(frr)
 # The package test: scripts/package-deb.sh strips with binutils and packs with dpkg-deb; the
 # C program finds the installed libvale through pkg-config; systemd-analyze verifies the unit
 # (systemd is in most Debian images: installing it is skipped there).

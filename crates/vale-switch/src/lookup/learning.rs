@@ -248,6 +248,18 @@ impl LearningBridge {
         true
     }
 
+    /// Forgets `mac` (a control plane withdrew it). False if the table did not hold it.
+    pub fn forget(&self, mac: u64) -> bool {
+        let b = self.home(mac);
+        for (k, e) in self.buckets[b].0.iter().enumerate() {
+            let key = e.load(Relaxed);
+            if key != 0 && key & MAC_MASK == mac {
+                return self.swap_entry(b, k, key, 0);
+            }
+        }
+        false
+    }
+
     /// Once a second, whichever batch comes first sweeps aged entries.
     #[inline(always)]
     pub fn tick(&self, now_s: u32) {

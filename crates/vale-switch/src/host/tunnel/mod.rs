@@ -33,6 +33,7 @@
 //! Counters (per port and per remote) are shown as the port's `negotiated` line in
 //! `vale-ctl list`, refreshed about once a second.
 
+mod evpn;
 mod path;
 mod sock;
 pub mod wire;
@@ -75,6 +76,8 @@ pub struct Config {
     /// Most remotes learnt from valid packets of VTEPs not in `remotes` (0: such packets are
     /// dropped).
     pub learn_remotes: usize,
+    /// Remote tables from BGP EVPN through FRR ([`evpn`]); `remote` is optional then.
+    pub evpn: bool,
 }
 
 /// The arguments of both tunnel kinds ([`Config::parse`] reads them).
@@ -115,6 +118,12 @@ const ARGS: &[super::Arg] = &[
         "no|yes|N",
         "Learn VTEPs not in --remote from their packets (yes: up to 256; N: up to N)",
     ),
+    super::Arg::new(
+        "evpn",
+        "",
+        "Remote tables from BGP EVPN through FRR (vxlan only; --remote optional then)",
+    )
+    .shape(super::Shape::Switch),
 ];
 
 impl Config {
@@ -174,16 +183,24 @@ impl Config {
                 "learn-remotes needs a unicast local address, not {local}"
             )));
         }
-        // With learnt remotes the list may be empty: every VTEP is learnt.
+        let evpn = super::flag(args, "evpn")?;
+        if evpn && proto != Proto::Vxlan {
+            return Err(bad("evpn=yes is for vxlan ports only".into()));
+        }
+        if evpn && learn_remotes > 0 {
+            // EVPN's routes name the VTEPs: none is learnt from the data plane.
+            return Err(bad(
+                "evpn=yes takes its remotes from routes, not learn-remotes".into(),
+            ));
+        }
+        // With learnt remotes or EVPN the list may be empty: every VTEP is learnt or routed.
+        let open = learn_remotes > 0 || evpn;
         let listed = match args.get("remote") {
-            None if learn_remotes > 0 => "",
+            None if open => "",
             _ => super::required(args, kind, "remote")?,
         };
         let mut remotes = Vec::new();
-        for r in listed
-            .split(',')
-            .filter(|r| !r.trim().is_empty() || learn_remotes == 0)
-        {
+        for r in listed.split(',').filter(|r| !r.trim().is_empty() || !open) {
             let r = ip(r, "remote")?;
             if r.is_ipv4() != local.is_ipv4() {
                 return Err(bad(format!(
@@ -214,6 +231,7 @@ impl Config {
             remotes,
             learn_limit,
             learn_remotes,
+            evpn,
         })
     }
 }
@@ -296,6 +314,8 @@ pub struct TunnelDevice {
     sock: OwnedFd,
     table: LearningBridge,
     path: path::Path,
+    /// The EVPN side (`evpn=yes`).
+    evpn: Option<evpn::Evpn>,
     epoch: Instant,
     /// Where the counters are shown (set when the driver starts).
     state: Option<Arc<HostState>>,
@@ -306,11 +326,16 @@ impl TunnelDevice {
         let sock = sock::open(cfg.proto.name(), cfg.local)?;
         let table = LearningBridge::new(TABLE_ENTRIES);
         let path = path::Path::new(&cfg);
+        let evpn = match cfg.evpn {
+            true => Some(evpn::Evpn::open(&cfg, cfg.remotes.len())?),
+            false => None,
+        };
         Ok(TunnelDevice {
             cfg,
             sock,
             table,
             path,
+            evpn,
             epoch: Instant::now(),
             state: None,
         })
@@ -337,7 +362,12 @@ impl TunnelDevice {
             c.not_learnt,
             self.table.len(self.now_s()),
         );
-        for r in self.path.remotes() {
+        // An EVPN port's routed VTEPs are shown with its EVPN state below.
+        let listed = match self.evpn {
+            Some(_) => self.cfg.remotes.len(),
+            None => usize::MAX,
+        };
+        for r in self.path.remotes().take(listed) {
             let rc = &r.counters;
             s.push_str(&format!(
                 "; {}remote {}: tx {} frames {} bytes, rx {} frames {} bytes, drops {}",
@@ -349,6 +379,9 @@ impl TunnelDevice {
                 rc.rx_bytes,
                 rc.drops
             ));
+        }
+        if let Some(e) = &self.evpn {
+            s.push_str(&e.shown(&self.path));
         }
         s
     }
@@ -394,12 +427,17 @@ impl Driver for TunnelDriver {
 
 impl Polled for TunnelDevice {
     fn poll_fds(&self) -> Vec<RawFd> {
-        vec![self.sock.as_raw_fd()]
+        let mut fds = vec![self.sock.as_raw_fd()];
+        fds.extend(self.evpn.as_ref().map(|e| e.fd()));
+        fds
     }
 
     fn ingress(&mut self, ring: &mut TxSide) -> Result<usize, DevError> {
         let now_s = self.now_s();
         self.path.now_s = now_s;
+        if let Some(e) = &mut self.evpn {
+            e.poll(&mut self.path, &self.table, now_s);
+        }
         self.path
             .receive(&self.sock, &self.table, ring)
             .map_err(DevError::Frame)
@@ -418,6 +456,9 @@ impl Polled for TunnelDevice {
 impl Egress for TunnelDevice {
     fn send(&mut self, pieces: &[&[u8]], _off: Offload) -> Result<bool, DevError> {
         // Frames toward a tunnel never carry offload work: the switch finished it.
+        if let Some(e) = &mut self.evpn {
+            e.sent_from(evpn::src_mac(pieces), self.path.now_s);
+        }
         self.path
             .queue(&self.sock, &self.table, pieces)
             .map(|()| true)
@@ -508,5 +549,31 @@ mod tests {
         );
         assert!(matches!(any, Err(crate::host::Error::Invalid(m)) if m.contains("unicast local")));
         assert_eq!(learning("no", Some("10.0.0.2")).unwrap().learn_remotes, 0);
+    }
+
+    #[test]
+    fn evpn_needs_no_remote_and_is_for_vxlan_only() {
+        let a = args(&[("vni", "42"), ("local", "10.0.0.1"), ("evpn", "yes")]);
+        let c = Config::parse(Proto::Vxlan, &a).unwrap();
+        assert!(c.evpn && c.remotes.is_empty());
+        let e = Config::parse(Proto::Geneve, &a);
+        assert!(matches!(e, Err(crate::host::Error::Invalid(m)) if m.contains("vxlan ports only")));
+        let e = Config::parse(Proto::Vxlan, &args(&[("vni", "42"), ("local", "10.0.0.1")]));
+        assert!(matches!(e, Err(crate::host::Error::Invalid(m)) if m.contains("remote")));
+        let e = Config::parse(
+            Proto::Vxlan,
+            &args(&[("vni", "42"), ("local", "10.0.0.1"), ("evpn", "maybe")]),
+        );
+        assert!(matches!(e, Err(crate::host::Error::Invalid(m)) if m.contains("evpn")));
+        let e = Config::parse(
+            Proto::Vxlan,
+            &args(&[
+                ("vni", "42"),
+                ("local", "10.0.0.1"),
+                ("evpn", "yes"),
+                ("learn-remotes", "yes"),
+            ]),
+        );
+        assert!(matches!(e, Err(crate::host::Error::Invalid(m)) if m.contains("from routes")));
     }
 }

@@ -4,7 +4,7 @@
 
 use std::io;
 use std::mem::size_of;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use super::super::TxSide;
@@ -65,6 +65,9 @@ pub struct Remote {
     pub learnt: bool,
     /// A slot in use (a learnt remote's slot is reused once it is forgotten).
     pub live: bool,
+    /// Unknown and group destinations go to it (configured and learnt remotes; an EVPN
+    /// port's VTEPs only once a type-3 route names them).
+    pub flood: bool,
     /// When a valid packet last came from it (seconds since the port was opened).
     last_rx: u32,
 }
@@ -87,13 +90,15 @@ pub struct Path {
     /// The port's own address: never a remote (what is sent there would come back in).
     local: IpAddr,
     learn_limit: u32,
+    /// Whether inner source MACs are learnt (off when a control plane sets the table).
+    pub learn: bool,
     /// Most learnt remotes at once (0: packets from unknown VTEPs are dropped).
     learn_remotes: usize,
     learnt: usize,
     /// Slots in use or used before: the rest are empty.
     slots: usize,
-    /// Remotes in use (the copies of a flooded frame).
-    live: usize,
+    /// Remotes in use that floods go to (the copies of a flooded frame).
+    flooding: usize,
     /// When learnt remotes were last looked at for expiry.
     expired_s: u32,
     remotes: Box<[Remote]>,
@@ -175,6 +180,7 @@ impl Path {
                 counters: RemoteCounters::default(),
                 learnt: false,
                 live: r.is_some(),
+                flood: r.is_some(),
                 last_rx: 0,
             });
         }
@@ -189,7 +195,8 @@ impl Path {
             learn_remotes: cfg.learn_remotes,
             learnt: 0,
             slots: cfg.remotes.len(),
-            live: cfg.remotes.len(),
+            learn: !cfg.evpn,
+            flooding: cfg.remotes.len(),
             expired_s: 0,
             remotes: remotes.into(),
             addrs: addrs.into(),
@@ -238,11 +245,12 @@ impl Path {
             counters: RemoteCounters::default(),
             learnt: true,
             live: true,
+            flood: true,
             last_rx: self.now_s,
         };
         self.slots = self.slots.max(slot + 1);
         self.learnt += 1;
-        self.live += 1;
+        self.flooding += 1;
         Some(slot)
     }
 
@@ -258,9 +266,53 @@ impl Path {
             if r.live && r.learnt && now.wrapping_sub(r.last_rx) > max_age_s.saturating_add(1) {
                 r.live = false;
                 self.learnt -= 1;
-                self.live -= 1;
+                if std::mem::take(&mut r.flood) {
+                    self.flooding -= 1;
+                }
             }
         }
+    }
+
+    /// Sets slot `slot` to remote `to` (a control plane's VTEP: not flooded to until
+    /// [`Path::set_flood`] says; its counters start again), or empties it (`None`). Between
+    /// bursts only: no frame may be queued.
+    pub fn set_remote(&mut self, slot: usize, to: Option<SocketAddr>) {
+        self.set_flood(slot as u16, false);
+        let old = &mut self.remotes[slot];
+        if old.live && old.learnt {
+            self.learnt -= 1;
+        }
+        let addr = to.unwrap_or(SocketAddr::new(Ipv4Addr::UNSPECIFIED.into(), 0));
+        (self.addrs[slot], self.addr_lens[slot]) = sock::sockaddr(addr);
+        self.remotes[slot] = Remote {
+            ip: addr.ip(),
+            counters: RemoteCounters::default(),
+            learnt: false,
+            live: to.is_some(),
+            flood: false,
+            last_rx: self.now_s,
+        };
+        if to.is_some() {
+            self.slots = self.slots.max(slot + 1);
+        }
+    }
+
+    /// Adds slot `slot`'s remote to those floods go to, or takes it out.
+    pub fn set_flood(&mut self, slot: u16, on: bool) {
+        let r = &mut self.remotes[slot as usize];
+        if r.live && r.flood != on {
+            r.flood = on;
+            if on {
+                self.flooding += 1;
+            } else {
+                self.flooding -= 1;
+            }
+        }
+    }
+
+    /// The counters of slot `slot`'s remote.
+    pub fn slot_counters(&self, slot: usize) -> Option<&RemoteCounters> {
+        self.remotes.get(slot).map(|r| &r.counters)
     }
 
     /// Queues the frame in `pieces` for its remote (a learnt destination) or every remote;
@@ -289,7 +341,7 @@ impl Path {
                 .find(dst, self.now_s)
                 .filter(|r| self.remotes.get(*r as usize).is_some_and(|r| r.live))
         };
-        let count = if known.is_some() { 1 } else { self.live };
+        let count = if known.is_some() { 1 } else { self.flooding };
         if self.tx_sets == TX_BATCH || self.tx_msg_count + count > TX_BATCH {
             self.flush(sock);
         }
@@ -301,7 +353,7 @@ impl Path {
         let iov_ptr = self.tx_iov[base..].as_mut_ptr();
         let (first, end) = known.map_or((0, self.slots), |r| (r as usize, r as usize + 1));
         for r in first..end {
-            if !self.remotes[r].live {
+            if !self.remotes[r].live || (known.is_none() && !self.remotes[r].flood) {
                 continue;
             }
             let m = &mut self.tx_msgs[self.tx_msg_count];
@@ -444,7 +496,8 @@ impl Path {
                         // SAFETY: `len >= MIN_INNER` bytes written at `dst`.
                         let smac = unsafe { &*(dst.add(6) as *const [u8; 6]) };
                         let smac = mac(smac);
-                        if !is_group(smac)
+                        if self.learn
+                            && !is_group(smac)
                             && !table.learn(smac, remote as u16, self.learn_limit, self.now_s)
                         {
                             self.counters.not_learnt += 1;
@@ -536,6 +589,7 @@ mod tests {
             remotes: vec!["10.0.0.2:4789".parse().unwrap()],
             learn_limit: 16,
             learn_remotes,
+            evpn: false,
         }
     }
 
@@ -557,7 +611,7 @@ mod tests {
             "itself"
         );
         assert_eq!(p.remotes().count(), 3);
-        assert_eq!(p.live, 3);
+        assert_eq!(p.flooding, 3);
         // .3 was last heard at 0, .4 at 10: with an age of 300 s, .3 goes after 301 s.
         p.now_s = 301;
         p.expire(300);
@@ -566,13 +620,37 @@ mod tests {
         p.expire(300);
         assert_eq!(p.remote_of(ip("10.0.0.3")), None);
         assert_eq!(p.remote_of(ip("10.0.0.2")), Some(0), "configured ones stay");
-        assert_eq!(p.live, 2);
+        assert_eq!(p.flooding, 2);
         // Its slot is taken by the next one.
         assert_eq!(p.learn_remote(ip("10.0.0.5")), Some(1));
         assert_eq!(p.remote_of(ip("10.0.0.5")), Some(1));
         assert!(p.remotes().all(|r| r.counters == RemoteCounters::default()));
         // Without learn-remotes nothing is learnt.
         assert_eq!(Path::new(&config(0)).learn_remote(ip("10.0.0.3")), None);
+    }
+
+    /// A control plane's VTEP (EVPN) is a remote packets are taken from, flooded to only once
+    /// a route says so, and gone when emptied; configured remotes stay flooded to.
+    #[test]
+    fn routed_remotes_are_flooded_to_only_when_set_so() {
+        let mut p = Path::new(&Config {
+            evpn: true,
+            ..config(0)
+        });
+        assert!(!p.learn, "an EVPN port learns no MAC from the data plane");
+        let vtep: SocketAddr = "10.0.0.7:4789".parse().unwrap();
+        p.set_remote(5, Some(vtep));
+        assert_eq!(p.remote_of(ip("10.0.0.7")), Some(5));
+        assert_eq!(p.flooding, 1, "the configured remote only");
+        p.set_flood(5, true);
+        p.set_flood(5, true);
+        assert_eq!(p.flooding, 2);
+        p.set_remote(5, None);
+        assert_eq!(p.remote_of(ip("10.0.0.7")), None);
+        assert_eq!(p.flooding, 1);
+        p.set_flood(5, true);
+        assert_eq!(p.flooding, 1, "an empty slot is never flooded to");
+        assert_eq!(p.remotes().count(), 1);
     }
 
     #[test]
