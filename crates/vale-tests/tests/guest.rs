@@ -492,10 +492,13 @@ fn a_guest_and_a_container_talk_tcp_both_ways() {
     let v = Valed::start_in(&home, &[]);
     let tap = unique("vtap");
     v.ctl_ok(&["attach", "vale0:c", "--tap", &tap]);
-    let ns = Netns::new("c");
-    ns.adopt(Some(&home), &tap, &[&format!("{}/24", IPS[1])]);
+    // The guest's port before the container's device goes up: what the container's stack
+    // multicasts at once (IPv6 MLD, router solicitations) has somewhere to go, and is not a
+    // drop of a port alone on its switch.
     let sock = v.run_dir().join("vm.sock");
     v.ctl_ok(&["attach", "vale0:g1", "--vhost-user", sock.to_str().unwrap()]);
+    let ns = Netns::new("c");
+    ns.adopt(Some(&home), &tap, &[&format!("{}/24", IPS[1])]);
     let mut g = Guest::boot(&GuestConfig::vhost_user(
         "g1",
         &sock,
