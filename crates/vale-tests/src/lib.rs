@@ -22,6 +22,7 @@ use vale_abi::control::{PortCounters, PortInfo, SwitchInfo, SOCKET_NAME};
 pub mod dpdk;
 pub mod guest;
 pub mod netns;
+pub mod tunnel;
 
 /// Bound of every wait that should take milliseconds.
 pub const T: Duration = Duration::from_secs(10);

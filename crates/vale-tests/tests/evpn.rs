@@ -11,6 +11,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use vale_tests::netns::{sh_ok, Netns, TapNet};
+use vale_tests::tunnel::field;
 use vale_tests::*;
 
 /// How long BGP may take to converge and to carry a change (it takes seconds).
@@ -95,18 +96,6 @@ fn line(v: &Valed) -> String {
     v.port("vale0:ev")
         .and_then(|p| p.negotiated)
         .unwrap_or_else(|| panic!("vale0:ev shows no counters"))
-}
-
-/// Counter `name` of the line (`... name N ...`).
-fn field(line: &str, name: &str) -> u64 {
-    let at = line
-        .find(&format!(" {name} "))
-        .unwrap_or_else(|| panic!("no '{name}' in {line:?}"));
-    line[at + name.len() + 2..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("'{name}' is no number in {line:?}"))
 }
 
 /// Waits (up to [`CONVERGE`]) until `cond` holds; panics with `what` and the last `show`.

@@ -5,51 +5,11 @@
 //! Needs root, iproute2 and ping (the README's test command installs them).
 
 use std::net::UdpSocket;
-use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use vale_tests::netns::{unique, Netns, TapNet};
+use vale_tests::tunnel::*;
 use vale_tests::*;
-
-/// Counter `name` of a tunnel port's `negotiated` line (`... name N ...`).
-fn field(line: &str, name: &str) -> u64 {
-    let at = format!(" {line}")
-        .find(&format!(" {name} "))
-        .unwrap_or_else(|| panic!("no '{name}' in {line:?}"));
-    line[at + name.len() + 1..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("'{name}' is no number in {line:?}"))
-}
-
-/// The part of the line about remote `ip`.
-fn remote_of<'a>(line: &'a str, ip: &str) -> &'a str {
-    let tag = format!("remote {ip}: ");
-    let at = line
-        .find(&tag)
-        .unwrap_or_else(|| panic!("no {tag:?} in {line:?}"));
-    let rest = &line[at + tag.len()..];
-    &rest[..rest.find(';').unwrap_or(rest.len())]
-}
-
-/// The tunnel port's counters line (refreshed by valed about once a second).
-fn line(v: &Valed, port: &str) -> String {
-    v.port(port)
-        .and_then(|p| p.negotiated)
-        .unwrap_or_else(|| panic!("{port} shows no counters"))
-}
-
-/// Waits (up to [`T`]) until `cond` holds of `port`'s counters line; returns it.
-fn wait_line(v: &Valed, port: &str, what: &str, cond: impl Fn(&str) -> bool) -> String {
-    let mut last = String::new();
-    let ok = wait_until_every(T, Duration::from_millis(200), || {
-        last = line(v, port);
-        cond(&last)
-    });
-    assert!(ok, "{port}: {what}: {last}");
-    last
-}
 
 /// An IP counter of namespace `ns`: IPv4's from /proc/net/snmp (`Ip:` lines), IPv6's
 /// (`Ip6...`) from /proc/net/snmp6.
@@ -338,32 +298,6 @@ fn tunnel_arguments_are_checked_and_a_taken_port_is_busy() {
         "remote=127.0.0.9",
         "dstport=4790",
     ]);
-}
-
-/// Runs `f` on a thread in network namespace `ns`.
-fn in_netns<R: Send + 'static>(ns: &str, f: impl FnOnce() -> R + Send + 'static) -> R {
-    let path = format!("/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let nsf = std::fs::File::open(&path).expect("netns");
-        // SAFETY: setns of this thread only, with a descriptor we own.
-        assert_eq!(
-            unsafe { libc::setns(nsf.as_raw_fd(), libc::CLONE_NEWNET) },
-            0,
-            "setns"
-        );
-        f()
-    })
-    .join()
-    .expect("thread in the namespace")
-}
-
-/// An inner frame to MAC `dst` from MAC `src`, of `len` bytes, behind a VXLAN header of VNI
-/// `vni`.
-fn vxlan_packet(vni: u32, src: [u8; 6], dst: [u8; 6], len: usize) -> Vec<u8> {
-    let v = vni.to_be_bytes();
-    let mut p = vec![8, 0, 0, 0, v[1], v[2], v[3], 0];
-    p.extend(test_frame(len.max(22), src, dst, 7).into_iter().take(len));
-    p
 }
 
 /// Garbage and floods on the underlay are counted drops; a checked stream beside them loses

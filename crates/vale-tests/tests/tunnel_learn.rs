@@ -6,74 +6,11 @@
 //! Needs root, iproute2, ping and ethtool.
 
 use std::net::UdpSocket;
-use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use vale_tests::netns::{unique, Netns, TapNet};
+use vale_tests::tunnel::*;
 use vale_tests::*;
-
-/// Counter `name` of a tunnel port's `negotiated` line (`... name N ...`).
-fn field(line: &str, name: &str) -> u64 {
-    let at = format!(" {line}")
-        .find(&format!(" {name} "))
-        .unwrap_or_else(|| panic!("no '{name}' in {line:?}"));
-    line[at + name.len() + 1..]
-        .split(|c: char| !c.is_ascii_digit())
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("'{name}' is no number in {line:?}"))
-}
-
-/// The part of the line about remote `ip` (configured or learnt).
-fn remote_of<'a>(line: &'a str, ip: &str) -> &'a str {
-    let tag = format!("remote {ip}: ");
-    let at = line
-        .find(&tag)
-        .unwrap_or_else(|| panic!("no {tag:?} in {line:?}"));
-    let rest = &line[at + tag.len()..];
-    &rest[..rest.find(';').unwrap_or(rest.len())]
-}
-
-fn line(v: &Valed, port: &str) -> String {
-    v.port(port)
-        .and_then(|p| p.negotiated)
-        .unwrap_or_else(|| panic!("{port} shows no counters"))
-}
-
-fn wait_line(v: &Valed, port: &str, what: &str, cond: impl Fn(&str) -> bool) -> String {
-    let mut last = String::new();
-    let ok = wait_until_every(T, Duration::from_millis(200), || {
-        last = line(v, port);
-        cond(&last)
-    });
-    assert!(ok, "{port}: {what}: {last}");
-    last
-}
-
-/// Runs `f` on a thread in network namespace `ns`.
-fn in_netns<R: Send + 'static>(ns: &str, f: impl FnOnce() -> R + Send + 'static) -> R {
-    let path = format!("/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let nsf = std::fs::File::open(&path).expect("netns");
-        // SAFETY: setns of this thread only, with a descriptor we own.
-        assert_eq!(
-            unsafe { libc::setns(nsf.as_raw_fd(), libc::CLONE_NEWNET) },
-            0,
-            "setns"
-        );
-        f()
-    })
-    .join()
-    .expect("thread in the namespace")
-}
-
-/// A VXLAN packet of VNI `vni` carrying a 60-byte frame from `src` to `dst`.
-fn vxlan_packet(vni: u32, src: [u8; 6], dst: [u8; 6]) -> Vec<u8> {
-    let v = vni.to_be_bytes();
-    let mut p = vec![8, 0, 0, 0, v[1], v[2], v[3], 0];
-    p.extend(test_frame(60, src, dst, 7));
-    p
-}
 
 /// The inner source MAC spoofed VTEP `i` sends from.
 fn mac_of(i: u8) -> [u8; 6] {
@@ -113,20 +50,21 @@ fn learnt_remotes_are_bounded_and_their_macs_point_at_them() {
         let to = "127.0.0.1:4789";
         // Garbage from a stranger teaches nothing.
         let stranger = UdpSocket::bind("127.0.0.200:0").unwrap();
-        let mut bad = vxlan_packet(5, mac_of(200), MAC_A);
+        let mut bad = vxlan_packet(5, mac_of(200), MAC_A, 60);
         bad[0] = 0x88;
         stranger.send_to(&bad, to).unwrap();
         stranger
-            .send_to(&vxlan_packet(6, mac_of(200), MAC_A), to)
+            .send_to(&vxlan_packet(6, mac_of(200), MAC_A, 60), to)
             .unwrap();
         // Nor does a packet from the port's own address: floods sent there would come back.
         let itself = UdpSocket::bind("127.0.0.1:0").unwrap();
         itself
-            .send_to(&vxlan_packet(5, mac_of(201), MAC_A), to)
+            .send_to(&vxlan_packet(5, mac_of(201), MAC_A, 60), to)
             .unwrap();
         for i in 10..110u8 {
             let s = UdpSocket::bind(format!("127.0.0.{i}:0")).unwrap();
-            s.send_to(&vxlan_packet(5, mac_of(i), MAC_A), to).unwrap();
+            s.send_to(&vxlan_packet(5, mac_of(i), MAC_A, 60), to)
+                .unwrap();
             if i == 13 {
                 // The first four are learnt in order.
                 std::thread::sleep(Duration::from_millis(200));
@@ -277,7 +215,7 @@ fn packets_from_any_source_port_are_taken() {
             // Each from a port of its own, as many flows would come.
             let s = UdpSocket::bind("127.0.0.2:0").unwrap();
             ports.insert(s.local_addr().unwrap().port());
-            s.send_to(&vxlan_packet(5, mac_of(k), MAC_A), "127.0.0.1:4789")
+            s.send_to(&vxlan_packet(5, mac_of(k), MAC_A, 60), "127.0.0.1:4789")
                 .unwrap();
         }
         ports.len()
