@@ -4,6 +4,7 @@
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
+use crate::netns::{unique, Netns};
 use crate::{test_frame, wait_until_every, Valed, T};
 
 /// Counter `name` of a tunnel port's `negotiated` line (`... name N ...`).
@@ -70,4 +71,26 @@ pub fn vxlan_packet(vni: u32, src: [u8; 6], dst: [u8; 6], len: usize) -> Vec<u8>
     let mut p = vec![8, 0, 0, 0, v[1], v[2], v[3], 0];
     p.extend(test_frame(len.max(22), src, dst, 7).into_iter().take(len));
     p
+}
+
+/// A Linux VTEP in namespace `h2`, joined to `home` (valed's namespace) by a veth underlay:
+/// `local` on valed's side, `remote` on H2's (prefix length `plen`), MTU 1500; in H2 a vxlan
+/// device of VNI 42 at port 4789 toward `local`, on a bridge with a veth into namespace `c2`,
+/// which gets 10.77.0.2/24.
+pub fn linux_vtep(home: &Netns, h2: &Netns, c2: &Netns, local: &str, remote: &str, plen: u8) {
+    let u = unique("vu");
+    home.ok(&format!("ip link add {u} type veth peer name under"));
+    home.ok(&format!("ip link set under netns {}", h2.name));
+    home.adopt(None, &u, &[&format!("{local}/{plen}")]);
+    h2.adopt(None, "under", &[&format!("{remote}/{plen}")]);
+    // On a veth, checksums left for the device to finish stay unfinished, the inner TCP
+    // checksum of a VXLAN packet too: a NIC would compute it.
+    h2.ok("ethtool -K under tx off");
+    h2.ok(&format!(
+        "ip link add vx type vxlan id 42 dstport 4789 local {remote} remote {local} \
+         && ip link add br0 type bridge && ip link set vx master br0 \
+         && ip link set vx up && ip link add vc type veth peer name ce \
+         && ip link set vc master br0 && ip link set vc up && ip link set br0 up",
+    ));
+    c2.adopt(Some(h2), "ce", &["10.77.0.2/24"]);
 }

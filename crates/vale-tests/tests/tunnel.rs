@@ -7,7 +7,7 @@
 use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
-use vale_tests::netns::{unique, Netns, TapNet};
+use vale_tests::netns::{Netns, TapNet};
 use vale_tests::tunnel::*;
 use vale_tests::*;
 
@@ -52,22 +52,7 @@ impl Interop {
         let net = TapNet::new(&["c1"]);
         let h2 = Netns::new("x");
         let c2 = Netns::new("y");
-        let u = unique("vu");
-        net.home
-            .ok(&format!("ip link add {u} type veth peer name under"));
-        net.home.ok(&format!("ip link set under netns {}", h2.name));
-        net.home.adopt(None, &u, &[&format!("{local}/{plen}")]);
-        h2.adopt(None, "under", &[&format!("{remote}/{plen}")]);
-        // On a veth, checksums left for the device to finish stay unfinished, the inner TCP
-        // checksum of a VXLAN packet too: a NIC would compute it.
-        h2.ok("ethtool -K under tx off");
-        h2.ok(&format!(
-            "ip link add vx type vxlan id 42 dstport 4789 local {remote} remote {local} \
-             && ip link add br0 type bridge && ip link set vx master br0 \
-             && ip link set vx up && ip link add vc type veth peer name ce \
-             && ip link set vc master br0 && ip link set vc up && ip link set br0 up",
-        ));
-        c2.adopt(Some(&h2), "ce", &["10.77.0.2/24"]);
+        linux_vtep(&net.home, &h2, &c2, local, remote, plen);
         net.v.ctl_ok(&[
             "attach",
             "vale0:vx",

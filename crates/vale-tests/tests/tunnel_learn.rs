@@ -8,7 +8,7 @@
 use std::net::UdpSocket;
 use std::time::Duration;
 
-use vale_tests::netns::{unique, Netns, TapNet};
+use vale_tests::netns::{Netns, TapNet};
 use vale_tests::tunnel::*;
 use vale_tests::*;
 
@@ -155,20 +155,7 @@ fn a_linux_vtep_is_learnt_as_a_remote() {
     let net = TapNet::new(&["c1"]);
     let h2 = Netns::new("q");
     let c2 = Netns::new("r");
-    let u = unique("vu");
-    net.home
-        .ok(&format!("ip link add {u} type veth peer name under"));
-    net.home.ok(&format!("ip link set under netns {}", h2.name));
-    net.home.adopt(None, &u, &["192.168.79.1/24"]);
-    h2.adopt(None, "under", &["192.168.79.2/24"]);
-    h2.ok("ethtool -K under tx off");
-    h2.ok(
-        "ip link add vx type vxlan id 42 dstport 4789 local 192.168.79.2 remote 192.168.79.1 \
-         && ip link add br0 type bridge && ip link set vx master br0 \
-         && ip link set vx up && ip link add vc type veth peer name ce \
-         && ip link set vc master br0 && ip link set vc up && ip link set br0 up",
-    );
-    c2.adopt(Some(&h2), "ce", &["10.77.0.2/24"]);
+    linux_vtep(&net.home, &h2, &c2, "192.168.79.1", "192.168.79.2", 24);
     net.v.ctl_ok(&[
         "attach",
         "vale0:vx",
