@@ -7,9 +7,12 @@
 //! `--seconds`, in bursts every 20 µs, reusing descriptors as the back end returns them. A
 //! frame it cannot post because all descriptors are still with the back end is not sent
 //! (counted as `backlog`: the back end did not keep up). Prints one JSON line: frames posted,
-//! the seconds it took, and the backlog.
+//! the seconds it took, and the backlog. With `--rate 0` it posts nothing: a connected guest
+//! whose driver is idle for `--seconds` (bench/vhost_many.py's idle ports). `--tick-us` sets
+//! the time between bursts (many senders at low rates: fewer wake-ups each).
 //!
-//!     vhost-paced --socket PATH --rate PPS [--seconds 2] [--len 60] [--dst MAC]
+//!     vhost-paced --socket PATH --rate PPS [--seconds 2] [--len 60] [--dst MAC] [--src MAC]
+//!                 [--tick-us 20]
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
@@ -24,7 +27,6 @@ const QSZ: u16 = 1024;
 const HDR: usize = 12;
 const BUF: u64 = 2048;
 const BUFS_AT: u64 = 1 << 20;
-const TICK: Duration = Duration::from_micros(20);
 const F_VERSION_1: u64 = 1 << 32;
 const F_PROTOCOL_FEATURES: u64 = 1 << 30;
 const USED_F_NO_NOTIFY: u16 = 1;
@@ -45,6 +47,17 @@ struct Args {
     seconds: f64,
     len: usize,
     dst: [u8; 6],
+    src: [u8; 6],
+    tick: Duration,
+}
+
+fn mac(k: &str, s: &str) -> Result<[u8; 6], String> {
+    let b: Vec<u8> = s
+        .split(':')
+        .map(|x| u8::from_str_radix(x, 16))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("{k} {s}: {e}"))?;
+    b.try_into().map_err(|_| format!("{k} {s}: not a MAC"))
 }
 
 fn args() -> Result<Args, String> {
@@ -54,6 +67,8 @@ fn args() -> Result<Args, String> {
         seconds: 2.0,
         len: 60,
         dst: [2, 0, 0, 0, 0x0e, 2],
+        src: [2, 0, 0, 0, 0x0e, 1],
+        tick: Duration::from_micros(20),
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -63,24 +78,27 @@ fn args() -> Result<Args, String> {
             "--rate" => a.rate = v()?.parse().map_err(|e| format!("--rate: {e}"))?,
             "--seconds" => a.seconds = v()?.parse().map_err(|e| format!("--seconds: {e}"))?,
             "--len" => a.len = v()?.parse().map_err(|e| format!("--len: {e}"))?,
-            "--dst" => {
-                let s = v()?;
-                let b: Vec<u8> = s
-                    .split(':')
-                    .map(|x| u8::from_str_radix(x, 16))
-                    .collect::<Result<_, _>>()
-                    .map_err(|e| format!("--dst {s}: {e}"))?;
-                a.dst = b.try_into().map_err(|_| format!("--dst {s}: not a MAC"))?;
+            "--dst" => a.dst = mac(&k, &v()?)?,
+            "--src" => a.src = mac(&k, &v()?)?,
+            "--tick-us" => {
+                let us: u64 = v()?.parse().map_err(|e| format!("--tick-us: {e}"))?;
+                if !(1..=1_000_000).contains(&us) {
+                    return Err("--tick-us: 1-1000000".into());
+                }
+                a.tick = Duration::from_micros(us);
             }
             "-h" | "--help" => {
-                println!("vhost-paced --socket PATH --rate PPS [--seconds S] [--len 60-1514] [--dst MAC]");
+                println!(
+                    "vhost-paced --socket PATH --rate PPS [--seconds S] [--len 60-1514] [--dst MAC] \
+                     [--src MAC] [--tick-us US]"
+                );
                 std::process::exit(0);
             }
             _ => return Err(format!("unknown argument {k}")),
         }
     }
-    if a.socket.is_empty() || a.rate <= 0.0 || !(60..=1514).contains(&a.len) {
-        return Err("need --socket, a --rate above 0 and --len 60-1514".into());
+    if a.socket.is_empty() || !(a.rate >= 0.0) || !(60..=1514).contains(&a.len) {
+        return Err("need --socket, a --rate of 0 or more and --len 60-1514".into());
     }
     Ok(a)
 }
@@ -190,7 +208,7 @@ fn main() {
     let tx = 1u64;
     let mut frame = vec![0u8; HDR + a.len];
     frame[HDR..HDR + 6].copy_from_slice(&a.dst);
-    frame[HDR + 6..HDR + 12].copy_from_slice(&[2, 0, 0, 0, 0x0e, 1]);
+    frame[HDR + 6..HDR + 12].copy_from_slice(&a.src);
     frame[HDR + 12..HDR + 14].copy_from_slice(&[0x08, 0x00]);
     for i in 0..QSZ as u64 {
         let at = BUFS_AT + i * BUF;
@@ -207,6 +225,10 @@ fn main() {
     let mut next_avail = 0u16;
     let start = Instant::now();
     let end = Duration::from_secs_f64(a.seconds);
+    if a.rate == 0.0 {
+        // An idle guest: connected, queues set up, nothing posted.
+        std::thread::sleep(end);
+    }
     let mut tick = start;
     loop {
         let now = Instant::now();
@@ -234,7 +256,7 @@ fn main() {
                 let _ = kicks[tx as usize].write(1);
             }
         }
-        tick += TICK;
+        tick += a.tick;
         if let Some(d) = tick.checked_duration_since(Instant::now()) {
             std::thread::sleep(d);
         }

@@ -225,8 +225,11 @@ impl Session {
             };
             let _ = epoll::add(&wait_ep, state.stop.as_raw_fd(), TOKEN_STOP);
             let _ = epoll::add(&wait_ep, done.as_raw_fd(), TOKEN_OTHER);
+            // No timeout: both ends of this wait are descriptors in `wait_ep`, and a port
+            // whose front end idles must cost no wake-up (64 idle ports woke 64 times a second
+            // here: 0.10% of a core).
             let stopping = loop {
-                if wait_stop(&wait_ep, 1000, &state) {
+                if wait_stop(&wait_ep, -1, &state) {
                     break true;
                 }
                 if eventfd::drain(&*done) != 0 {
