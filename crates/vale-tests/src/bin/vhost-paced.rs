@@ -97,7 +97,7 @@ fn args() -> Result<Args, String> {
             _ => return Err(format!("unknown argument {k}")),
         }
     }
-    if a.socket.is_empty() || !(a.rate >= 0.0) || !(60..=1514).contains(&a.len) {
+    if a.socket.is_empty() || !a.rate.is_finite() || a.rate < 0.0 || !(60..=1514).contains(&a.len) {
         return Err("need --socket, a --rate of 0 or more and --len 60-1514".into());
     }
     Ok(a)
