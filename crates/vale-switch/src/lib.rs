@@ -48,3 +48,4 @@ pub use engine::{Engine, EngineConfig, OpenedPort, SavedLookup};
 pub use error::{Error, ErrorKind};
 pub use port::{Port, PortShared};
 pub use switch::DEFAULT_BATCH;
+pub use worker::DEFAULT_SPIN;

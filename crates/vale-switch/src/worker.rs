@@ -6,8 +6,13 @@
 //! ring once more; only if nothing arrived does it drop the ring from the active list. A worker
 //! with no active ring sleeps in `epoll_wait` on the kick eventfds: idle ports cost no CPU
 //! (mSwitch). An optional busy-poll interval keeps a dry ring active a little longer, trading
-//! CPU for latency. While it polls dry rings only, the worker pauses between passes as a
-//! [`Spinner`] says: on a CPU of its own it just spins; when other tasks want the CPU it yields
+//! CPU for latency. Without one, a ring is still kept active for up to the *adaptive spin*
+//! (`valed --spin-us`, [`crate::DEFAULT_SPIN`]) when the last time it ran dry its next frame
+//! came sooner than that: an exchange in progress (a request and its answer, a stream with
+//! short gaps) then costs the client no kick and valed no wake-up per frame, while a ring whose
+//! last gap was longer, or whose spin ran out, sleeps at once: an idle port costs nothing, and
+//! a port that falls quiet costs one spin. While it polls dry rings only, the worker pauses
+//! between passes as a [`Spinner`] says: on a CPU of its own it just spins; when other tasks want the CPU it yields
 //! it after each dry pass (a busy client on the same CPU runs at once, not after a time slice);
 //! and when the CPU goes to tasks that keep it, the spinner backs off and dry rings go to sleep
 //! at once, as without busy-polling, until it tries again.
@@ -132,6 +137,7 @@ impl Worker {
     pub fn spawn(
         id: usize,
         busy_poll: Duration,
+        spin: Duration,
         epoch: Instant,
         peers: Arc<OnceLock<Vec<Arc<Worker>>>>,
     ) -> io::Result<Arc<Worker>> {
@@ -141,7 +147,7 @@ impl Worker {
             stats: WorkerStats::default(),
         });
         let me = w.clone();
-        let mut lp = Loop::new(me, busy_poll, epoch, peers)?;
+        let mut lp = Loop::new(me, busy_poll, spin, epoch, peers)?;
         std::thread::Builder::new()
             .name(format!("vale-worker-{id}"))
             .spawn(move || lp.run())?;
@@ -162,8 +168,13 @@ struct Source {
     port: Arc<Port>,
     ring: u32,
     active: bool,
-    /// Engine clock when the ring was first seen dry (busy-poll only).
+    /// Engine clock when the ring was first seen dry (busy-poll and spin only).
     dry_since: Option<u64>,
+    /// Engine clock when the ring ran dry before it went to sleep (adaptive spin only).
+    slept_at: Option<u64>,
+    /// Its last gap between running dry and its next frame was shorter than the adaptive
+    /// spin: spin before sleeping next time.
+    spin: bool,
     /// Kicks in a row that found no work (see [`Loop::kicked`]).
     spurious: u32,
     /// Mutes in a row, for the back-off; 0 once a kick brings work.
@@ -173,6 +184,11 @@ struct Source {
     /// Slots taken since the worker's last look.
     moved: u64,
 }
+
+/// The adaptive spin of valed's default mode (`valed --spin-us`): longer than a sleeping
+/// client's turn in a ping-pong across two CPUs (about 20 µs here), short enough that a port
+/// falling quiet costs little. Measured in docs/benchmarks.md (latency).
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(50);
 
 /// Kicks in a row that bring no work before a ring is muted. A client that follows the
 /// protocol makes at most one such kick per sleep of its ring (it kicked just as valed found
@@ -207,6 +223,8 @@ struct Loop {
     muted: Vec<usize>,
     pipe: Pipeline,
     busy_poll_ns: u64,
+    /// The adaptive spin, ns (0: none; unused with a busy-poll interval).
+    spin_ns: u64,
     /// How the busy-poll pauses between dry passes (see [`Spinner`]).
     spinner: Spinner,
     /// Every worker (set once all have started).
@@ -220,6 +238,7 @@ impl Loop {
     fn new(
         me: Arc<Worker>,
         busy_poll: Duration,
+        spin: Duration,
         epoch: Instant,
         peers: Arc<OnceLock<Vec<Arc<Worker>>>>,
     ) -> io::Result<Loop> {
@@ -236,6 +255,11 @@ impl Loop {
             muted: Vec::new(),
             pipe: Pipeline::new(epoch),
             busy_poll_ns: busy_poll.as_nanos() as u64,
+            spin_ns: if busy_poll.is_zero() {
+                spin.as_nanos() as u64
+            } else {
+                0
+            },
             spinner: Spinner::new(),
             peers,
             next_look: LOOK_EVERY_NS,
@@ -275,7 +299,7 @@ impl Loop {
                 self.unmute_due();
             }
             let moved = self.round();
-            if self.busy_poll_ns != 0 && !self.active.is_empty() {
+            if (self.busy_poll_ns | self.spin_ns) != 0 && !self.active.is_empty() {
                 // Every active ring was dry (busy-polled) unless something moved: pause, or
                 // yield the CPU to whoever wants it; a spinner that backs off makes the next
                 // round put the dry rings to sleep.
@@ -401,6 +425,8 @@ impl Loop {
                         ring,
                         active: false,
                         dry_since: None,
+                        slept_at: None,
+                        spin: false,
                         spurious: 0,
                         mutes: 0,
                         muted_until: None,
@@ -473,6 +499,9 @@ impl Loop {
         let Some(a) = &s.port.attachment else { return };
         a.region.ktoa(s.ring).kern_need_kick.store(0, Relaxed);
         s.dry_since = None;
+        if let Some(slept) = s.slept_at.take() {
+            s.spin = self.pipe.notifier.now_ns() - slept < self.spin_ns;
+        }
         if !s.active {
             s.active = true;
             self.active.push(token);
@@ -531,11 +560,13 @@ impl Loop {
     /// busy-poll interval, unless the spinner backs off). Whether any ring moved.
     fn round(&mut self) -> bool {
         let (mut batches, mut slots) = (0u64, 0u64);
-        let busy_poll_ns = if self.busy_poll_ns != 0 && self.spinner.spinning() {
+        let spinning = self.spinner.spinning();
+        let busy_poll_ns = if self.busy_poll_ns != 0 && spinning {
             self.busy_poll_ns
         } else {
             0
         };
+        let spin_ns = if spinning { self.spin_ns } else { 0 };
         let mut i = 0;
         while i < self.active.len() {
             let token = self.active[i];
@@ -556,6 +587,15 @@ impl Loop {
                     i += 1;
                     continue;
                 }
+            } else if spin_ns != 0 && s.spin {
+                let now = self.pipe.notifier.now_ns();
+                let since = *s.dry_since.get_or_insert(now);
+                if now - since < spin_ns {
+                    i += 1;
+                    continue;
+                }
+                // Spun in vain: sleep at once next time, until a gap is short again.
+                s.spin = false;
             }
             let a = s.port.attachment.as_ref().expect("sources are attached");
             let ktoa = a.region.ktoa(s.ring);
@@ -570,6 +610,11 @@ impl Loop {
                 continue;
             }
             s.active = false;
+            if self.spin_ns != 0 {
+                // The gap is counted from when the ring ran dry, spin included: frames 60 µs
+                // apart with a 50 µs spin must not make every spin a vain one.
+                s.slept_at = Some(s.dry_since.unwrap_or_else(|| self.pipe.notifier.now_ns()));
+            }
             self.active.swap_remove(i);
         }
         if batches != 0 {

@@ -1281,6 +1281,107 @@ fn pktgen_ping_pong_measures_round_trips() {
     assert_eq!(num(&p, "packets"), 500, "{p}");
 }
 
+/// Voluntary context switches (sleeps) of valed's forwarding thread so far.
+fn worker_sleeps(v: &Valed) -> u64 {
+    let tasks = std::fs::read_dir(format!("/proc/{}/task", v.pid())).expect("proc task");
+    tasks
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.trim() == "vale-worker-0")
+        })
+        .map(|t| {
+            let s = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            s.lines()
+                .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+                .and_then(|n| n.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+const B_MAC: &str = "02:00:00:00:00:0b";
+
+/// Round trips of two sleeping vale-pktgen (ping, pong) through `v`: the forwarding thread's
+/// sleeps during them, and valed's CPU ticks in the second after.
+fn ping_pong_sleeps(v: &Valed, n: u64) -> (u64, u64) {
+    let pong = v.spawn_client(
+        v.pktgen(&[
+            "-i",
+            "vale0:b",
+            "-f",
+            "pong",
+            "-T",
+            "60",
+            "--announce",
+            "-S",
+            B_MAC,
+        ]),
+        "vale-pktgen pong",
+        "vale0:b",
+    );
+    assert!(
+        wait_until(T, || v.counters("vale0:b").tx_packets >= 1),
+        "pong's announcement"
+    );
+    let before = worker_sleeps(v);
+    let ping = Kid::spawn(
+        v.pktgen(&[
+            "-i",
+            "vale0:a",
+            "-f",
+            "ping",
+            "-n",
+            &n.to_string(),
+            "-D",
+            B_MAC,
+            "--json",
+        ]),
+        "vale-pktgen ping",
+    )
+    .finish(Duration::from_secs(60));
+    let r = report(&ping, "vale-pktgen ping");
+    assert_eq!(num(&r, "packets"), n, "{r}");
+    let sleeps = worker_sleeps(v) - before;
+    std::thread::sleep(Duration::from_millis(100));
+    let t0 = v.cpu_ticks();
+    std::thread::sleep(Duration::from_secs(1));
+    let idle = v.cpu_ticks() - t0;
+    pong.signal(libc::SIGTERM);
+    pong.finish(T);
+    (sleeps, idle)
+}
+
+/// valed's adaptive spin (the default, `--spin-us`): a ring whose next frame came soon after it
+/// ran dry is polled that long before the forwarding thread sleeps, so a ping-pong in progress
+/// costs valed's thread (nearly) no sleep and wake-up per frame, where `--spin-us 0` sleeps at
+/// least once a round trip; and once the exchange ends valed costs nothing (one spin, then
+/// sleep). The spin here is generous (1 ms) so that a loaded machine's slower turns still fall
+/// within it.
+#[test]
+fn an_exchange_in_progress_is_spun_for_and_an_idle_port_costs_nothing() {
+    let _s = serial();
+    let n = 2000;
+    let off = Valed::start_with(&["--spin-us", "0"]);
+    let (sleeps_off, _) = ping_pong_sleeps(&off, n);
+    drop(off);
+    let on = Valed::start_with(&["--spin-us", "1000"]);
+    let (sleeps_on, idle_on) = ping_pong_sleeps(&on, n);
+    eprintln!("forwarding thread sleeps for {n} round trips: {sleeps_off} without a spin, {sleeps_on} with");
+    assert!(
+        sleeps_off >= n / 2,
+        "without a spin the forwarding thread sleeps about once a round trip: {sleeps_off} for {n}"
+    );
+    assert!(
+        sleeps_on * 4 < sleeps_off,
+        "with the spin it sleeps far less: {sleeps_on} against {sleeps_off} for {n} round trips"
+    );
+    assert!(
+        idle_on <= 1,
+        "idle after the exchange: {idle_on} ticks of CPU in a second"
+    );
+}
+
 /// The `head` valed reads for region ring `k` of `port` (the CSB's client half).
 fn csb_head(port: &Port, k: u32) -> &std::sync::atomic::AtomicU32 {
     let h = port.region();

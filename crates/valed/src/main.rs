@@ -74,6 +74,13 @@ struct Args {
     /// microseconds before sleeping (0: sleep at once)
     #[arg(long, default_value_t = 0, value_name = "US")]
     busy_poll_us: u64,
+    /// Without --busy-poll-us: keep a ring that ran dry polled up to this many microseconds
+    /// when its last gap between frames was shorter than that (an exchange in progress), so
+    /// neither its client's kick nor valed's wake-up is needed for the next frame; a ring whose
+    /// last gap was longer sleeps at once, so idle ports cost nothing (0: always sleep at once)
+    #[arg(long, default_value_t = vale_switch::DEFAULT_SPIN.as_micros() as u64, value_name = "US",
+          value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    spin_us: u64,
     /// Batch size of new switches: frames gathered from a ring per pass (1-2048)
     #[arg(long, default_value_t = vale_switch::DEFAULT_BATCH,
           value_parser = clap::value_parser!(u32).range(1..=2048))]
@@ -191,6 +198,7 @@ fn run() -> anyhow::Result<()> {
     let engine = Engine::new(EngineConfig {
         workers: args.workers as usize,
         busy_poll: Duration::from_micros(args.busy_poll_us),
+        spin: Duration::from_micros(args.spin_us),
         batch: args.batch,
         user_limits: UserLimits {
             ports: args.max_ports_per_user as usize,
@@ -220,7 +228,7 @@ fn run() -> anyhow::Result<()> {
     let listener = run.bind_socket(mode)?;
 
     tracing::info!(run_dir = %run_dir.display(), workers = args.workers, batch = args.batch,
-        busy_poll_us = args.busy_poll_us, pid = std::process::id(), "valed ready");
+        busy_poll_us = args.busy_poll_us, spin_us = args.spin_us, pid = std::process::id(), "valed ready");
     // The socket listens: a service manager waiting for us (Type=notify) may go on.
     notify::ready();
     let policy = control::Policy {

@@ -31,6 +31,8 @@ pub use modules::SavedLookup;
 pub struct EngineConfig {
     pub workers: usize,
     pub busy_poll: Duration,
+    /// The forwarding threads' adaptive spin (see `worker.rs`); unused with `busy_poll`.
+    pub spin: Duration,
     /// Batch size of new switches.
     pub batch: u32,
     /// What one user that is not an administrator may hold.
@@ -45,6 +47,7 @@ impl Default for EngineConfig {
         EngineConfig {
             workers: 1,
             busy_poll: Duration::ZERO,
+            spin: crate::DEFAULT_SPIN,
             batch: DEFAULT_BATCH,
             user_limits: UserLimits::default(),
             descriptor_budget: usize::MAX,
@@ -119,7 +122,7 @@ impl Engine {
         let epoch = Instant::now();
         let peers = Arc::new(std::sync::OnceLock::new());
         let workers = (0..cfg.workers.max(1))
-            .map(|i| Worker::spawn(i, cfg.busy_poll, epoch, peers.clone()))
+            .map(|i| Worker::spawn(i, cfg.busy_poll, cfg.spin, epoch, peers.clone()))
             .collect::<std::io::Result<Vec<_>>>()?;
         let _ = peers.set(workers.clone());
         Ok(Arc::new(Engine {
