@@ -18,7 +18,8 @@
 //! (bench/latency.py's VM path): the receive queue gets 256 buffers of 2 KiB and interrupts
 //! on. pong echoes every frame it receives (destination = the frame's source, source = its
 //! own `--mac`); ping sends a `--len`-byte frame to `--dst`, waits for its echo (matched by a
-//! sequence number), and sends the next, for `--seconds`, then prints one JSON line with the
+//! sequence number), and sends the next, for `--seconds` (counted from the first echo: until
+//! then it asks every 100 ms, for up to 10 s, while the far end sets up), then prints one JSON line with the
 //! round-trip times in microseconds (`samples`, `min_us`, `median_us`, `p99_us`, `max_us`,
 //! `lost`: requests without an echo within a second). Both sleep in poll(2) on the receive
 //! queue's call eventfd between frames, as a guest's driver sleeps on its interrupt; with
@@ -52,6 +53,8 @@ const AVAIL_F_NO_INTERRUPT: u16 = 1;
 const ETH_PINGPONG: [u8; 2] = [0x88, 0xb5];
 /// How long ping waits for an echo before it counts the request lost.
 const ECHO_LIMIT: Duration = Duration::from_secs(1);
+/// How long ping tries, before it measures, to get a first echo.
+const WARM_LIMIT: Duration = Duration::from_secs(10);
 /// At most this many round trips are kept (memory bound of a long run).
 const MAX_SAMPLES: usize = 8 << 20;
 const TICK: Duration = Duration::from_micros(20);
@@ -506,6 +509,31 @@ fn exchange(a: &Args, m: &Memory, kicks: &[EventFd], call: &EventFd) {
     frame[12..14].copy_from_slice(&ETH_PINGPONG);
     let mut rtts: Vec<f64> = Vec::with_capacity(1 << 16);
     let (mut seq, mut lost) = (0u64, 0u64);
+    // Warm-up: requests every 100 ms until one is echoed (the far end may still be setting
+    // up), for at most WARM_LIMIT; the measured seconds start after it.
+    let warm_end = Instant::now() + WARM_LIMIT;
+    let mut echoed = false;
+    while !echoed && Instant::now() < warm_end {
+        seq += 1;
+        frame[14..22].copy_from_slice(&seq.to_le_bytes());
+        if !tx.send(&frame) {
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        }
+        let limit = Instant::now() + Duration::from_millis(100);
+        while let Some((id, f)) = rx.next(limit) {
+            echoed |= f.len() >= 22 && f[12..14] == ETH_PINGPONG && f[14..22] == seq.to_le_bytes();
+            rx.give(id);
+            if echoed {
+                break;
+            }
+        }
+    }
+    if !echoed {
+        eprintln!("vhost-paced ping: no echo in {} s of warm-up", WARM_LIMIT.as_secs());
+        std::process::exit(1);
+    }
+    let end = Instant::now() + Duration::from_secs_f64(a.seconds);
     while Instant::now() < end && rtts.len() < MAX_SAMPLES {
         seq += 1;
         frame[14..22].copy_from_slice(&seq.to_le_bytes());
