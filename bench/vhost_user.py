@@ -17,7 +17,8 @@ of the middle testpmd. Each figure is the median of --runs, with min and max; va
 runs alternate; the ratio is vale's median rx pps over the peer's.
 
 CPU layouts: three parties busy-poll (the peer) or nearly (vale under load) and a 2-vCPU machine
-has two CPUs: split (default) pins the sender's lcores on cpu0 and the receiver's on cpu1, the
+has two CPUs: alone (--cost's default) pins the middle on the last CPU and both testpmd on the
+first; split (default) pins the sender's lcores on cpu0 and the receiver's on cpu1, the
 middle (valed, or the middle testpmd's lcores) runs on both; shared pins nothing; pinned
 (--cpus A,B,C, e.g. on a 16-core machine) gives each party a CPU of its own: sender A,
 middle B, receiver C (both lcores of a testpmd on its CPU; valed's threads all on B).
@@ -31,9 +32,21 @@ per load: frames posted (offered), frames the receiver counted (delivered), loss
 delivered / offered, and the frames the sender could not post because the middle had not
 returned its descriptors yet (backlog: the middle did not keep up).
 
+Cost per frame (--cost): the same sender (vhost-paced --sync), receiver and middles at fixed
+loads (default 0.5,1,1.5,2,3,4 Mpps; each system up to the first load at which its median loss
+exceeds --loss-limit), and per load the CPU cycles the middle spent per delivered frame:
+valed's, from the run time of all its threads (/proc/PID/task/*/schedstat) over the sending,
+times the TSC rate (common.tsc_rate); the vhost PMD's, from testpmd's --record-core-cycles
+(TSC cycles of its forwarding loop in bursts that received something: 22.11 does not count
+empty polls) and from its threads' run time (busy polling included). Beside them the sender's
+bound (vhost-paced into a vhost PMD port that frees every frame) and the receiver's (a vhost
+PMD port sending as fast as it can into the receiver), on the same CPUs. Default layout
+alone: the middle alone on the last CPU, sender and receiver on the first; --rt makes the
+middle SCHED_FIFO. JSON: bench/results/vhost_user_cost.json. See bench/README.md.
+
     cargo build --release && bench/vhost_user.py [--runs 5] [--seconds 2] [--sizes 60,1514]
-                                                 [--layout split|shared|pinned --cpus 2,4,6]
-                                                 [--loads 0.5,1,2,4]
+                                                 [--layout split|shared|pinned|alone --cpus 2,4,6]
+                                                 [--loads 0.5,1,2,4] [--cost [--rt] [--loss-limit F]]
 
 Needs root (testpmd's runtime directories, apt-get for dpdk-dev).
 """
@@ -46,7 +59,7 @@ SIZES = "60,1514"
 TX_MAC, RX_MAC = "02:00:00:00:0e:01", "02:00:00:00:0e:02"
 LAYOUTS = ("alone", "pinned", "shared", "split")
 COST_LOADS = "0.5,1,1.5,2,3,4"
-LOSS_LIMIT = 0.001    # --cost: a load is delivered "without loss" below this fraction lost
+LOSS_LIMIT = 0.001    # --cost: a load is delivered "without loss" below this fraction lost (--loss-limit)
 CYCLES_RE = (r"CPU cycles/packet=([0-9.]+) \(total cycles=(\d+) / total (\w+) packets=(\d+)\) "
              r"at (\d+) MHz Clock")
 
@@ -432,7 +445,7 @@ def fmt_cycles(x):
 def cost_main(a, v, socks, d, sizes, cpus, dpdk, systems):
     """--cost: per size and load, the middle's cycles per delivered frame of each system, the
     sender's bound at the load, the receiver's bound at the size; a system stops at the first
-    load it loses frames at (median loss above LOSS_LIMIT)."""
+    load it loses frames at (median loss above --loss-limit)."""
     hz = common.tsc_rate()["hz"]
     loads = common.float_list(a.loads or COST_LOADS)
     results, bounds = [], []
@@ -468,7 +481,7 @@ def cost_main(a, v, socks, d, sizes, cpus, dpdk, systems):
             r["ratio_to_testpmd_cpu"] = vc / pw if vc and pw else None
             results.append(r)
             for k in list(going):
-                if r[k]["loss"]["median"] > LOSS_LIMIT:
+                if r[k]["loss"]["median"] > a.loss_limit:
                     going.discard(k)
     print(f"\nvhost-paced -> middle -> virtio_user rxonly: the middle's CPU cycles per delivered frame "
           f"(TSC at {hz / 1e6:.1f} MHz), {a.runs} runs of {a.seconds} s per load, medians; "
@@ -543,6 +556,9 @@ def main():
                     help="cycles per frame of the middle (valed, the vhost PMD's io forwarding) at fixed loads "
                          f"(--loads, default {COST_LOADS}; each system up to the first load it loses frames "
                          "at), the sender's and the receiver's bounds beside them; default layout alone")
+    ap.add_argument("--loss-limit", type=float, default=LOSS_LIMIT, metavar="FRACTION",
+                    help=f"with --cost: a system is measured at higher loads only while its median loss stays "
+                         f"at or below this (default {LOSS_LIMIT:g}; 1 measures every load)")
     ap.add_argument("--rt", action="store_true",
                     help="with --cost: the middle real-time (SCHED_FIFO 1: valed's threads, the forwarding lcore "
                          "of each DPDK back end; a middle testpmd's main lcore then goes to the sender's CPU), "
@@ -601,7 +617,7 @@ def main():
                  "testpmd_cpu_cycles": "as vale_cycles, for all of testpmd's threads (busy polling included)",
                  "sender_bound": "vhost-paced at the load into testpmd net_vhost0 rxonly on the middle's CPUs",
                  "receiver_bound": "testpmd net_vhost0 txonly on the middle's CPUs into the receiver",
-                 "loss_limit": LOSS_LIMIT}
+                 "loss_limit": a.loss_limit}
         common.write_report(a.out, "vhost_user_cost", a, layout, results, setup=setup, systems=systems,
                             bounds=bounds, tsc=common.tsc_rate(), unit="TSC cycles per delivered frame",
                             ratio="vale's cycles per frame / testpmd's (its count; its CPU time)")

@@ -394,7 +394,11 @@ impl<'a> Rx<'a> {
                     self.give(id % RX_BUFS);
                     continue;
                 }
-                return Some((id, self.m.get(RX_BUFS_AT + id as u64 * BUF + HDR as u64, len - HDR)));
+                return Some((
+                    id,
+                    self.m
+                        .get(RX_BUFS_AT + id as u64 * BUF + HDR as u64, len - HDR),
+                ));
             }
             let now = Instant::now();
             if now >= deadline {
@@ -423,7 +427,8 @@ impl<'a> Rx<'a> {
 
     /// Puts receive descriptor `id` back on the avail ring.
     fn give(&mut self, id: u16) {
-        self.m.set_u16(avail(0) + 4 + 2 * (self.avail % QSZ) as u64, id);
+        self.m
+            .set_u16(avail(0) + 4 + 2 * (self.avail % QSZ) as u64, id);
         self.avail = self.avail.wrapping_add(1);
         std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
         self.m.set_u16(avail(0) + 2, self.avail);
@@ -530,7 +535,10 @@ fn exchange(a: &Args, m: &Memory, kicks: &[EventFd], call: &EventFd) {
         }
     }
     if !echoed {
-        eprintln!("vhost-paced ping: no echo in {} s of warm-up", WARM_LIMIT.as_secs());
+        eprintln!(
+            "vhost-paced ping: no echo in {} s of warm-up",
+            WARM_LIMIT.as_secs()
+        );
         std::process::exit(1);
     }
     let end = Instant::now() + Duration::from_secs_f64(a.seconds);
@@ -558,7 +566,10 @@ fn exchange(a: &Args, m: &Memory, kicks: &[EventFd], call: &EventFd) {
         }
     }
     if rtts.is_empty() {
-        eprintln!("vhost-paced ping: no echo in {} s ({lost} requests lost)", a.seconds);
+        eprintln!(
+            "vhost-paced ping: no echo in {} s ({lost} requests lost)",
+            a.seconds
+        );
         std::process::exit(1);
     }
     rtts.sort_by(f64::total_cmp);
