@@ -29,6 +29,9 @@ LABEL = {"vale": "vale", "linux_bridge": "Linux bridge", "ovs": "Open vSwitch (u
          "dpdk_memif": "DPDK memif, no switch"}
 
 
+# vhost_cost.png rings the points where more than this fraction was lost.
+LOSSY = 0.001
+
 SYSTEM_PYTHON = "/usr/bin/python3"   # the distribution's, which python3-matplotlib is for
 
 
@@ -244,17 +247,18 @@ def main():
             for k, field, label, ls in series:
                 pts = [r for r in rs if r.get(k) and r[k].get(field)]
                 line(ax, [r["load_mpps"] for r in pts], [r[k][field] for r in pts], label, ls=ls)
-                lossy = [r for r in pts if r[k]["loss"]["median"] > d["setup"]["loss_limit"]]
+                lossy = [r for r in pts if r[k]["loss"]["median"] > LOSSY]
                 ax.scatter([r["load_mpps"] for r in lossy], [r[k][field]["median"] for r in lossy], s=80,
                            facecolors="none", edgecolors="red", zorder=3)
             ax.set_yscale("log")
             ax.set_xlabel("offered load, Mpps (vhost-paced)")
-            ax.set_ylabel("TSC cycles per delivered frame")
+            ax.set_ylabel("TSC cycles per frame")
             ax.grid(alpha=0.3, which="both")
             ax.legend(fontsize=7)
             lay = d["cpu_layout"]
-            title(ax, f"VM path's middle, {size} B (red ring: frames lost); sender cpu {lay['sender']}, "
-                      f"middle cpu {lay['middle']}, receiver cpu {lay['receiver_lcores']}", d)
+            title(ax, f"VM path's middle, {size} B; cpus: sender {lay['sender']}, middle {lay['middle']}, "
+                      f"receiver {lay['receiver_lcores']}\nred ring: > {LOSSY:.1%} lost; load average "
+                      f"{d['loadavg']['start'][0]:.1f}", d)
         save(plt, fig, a.outdir, "vhost_cost.png", made)
 
     d = common.load_result(a.results, "latency")
@@ -277,7 +281,7 @@ def main():
         ax.set_ylabel("median round-trip time, us (bars: runs' min-max)")
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=7)
-        title(ax, "Ping-pong, like with like", d)
+        title(ax, f"Ping-pong, like with like; load average {d['loadavg']['start'][0]:.1f}", d)
         save(plt, fig, a.outdir, "latency_like.png", made)
 
     d = common.load_result(a.results, "modules")
