@@ -323,6 +323,108 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / CLK_TCK   # utime, stime (fields 14, 15)
 
 
+def thread_times(pid):
+    """{tid: {name, run_ns, delay_ns, nonvoluntary}} of every live thread of a process: the
+    time each has run on a CPU and waited runnable for one (/proc/PID/task/TID/schedstat, in
+    ns; from stat's utime + stime, in clock ticks, where there is no schedstat) and how often
+    it was preempted (nonvoluntary_ctxt_switches). A thread that ends between two reads takes
+    its time with it: read around a stretch where the threads that matter live throughout."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        t = f"/proc/{pid}/task/{tid}"
+        try:
+            with open(f"{t}/comm") as f:
+                name = f.read().strip()
+            try:
+                with open(f"{t}/schedstat") as f:
+                    run, delay = (int(x) for x in f.read().split()[:2])
+            except OSError:
+                with open(f"{t}/stat") as f:
+                    stat = f.read()
+                fields = stat[stat.rindex(")") + 2:].split()
+                run, delay = (int(fields[11]) + int(fields[12])) * 10**9 // CLK_TCK, 0
+            nonvol = 0
+            with open(f"{t}/status") as f:
+                for line in f:
+                    if line.startswith("nonvoluntary_ctxt_switches:"):
+                        nonvol = int(line.split()[1])
+        except (OSError, ValueError):
+            continue    # the thread ended while we read it
+        out[int(tid)] = {"name": name, "run_ns": run, "delay_ns": delay, "nonvoluntary": nonvol}
+    return out
+
+
+def thread_delta(before, after):
+    """What the threads of two thread_times() reads did between them: {total_ns, by_name: {name:
+    {run_ns, delay_ns, nonvoluntary, threads}}, ended: threads of `before` gone from `after`}."""
+    by_name, total = {}, 0
+    for tid, x in after.items():
+        b = before.get(tid, {"run_ns": 0, "delay_ns": 0, "nonvoluntary": 0})
+        d = by_name.setdefault(x["name"], {"run_ns": 0, "delay_ns": 0, "nonvoluntary": 0, "threads": 0})
+        for k in ("run_ns", "delay_ns", "nonvoluntary"):
+            d[k] += x[k] - b[k]
+        d["threads"] += 1
+        total += x["run_ns"] - b["run_ns"]
+    return {"total_ns": total, "by_name": by_name, "ended": len(set(before) - set(after))}
+
+
+_tsc = {}
+
+
+def _rdtsc():
+    """A callable that returns the CPU's time-stamp counter (x86-64 only): ten bytes of machine
+    code (rdtsc; shl rdx, 32; or rax, rdx; ret) in an executable page of our own."""
+    import ctypes, mmap
+    page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    page.write(bytes([0x0F, 0x31, 0x48, 0xC1, 0xE2, 0x20, 0x48, 0x09, 0xD0, 0xC3]))
+    fn = ctypes.CFUNCTYPE(ctypes.c_uint64)(ctypes.addressof(ctypes.c_char.from_buffer(page)))
+    fn.page = page     # the page lives as long as the function
+    return fn
+
+
+def tsc_rate():
+    """{hz, source, cpuinfo_mhz}: the rate of the time-stamp counter, which DPDK counts cycles
+    in (rte_rdtsc). Calibrated: rdtsc read against CLOCK_MONOTONIC 0.25 s apart, three times,
+    the median (the kernel's clock here is itself the TSC scaled by the kernel's tsc_khz, so
+    this converts the kernel's CPU nanoseconds to the cycles DPDK counts). Where rdtsc cannot
+    run (not x86-64), /proc/cpuinfo's "cpu MHz" (the TSC's rate on a CPU with constant_tsc and
+    tsc_known_freq; a guess elsewhere)."""
+    if _tsc:
+        return _tsc
+    mhz = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("cpu MHz"):
+                    mhz = float(line.split(":", 1)[1])
+                    break
+    except (OSError, ValueError):
+        pass
+    try:
+        if platform.machine() not in ("x86_64", "AMD64"):
+            raise OSError(f"no rdtsc on {platform.machine()}")
+        rd = _rdtsc()
+
+        def pair():
+            t0 = time.monotonic_ns()
+            c = rd()
+            t1 = time.monotonic_ns()
+            return (t0 + t1) / 2, c
+        rates = []
+        for _ in range(3):
+            t0, c0 = pair()
+            time.sleep(0.25)
+            t1, c1 = pair()
+            rates.append((c1 - c0) / (t1 - t0) * 1e9)
+        _tsc.update(hz=statistics.median(rates), source="rdtsc against CLOCK_MONOTONIC, 3 x 0.25 s, median",
+                    cpuinfo_mhz=mhz)
+    except (OSError, ValueError, AttributeError) as e:
+        if not mhz:
+            raise RuntimeError(f"no TSC rate: rdtsc failed ({e}) and /proc/cpuinfo has no cpu MHz")
+        _tsc.update(hz=mhz * 1e6, source=f"/proc/cpuinfo cpu MHz (rdtsc: {e})", cpuinfo_mhz=mhz)
+    return _tsc
+
+
 def need_root(what):
     if os.geteuid() != 0:
         sys.exit(f"{what} needs root (network namespaces, veth, packet sockets, apt-get)")

@@ -38,10 +38,29 @@ each other between looks, and sleep while other tasks keep it (vale_abi::spin). 
 the waits of ping (summed over runs) that slept because its CPU was crowded. The sleeping
 rows of the main table are untouched by all this.
 
+Like with like (the "like-for-like" table and JSON list; --like none skips it): the kernel's
+ICMP echo answers in softirq, no process wakes on the far side, so it is not the peer of a
+ping-pong between two processes. The peer is two processes doing UDP request/response through
+the Linux bridge: `udp-pingpong` (crates/vale-tests/src/bin/udp-pingpong.rs; the same frame
+size on the wire, both sleeping in recv) in the namespaces of peers.LinuxBridge, beside vale's
+vale-pktgen ping and pong in the same CPU layout, in the same run:
+
+    one-cpu    everything on cpu0: valed, ping and pong; the bridge's ping and pong (the
+               bridge runs in their softirq)
+    two-cpus   ping on cpu0, pong on cpu1; valed beside pong on cpu1
+
+and the VM path in the same layouts: a ping-pong between two vhost-user front ends
+(`vhost-paced --role ping|pong`, each sleeping in poll on its receive queue's call eventfd
+between frames, as a guest's driver sleeps on its interrupt) through vale (vale1:vm1,
+vale1:vm2, valed listening) and through DPDK's vhost PMD (testpmd --forward-mode=io between
+net_vhost0 and net_vhost1, both its lcores where valed would be: it busy-polls, sharing that
+CPU with whoever else is there). --no-vm skips the VM path (it needs testpmd).
+
     cargo build --release && bench/latency.py [--runs 5] [--seconds 2] [--sizes 60,1514]
     bench/latency.py --no-peers --variants busy,busy-ping --busy-cpus 2,4,6 --sizes 60
+    bench/latency.py --variants none --like one-cpu,two-cpus     # the like-for-like table alone
 """
-import json, os, subprocess
+import json, os, subprocess, time
 
 import common, peers
 from common import summary
@@ -68,6 +87,145 @@ TWO_CPU_LAYOUT = {
     "busy-1thread": ("1", "0", "0"),
 }
 PINGPONG = os.path.join(common.BIN, "examples", "busy_pingpong")
+UDP_PINGPONG = os.path.join(common.BIN, "udp-pingpong")
+VHOST_PACED = os.path.join(common.BIN, "vhost-paced")
+# Like-for-like layouts: (valed or the middle, ping, pong).
+LIKE = {"one-cpu": ("0", "0", "0"), "two-cpus": ("1", "0", "1")}
+UDP_PORT = 7007
+PING_MAC, PONG_MAC = "02:00:00:00:0e:01", "02:00:00:00:0e:02"
+
+
+def rtt_summary(runs):
+    """{samples, min, median, p99, max} over runs of ping reports (each a summary over runs)."""
+    return {"samples": sum(r["samples"] for r in runs),
+            **{k: summary([r[f"{k}_us"] for r in runs]) for k in ("min", "median", "p99", "max")}}
+
+
+def bridge_udp(b, size, seconds, ping_cpu, pong_cpu):
+    """udp-pingpong between the bridge's sender and receiver namespaces: ping's report."""
+    ip = "%d.%d.%d.%d" % peers.RX_IP
+    pong = common.spawn(["ip", "netns", "exec", b.ns["rx"], "taskset", "-c", pong_cpu, UDP_PINGPONG, "pong",
+                         "--bind", f"{ip}:{UDP_PORT}", "--seconds", str(seconds + 30)],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        b.x("tx", "ping", "-c", "2", "-i", "0.05", "-W", "1", ip)       # ARP resolved, pong bound
+        out = common.sh(["ip", "netns", "exec", b.ns["tx"], "taskset", "-c", ping_cpu, UDP_PINGPONG, "ping",
+                         "--to", f"{ip}:{UDP_PORT}", "--len", str(size), "--seconds", str(seconds)],
+                        timeout=seconds + 30)
+    finally:
+        common.stop(pong, common.signal.SIGTERM)
+    return json.loads(out)
+
+
+class VmPath:
+    """The two vhost-user sockets of the VM path, with vale (valed's vale1:vm1 and vm2) or
+    DPDK's vhost PMD (testpmd io) listening at them, on the layout's middle CPU."""
+
+    serial = 0
+
+    def __init__(self, system, cpus, d, dpdk):
+        self.system, self.cpus = system, cpus
+        VmPath.serial += 1     # fresh socket paths: a killed testpmd leaves its sockets behind
+        self.socks = tuple(f"{d}/{system}-{VmPath.serial}-{i}.sock" for i in (0, 1))
+        if system == "vale":
+            self.v = common.Valed({"name": "vm-path", "valed": cpus[0], "tx": cpus[1], "rx": cpus[2]})
+            for port, sock in zip(("vale1:vm1", "vale1:vm2"), self.socks):
+                self.v.ctl("attach", port, "--vhost-user", sock)
+            self.pid = self.v.pid
+        else:
+            self.mid = peers.Testpmd("lat", [f"net_vhost0,iface={self.socks[0]},queues=1",
+                                             f"net_vhost1,iface={self.socks[1]},queues=1"], "io", cpus[0], dpdk=dpdk)
+            self.mid.wait_forwarding()
+        deadline = time.monotonic() + 10
+        while not all(os.path.exists(x) for x in self.socks):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{system}: no socket at {' or '.join(self.socks)} after 10 s")
+            time.sleep(0.02)
+
+    def wait_up(self, port, limit=30.0):
+        if self.system != "vale":
+            time.sleep(0.5)       # testpmd says nothing when a front end is set up
+            return
+        deadline = time.monotonic() + limit
+        while self.v.ports()[port]["state"] != "up":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{port} not up after {limit:g} s")
+            time.sleep(0.02)
+
+    def ping(self, size, seconds):
+        pong = common.spawn(["taskset", "-c", self.cpus[2], VHOST_PACED, "--socket", self.socks[1], "--role", "pong",
+                             "--mac", PONG_MAC, "--seconds", str(seconds + 30)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            self.wait_up("vale1:vm2")
+            out = common.sh(["taskset", "-c", self.cpus[1], VHOST_PACED, "--socket", self.socks[0], "--role", "ping",
+                             "--mac", PING_MAC, "--dst", PONG_MAC, "--len", str(size), "--seconds", str(seconds)],
+                            timeout=seconds + 60)
+        finally:
+            common.stop(pong, common.signal.SIGTERM)
+        if self.system == "vale":
+            deadline = time.monotonic() + 10     # both ports down before the next run's front ends
+            while any(p["state"] == "up" for n, p in self.v.ports().items() if n.startswith("vale1:")):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+        return json.loads(out)
+
+    def close(self):
+        if self.system == "vale":
+            common.stop(self.v.proc, common.signal.SIGTERM)
+        else:
+            self.mid.kill()
+
+
+def like_for_like(a, sizes, names):
+    """The like-for-like table: per layout and size, vale's ping-pong and the bridge's UDP
+    request/response, and (unless --no-vm) the VM path through vale and through the vhost PMD."""
+    import tempfile, shutil
+    cpus_ok = sorted(os.sched_getaffinity(0))
+    d = tempfile.mkdtemp(prefix="vb-lat-")
+    common.on_exit(lambda: shutil.rmtree(d, ignore_errors=True))
+    dpdk = None if a.no_vm else peers.dpdk_env()
+    b = peers.LinuxBridge()
+    b.addresses()
+    rows = []
+    for name in names:
+        cpus = LIKE[name]
+        if any(int(c) not in cpus_ok for c in cpus):
+            print(f"like-for-like {name}: needs CPUs {', '.join(sorted(set(cpus)))}; skipped", flush=True)
+            continue
+        v = common.Valed({"name": name, "valed": cpus[0], "tx": cpus[1], "rx": cpus[2]})
+        vm = {} if a.no_vm else {"vale_vhost_user": VmPath("vale", cpus, d, dpdk)}
+        for s in sizes:
+            runs = {k: [] for k in ["vale", "linux_bridge_udp"] + ([] if a.no_vm else ["vale_vhost_user", "dpdk_vhost"])}
+            for _ in range(a.runs):
+                runs["vale"].append(vale_ping(v, s, a.seconds))
+                runs["linux_bridge_udp"].append(bridge_udp(b, s, a.seconds, cpus[1], cpus[2]))
+                if not a.no_vm:
+                    runs["vale_vhost_user"].append(vm["vale_vhost_user"].ping(s, a.seconds))
+                    # testpmd busy-polls: started for its run only, so that it does not take
+                    # the CPU from the other systems' runs.
+                    peer = VmPath("dpdk_vhost", cpus, d, dpdk)
+                    try:
+                        runs["dpdk_vhost"].append(peer.ping(s, a.seconds))
+                    finally:
+                        peer.close()
+            r = {"layout": name, "cpus": {"middle": cpus[0], "ping": cpus[1], "pong": cpus[2]}, "frame_len": s}
+            for k, x in runs.items():
+                r[k] = rtt_summary(x)
+                if k in ("vale_vhost_user", "dpdk_vhost"):
+                    r[k]["lost"] = sum(y.get("lost", 0) for y in x)
+            r["vale_over_bridge_udp"] = common.ratio(r["vale"]["median"], r["linux_bridge_udp"]["median"])
+            if not a.no_vm:
+                r["vale_over_vhost_pmd"] = common.ratio(r["vale_vhost_user"]["median"], r["dpdk_vhost"]["median"])
+            rows.append(r)
+            print(f"like-for-like {name} {s} B: " + ", ".join(f"{k} {fmt(r[k]['median'])}" for k in runs) + " us",
+                  flush=True)
+        common.stop(v.proc, common.signal.SIGTERM)
+        for x in vm.values():
+            x.close()
+    b.close()
+    return rows
 
 
 def vale_ping(v, size, seconds, ping_args=(), pong_args=()):
@@ -157,6 +315,11 @@ def main():
                     help="CPUs of valed, ping and pong in the busy variants (default: one each where "
                          "the machine has 3 or more; see above for 2); busy-1thread's one thread takes "
                          "ping's")
+    ap.add_argument("--like", default=",".join(LIKE),
+                    help="like-for-like layouts (vale beside two processes doing UDP request/response through "
+                         f"the Linux bridge, and the VM path), of {', '.join(LIKE)}; 'none' for none (default both)")
+    ap.add_argument("--no-vm", action="store_true",
+                    help="no VM path in the like-for-like table (it needs DPDK's testpmd)")
     ap.add_argument("--busy-poll-us", type=int, default=1000,
                     help="valed --busy-poll-us in the variants where valed busy-polls (default 1000)")
     a = common.parse(ap)
@@ -173,6 +336,9 @@ def main():
                    "-p", "libvale", "--example", "busy_pingpong"], timeout=600)
     if any(not 60 <= s <= 1514 for s in sizes):
         ap.error("sizes must be 60..1514")
+    like = [] if a.like == "none" or a.no_peers else [n.strip() for n in a.like.split(",") if n.strip()]
+    if any(n not in LIKE for n in like):
+        ap.error(f"--like: unknown layout in {a.like!r} (known: {', '.join(LIKE)})")
     if not a.no_peers:
         common.need_root("bench/latency.py with the Linux bridge (use --no-peers for vale alone)")
 
@@ -237,12 +403,40 @@ def main():
         setup["vale_busy"] = (f"as vale, with valed --busy-poll-us {a.busy_poll_us} where valed is busy and "
                               "vale-pktgen --busy where a client is (spins on the CSB, asks for no interrupt); "
                               "each party pinned (taskset) as cpus says")
+    like_rows = like_for_like(a, sizes, like) if like else []
+    if like_rows:
+        print(f"\nlike with like: round-trip time, us, median over {a.runs} runs of {a.seconds} s (min-max of the "
+              f"runs' medians); vale and the Linux bridge: two sleeping processes; VM path: two sleeping vhost-user "
+              f"front ends; {common.machine()}")
+        heads = ["layout", "middle", "ping", "pong", "len", "vale", "bridge UDP", "vale/bridge"]
+        if not a.no_vm:
+            heads += ["vale vhost-user", "vhost PMD", "vale/PMD"]
+        rows = []
+        for r in like_rows:
+            row = [r["layout"], r["cpus"]["middle"], r["cpus"]["ping"], r["cpus"]["pong"], r["frame_len"],
+                   fmt(r["vale"]["median"]), fmt(r["linux_bridge_udp"]["median"]),
+                   common.fmt_ratio(r["vale_over_bridge_udp"])]
+            if not a.no_vm:
+                row += [fmt(r["vale_vhost_user"]["median"]), fmt(r["dpdk_vhost"]["median"]),
+                        common.fmt_ratio(r["vale_over_vhost_pmd"])]
+            rows.append(row)
+        common.table(heads, rows)
+        setup["like_for_like"] = {
+            "vale": "vale-pktgen ping / pong (sleeping), valed on the middle CPU",
+            "linux_bridge_udp": "udp-pingpong ping / pong in the sender's and receiver's namespaces of the Linux "
+                                "bridge (br_netfilter off, static fdb), frames of the same size on the wire",
+            "vale_vhost_user": "vhost-paced --role ping / pong (sleeping in poll on the rx call eventfd), "
+                               "valed's vale1:vm1 and vale1:vm2 listening",
+            "dpdk_vhost": "the same front ends, testpmd --forward-mode=io between net_vhost0 and net_vhost1 "
+                          "(busy-polling, both lcores on the middle CPU)"}
+        if not a.no_vm:
+            setup["like_for_like"]["dpdk"] = peers.testpmd_version()
     # Anything else running shows here: each busy party wants a CPU to itself.
     setup["loadavg_before_after"] = [load_before, os.getloadavg()[0]]
     print(f"1-minute load average before and after: {load_before:.2f}, {os.getloadavg()[0]:.2f}")
     common.write_report(a.out, "latency", a, layout, results, setup=setup, unit="microseconds",
                         ratio="median RTT through the Linux bridge (kernel ping) / median RTT through vale",
-                        busy=busy)
+                        busy=busy, like_for_like=like_rows)
 
 
 if __name__ == "__main__":

@@ -466,12 +466,14 @@ class Testpmd:
     SIGKILL (never a signal it handles: DPDK peers have crashed on their way out); its runtime
     directory is removed."""
 
-    def __init__(self, name, vdevs, mode, cpus, args=(), dpdk=(None, None, [])):
+    def __init__(self, name, vdevs, mode, cpus, args=(), dpdk=(None, None, []), main_cpus=None):
+        """`main_cpus`: the main lcore's CPU set, when not `cpus` (a forwarding lcore made
+        real-time with realtime() leaves nothing of its CPU to a main lcore beside it)."""
         exe, env, eal = dpdk
         self.name = name
         self.prefix = f"vb{os.getpid()}x{name}"
         on_exit(lambda: shutil.rmtree(f"/var/run/dpdk/{self.prefix}", ignore_errors=True))
-        cmd = ["stdbuf", "-oL", exe, "--lcores", f"0@({cpus}),1@({cpus})", "--main-lcore", "0",
+        cmd = ["stdbuf", "-oL", exe, "--lcores", f"0@({main_cpus or cpus}),1@({cpus})", "--main-lcore", "0",
                "--no-huge", "-m", "512", "--no-pci", "--single-file-segments", "--log-level=lib.eal:error",
                "--file-prefix", self.prefix, *eal]
         for v in vdevs:
@@ -522,6 +524,24 @@ class Testpmd:
     def wait_forwarding(self, limit=30.0):
         at = self.wait_for("Start automatic packet forwarding", 0, limit)
         self.wait_for("testpmd> ", at, limit)
+
+    def realtime(self, priority=1):
+        """Makes the forwarding lcore's thread SCHED_FIFO `priority` (root): it busy-polls, so it
+        then takes up to the kernel's RT share (95%) of its CPU whatever else runs there.
+        Returns the thread ids it changed."""
+        tids = []
+        for tid in os.listdir(f"/proc/{self.proc.pid}/task"):
+            try:
+                with open(f"/proc/{self.proc.pid}/task/{tid}/comm") as f:
+                    name = f.read().strip()
+            except OSError:
+                continue
+            if name.startswith(("rte-worker", "lcore-worker")):
+                os.sched_setscheduler(int(tid), os.SCHED_FIFO, os.sched_param(priority))
+                tids.append(int(tid))
+        if not tids:
+            raise RuntimeError(f"testpmd {self.name}: no forwarding lcore thread to make real-time")
+        return tids
 
     def stats(self, port=0, limit=10.0):
         """{rx, tx, t}: the port's RX-packets and TX-packets now, and when they were read (the

@@ -10,6 +10,10 @@ writes into --outdir (default docs/bench/):
   fig12_latency.png        round-trip time vs frame size (vale, Linux bridge)
   ports.png                unicast rate vs number of ports on the switch
   cpu.png                  CPU seconds per million packets (valed, ovs-vswitchd, testpmd x2)
+  vhost_cost.png           the VM path's middle, CPU cycles per delivered frame vs offered load
+                           (valed; testpmd's vhost PMD io forwarding, its own count and its CPU time)
+  latency_like.png         round-trip time, like with like: vale vs two processes through the
+                           Linux bridge (UDP), and the VM path through vale vs the vhost PMD
 Each figure's title carries the date and the points are medians, with min-max bars. Uses
 matplotlib; if it is missing, installs python3-matplotlib with apt-get (needs root).
 
@@ -24,6 +28,9 @@ import common  # noqa: E402
 LABEL = {"vale": "vale", "linux_bridge": "Linux bridge", "ovs": "Open vSwitch (userspace)",
          "dpdk_memif": "DPDK memif, no switch"}
 
+
+# vhost_cost.png rings the points where more than this fraction was lost.
+LOSSY = 0.001
 
 SYSTEM_PYTHON = "/usr/bin/python3"   # the distribution's, which python3-matplotlib is for
 
@@ -227,6 +234,55 @@ def main():
         title(ax, f"CPU cost; valed idle with {idle['ports']} ports: "
                   f"{idle['valed_cores']['median'] * 100:.2f}% of a core", d)
         save(plt, fig, a.outdir, "cpu.png", made)
+
+    d = common.load_result(a.results, "vhost_user_cost")
+    if d:
+        sizes = sorted({r["frame_len"] for r in d["results"]})
+        fig, axes = plt.subplots(1, len(sizes), figsize=(5.2 * len(sizes), 4.2), squeeze=False)
+        series = [("vale", "cpu_cycles_per_frame", "valed (all threads' CPU time)", "-"),
+                  ("dpdk_vhost", "testpmd_cycles_per_frame", "vhost PMD io (testpmd's count: non-empty bursts)", "--"),
+                  ("dpdk_vhost", "cpu_cycles_per_frame", "vhost PMD io (testpmd's CPU time, busy polls included)", ":")]
+        for ax, size in zip(axes[0], sizes):
+            rs = [r for r in d["results"] if r["frame_len"] == size]
+            for k, field, label, ls in series:
+                pts = [r for r in rs if r.get(k) and r[k].get(field)]
+                line(ax, [r["load_mpps"] for r in pts], [r[k][field] for r in pts], label, ls=ls)
+                lossy = [r for r in pts if r[k]["loss"]["median"] > LOSSY]
+                ax.scatter([r["load_mpps"] for r in lossy], [r[k][field]["median"] for r in lossy], s=80,
+                           facecolors="none", edgecolors="red", zorder=3)
+            ax.set_yscale("log")
+            ax.set_xlabel("offered load, Mpps (vhost-paced)")
+            ax.set_ylabel("TSC cycles per frame")
+            ax.grid(alpha=0.3, which="both")
+            ax.legend(fontsize=7)
+            lay = d["cpu_layout"]
+            title(ax, f"VM path's middle, {size} B; cpus: sender {lay['sender']}, middle {lay['middle']}, "
+                      f"receiver {lay['receiver_lcores']}\nred ring: > {LOSSY:.1%} lost; load average "
+                      f"{d['loadavg']['start'][0]:.1f}", d)
+        save(plt, fig, a.outdir, "vhost_cost.png", made)
+
+    d = common.load_result(a.results, "latency")
+    if d and d.get("like_for_like"):
+        rows = d["like_for_like"]
+        systems = [("vale", "vale (native ports)"), ("linux_bridge_udp", "two processes, UDP, Linux bridge"),
+                   ("vale_vhost_user", "VM path: vale"), ("dpdk_vhost", "VM path: DPDK vhost PMD io")]
+        labels = [f"{r['layout']}\n{r['frame_len']} B" for r in rows]
+        fig, ax = plt.subplots(figsize=(max(6.5, 1.6 * len(rows)), 4.2))
+        w = 0.8 / len(systems)
+        for i, (k, label) in enumerate(systems):
+            xs = [j + i * w for j, r in enumerate(rows) if r.get(k)]
+            if not xs:
+                continue
+            ms = [r[k]["median"]["median"] for r in rows if r.get(k)]
+            lo = [r[k]["median"]["median"] - r[k]["median"]["min"] for r in rows if r.get(k)]
+            hi = [r[k]["median"]["max"] - r[k]["median"]["median"] for r in rows if r.get(k)]
+            ax.bar(xs, ms, width=w, yerr=[lo, hi], capsize=2, label=label)
+        ax.set_xticks([j + w * (len(systems) - 1) / 2 for j in range(len(rows))], labels, fontsize=8)
+        ax.set_ylabel("median round-trip time, us (bars: runs' min-max)")
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=7)
+        title(ax, f"Ping-pong, like with like; load average {d['loadavg']['start'][0]:.1f}", d)
+        save(plt, fig, a.outdir, "latency_like.png", made)
 
     d = common.load_result(a.results, "modules")
     if d:

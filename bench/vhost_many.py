@@ -48,7 +48,7 @@ def front_end(sock, rate_mpps, seconds, a, i):
     """A vhost-paced on `sock`: idle with rate 0, else sending `rate_mpps` to the receiver."""
     return common.spawn([f"{common.BIN}/vhost-paced", "--socket", sock, "--rate", str(rate_mpps * 1e6),
                          "--seconds", str(seconds), "--len", str(a.size), "--dst", RX_MAC,
-                         "--src", src_mac(i), "--tick-us", str(a.tick_us)],
+                         "--mac", src_mac(i), "--tick-us", str(a.tick_us)],
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -17,7 +17,8 @@ of the middle testpmd. Each figure is the median of --runs, with min and max; va
 runs alternate; the ratio is vale's median rx pps over the peer's.
 
 CPU layouts: three parties busy-poll (the peer) or nearly (vale under load) and a 2-vCPU machine
-has two CPUs: split (default) pins the sender's lcores on cpu0 and the receiver's on cpu1, the
+has two CPUs: alone (--cost's default) pins the middle on the last CPU and both testpmd on the
+first; split (default) pins the sender's lcores on cpu0 and the receiver's on cpu1, the
 middle (valed, or the middle testpmd's lcores) runs on both; shared pins nothing; pinned
 (--cpus A,B,C, e.g. on a 16-core machine) gives each party a CPU of its own: sender A,
 middle B, receiver C (both lcores of a testpmd on its CPU; valed's threads all on B).
@@ -31,20 +32,36 @@ per load: frames posted (offered), frames the receiver counted (delivered), loss
 delivered / offered, and the frames the sender could not post because the middle had not
 returned its descriptors yet (backlog: the middle did not keep up).
 
+Cost per frame (--cost): the same sender (vhost-paced --sync), receiver and middles at fixed
+loads (default 0.5,1,1.5,2,3,4 Mpps; each system up to the first load at which its median loss
+exceeds --loss-limit), and per load the CPU cycles the middle spent per delivered frame:
+valed's, from the run time of all its threads (/proc/PID/task/*/schedstat) over the sending,
+times the TSC rate (common.tsc_rate); the vhost PMD's, from testpmd's --record-core-cycles
+(TSC cycles of its forwarding loop in bursts that received something: 22.11 does not count
+empty polls) and from its threads' run time (busy polling included). Beside them the sender's
+bound (vhost-paced into a vhost PMD port that frees every frame) and the receiver's (a vhost
+PMD port sending as fast as it can into the receiver), on the same CPUs. Default layout
+alone: the middle alone on the last CPU, sender and receiver on the first; --rt makes the
+middle SCHED_FIFO. JSON: bench/results/vhost_user_cost.json. See bench/README.md.
+
     cargo build --release && bench/vhost_user.py [--runs 5] [--seconds 2] [--sizes 60,1514]
-                                                 [--layout split|shared|pinned --cpus 2,4,6]
-                                                 [--loads 0.5,1,2,4]
+                                                 [--layout split|shared|pinned|alone --cpus 2,4,6]
+                                                 [--loads 0.5,1,2,4] [--cost [--rt] [--loss-limit F]]
 
 Needs root (testpmd's runtime directories, apt-get for dpdk-dev).
 """
-import os, shutil, sys, tempfile, time
+import os, re, shutil, sys, tempfile, time
 
 import common, peers
 from common import summary, ratio, mpps, fmt_ratio, on_exit
 
 SIZES = "60,1514"
 TX_MAC, RX_MAC = "02:00:00:00:0e:01", "02:00:00:00:0e:02"
-LAYOUTS = ("pinned", "shared", "split")
+LAYOUTS = ("alone", "pinned", "shared", "split")
+COST_LOADS = "0.5,1,1.5,2,3,4"
+LOSS_LIMIT = 0.001    # --cost: a load is delivered "without loss" below this fraction lost (--loss-limit)
+CYCLES_RE = (r"CPU cycles/packet=([0-9.]+) \(total cycles=(\d+) / total (\w+) packets=(\d+)\) "
+             r"at (\d+) MHz Clock")
 
 
 def cpu_sets(a):
@@ -58,6 +75,10 @@ def cpu_sets(a):
         return {"tx": str(cpus[0]), "middle": str(cpus[1]), "rx": str(cpus[2])}
     if a.layout == "shared":
         return {"tx": every, "middle": every, "rx": every}
+    if a.layout == "alone":
+        if len(allowed) < 2:
+            raise SystemExit("--layout alone needs two CPUs")
+        return {"tx": str(allowed[0]), "middle": str(allowed[-1]), "rx": str(allowed[0])}
     if len(allowed) < 2:
         raise SystemExit("--layout split needs two CPUs")
     return {"tx": str(allowed[0]), "middle": f"{allowed[0]},{allowed[1]}", "rx": str(allowed[1])}
@@ -109,12 +130,31 @@ def vale_run(v, socks, size, a, cpus, dpdk):
     return r
 
 
-def paced(sock, size, mpps_load, a, rx):
+def sender_prefix(a, cpus):
+    """How --cost starts vhost-paced: on the sender's CPUs (not real-time: a SCHED_FIFO sender
+    woken every 20 us starved the DPDK back end's vhost-events thread beside it here)."""
+    return ["taskset", "-c", cpus["tx"]] if getattr(a, "cost", False) else []
+
+
+def rt_middle(a, t):
+    """With --rt, testpmd `t`'s forwarding lcore made SCHED_FIFO 1 (the middle's treatment)."""
+    if a.rt:
+        t.realtime(1)
+    return t
+
+
+def main_cpus(a, cpus):
+    """Where a middle testpmd's main lcore goes: beside the sender with --rt (its forwarding
+    lcore then owns the middle's CPU), else with its forwarding lcore."""
+    return cpus["tx"] if a.rt else None
+
+
+def paced(sock, size, mpps_load, a, rx, cpus=None):
     """vhost-paced into `sock` at the load, counted at testpmd `rx`: {offered, delivered, loss,
     backlog} (frames per second over the sender's seconds, loss a fraction)."""
     before = rx.stats()["rx"]
     out = common.subprocess.run(
-        [f"{common.BIN}/vhost-paced", "--socket", sock, "--rate", str(mpps_load * 1e6),
+        [*(sender_prefix(a, cpus) if cpus else []), f"{common.BIN}/vhost-paced", "--socket", sock, "--rate", str(mpps_load * 1e6),
          "--seconds", str(a.seconds), "--len", str(size), "--dst", RX_MAC],
         capture_output=True, text=True, timeout=a.seconds + 60)
     if out.returncode != 0:
@@ -143,15 +183,15 @@ def vale_load_run(v, socks, size, load, a, cpus, dpdk):
         rx.kill()
 
 
-def vhost_pmd(d, cpus, dpdk):
+def vhost_pmd(d, cpus, dpdk, args=(), main=None):
     """The peer's middle: testpmd's vhost PMD forwarding (io) between two sockets it listens at
-    in `d`; (testpmd, sender's socket, receiver's socket)."""
+    in `d` (more testpmd `args`); (testpmd, sender's socket, receiver's socket)."""
     s0, s1 = f"{d}/vhost0.sock", f"{d}/vhost1.sock"
     for s in (s0, s1):
         if os.path.exists(s):
             os.unlink(s)
     mid = peers.Testpmd("vh", [f"net_vhost0,iface={s0},queues=1", f"net_vhost1,iface={s1},queues=1"], "io",
-                        cpus["middle"], dpdk=dpdk)
+                        cpus["middle"], list(args), dpdk=dpdk, main_cpus=main)
     return mid, s0, s1
 
 
@@ -202,6 +242,271 @@ def loads_main(a, v, socks, d, sizes, cpus, dpdk, systems):
     return results
 
 
+
+# ---------------------------------------------------------------- --cost: cycles per frame
+
+class SyncPaced:
+    """vhost-paced --sync into `sock` at the load: connected and set up first (ready()), then
+    sending when told (go()), then connected until closed, so that the middle's threads all
+    live between the reads around the sending."""
+
+    def __init__(self, sock, size, mpps_load, a, cpus):
+        self.seconds = a.seconds
+        self.proc = common.spawn([*sender_prefix(a, cpus), f"{common.BIN}/vhost-paced", "--socket", sock,
+                                  "--rate", str(mpps_load * 1e6), "--seconds", str(a.seconds), "--len", str(size),
+                                  "--dst", RX_MAC, "--sync"],
+                                 stdin=common.subprocess.PIPE, stdout=common.subprocess.PIPE,
+                                 stderr=common.subprocess.PIPE, text=True)
+
+    def _line(self, limit):
+        import select
+        r, _, _ = select.select([self.proc.stdout], [], [], limit)
+        line = self.proc.stdout.readline() if r else ""
+        if not line:
+            common.stop(self.proc, common.signal.SIGKILL, 2)
+            raise RuntimeError(f"vhost-paced --sync: no answer in {limit:g} s: {self.proc.stderr.read()[-1500:]}")
+        return common.json.loads(line)
+
+    def ready(self, limit=30.0):
+        self._line(limit)
+
+    def go(self):
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return self._line(self.seconds + 30)
+
+    def close(self):
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        common.stop(self.proc, common.signal.SIGTERM, 5)
+
+
+def cost_window(paced, rx, middle_pid, before=None, after=None):
+    """Sends the load and reads, around it: the receiver's count, the middle's threads; returns
+    (vhost-paced's report, frames delivered, thread_delta of the middle). `before`/`after`:
+    what to do right before the sending starts and right after it ends (testpmd's fwd stats)."""
+    r0 = rx.stats()["rx"]
+    if before:
+        before()
+    c0 = common.thread_times(middle_pid)
+    rep = paced.go()
+    c1 = common.thread_times(middle_pid)
+    extra = after() if after else None
+    time.sleep(0.3)          # the last frames the middle forwarded reach the receiver's count
+    got = rx.stats()["rx"] - r0
+    return rep, got, common.thread_delta(c0, c1), extra
+
+
+def cost_figures(rep, got, threads, hz):
+    """The fields every system's cost run has: offered, delivered, loss, backlog, middle's CPU
+    cycles per delivered frame, its threads' share (cycles per frame by thread name)."""
+    secs = rep["seconds"]
+    per = lambda ns: ns * hz / 1e9 / got if got else None
+    return {"offered_pps": rep["posted"] / secs, "delivered_pps": got / secs,
+            "loss": 1 - got / max(rep["posted"], 1), "backlog_pps": rep["backlog"] / secs,
+            "cpu_cycles_per_frame": per(threads["total_ns"]),
+            "cores": threads["total_ns"] / 1e9 / secs,
+            "threads": {n: {"cycles_per_frame": per(x["run_ns"]), "threads": x["threads"],
+                            "waited_runnable_ms": x["delay_ns"] / 1e6, "preempted": x["nonvoluntary"]}
+                        for n, x in threads["by_name"].items() if x["run_ns"] > 0},
+            "threads_ended": threads["ended"]}
+
+
+def cost_vale_run(v, socks, size, load, a, cpus, dpdk, hz):
+    rx = receiver(socks[1], cpus, dpdk)
+    try:
+        v.wait_state("up", ports=("vale1:vm2",))
+        paced = SyncPaced(socks[0], size, load, a, cpus)
+        try:
+            paced.ready()
+            v.wait_state("up")
+            rep, got, threads, _ = cost_window(paced, rx, v.pid)
+        finally:
+            paced.close()
+    finally:
+        rx.kill()
+    return cost_figures(rep, got, threads, hz)
+
+
+def fwd_cycles(mid):
+    """testpmd's `show fwd stats all` (with --record-core-cycles): {cycles, packets, mhz}: the
+    TSC cycles its forwarding lcore spent in bursts that received something since the last
+    `clear fwd stats all`, and the packets it received; None when it received nothing."""
+    with mid.lock:
+        start = len(mid.out)
+    mid.command("show fwd stats all")
+    end = mid.wait_for("Accumulated forward statistics", start)
+    end = mid.wait_for("+++++\n", end)
+    try:
+        end = mid.wait_for("MHz Clock", end, limit=2.0)
+    except RuntimeError:
+        return None
+    m = re.search(CYCLES_RE, mid.text(start)[:end - start])
+    if not m:
+        raise RuntimeError(f"testpmd {mid.name}: no cycles line:\n{mid.text(start)[-2000:]}")
+    return {"cycles": int(m.group(2)), "packets": int(m.group(4)), "mhz": int(m.group(5)),
+            "printed_cycles_per_packet": float(m.group(1))}
+
+
+def cost_peer_run(d, size, load, a, cpus, dpdk, hz):
+    mid, s0, s1 = vhost_pmd(d, cpus, dpdk, ["--record-core-cycles"], main_cpus(a, cpus))
+    try:
+        mid.wait_forwarding()
+        rt_middle(a, mid)
+        rx = receiver(s1, cpus, dpdk)
+        try:
+            paced = SyncPaced(s0, size, load, a, cpus)
+            try:
+                paced.ready()
+
+                def clear():
+                    with mid.lock:
+                        start = len(mid.out)
+                    mid.command("clear fwd stats all")
+                    mid.wait_for("testpmd> ", start)
+                rep, got, threads, fwd = cost_window(paced, rx, mid.proc.pid, clear, lambda: fwd_cycles(mid))
+            finally:
+                paced.close()
+        finally:
+            rx.kill()
+    finally:
+        mid.kill()
+    r = cost_figures(rep, got, threads, hz)
+    # testpmd's own count: cycles of non-empty bursts over the packets its ports received.
+    r["testpmd_cycles_per_frame"] = fwd["cycles"] / fwd["packets"] if fwd and fwd["packets"] else None
+    r["testpmd_cycles_per_delivered_frame"] = fwd["cycles"] / got if fwd and got else None
+    r["testpmd_mhz"] = fwd["mhz"] if fwd else None
+    return r
+
+
+def sender_bound_run(d, size, load, a, cpus, dpdk):
+    """The sender with the cheapest middle: vhost-paced at the load into a testpmd (on the
+    middle's CPUs) whose port 0 receives and frees every frame (rxonly), the receiver connected
+    to its port 1 and polling as in the measured runs (it gets nothing); {offered, delivered,
+    loss, backlog}, delivered counted at port 0."""
+    s0, s1 = f"{d}/bound0.sock", f"{d}/bound1.sock"
+    for x in (s0, s1):
+        if os.path.exists(x):
+            os.unlink(x)
+    sink = peers.Testpmd("vs", [f"net_vhost0,iface={s0},queues=1", f"net_vhost1,iface={s1},queues=1"], "rxonly",
+                         cpus["middle"], dpdk=dpdk, main_cpus=main_cpus(a, cpus))
+    try:
+        sink.wait_forwarding()
+        rt_middle(a, sink)
+        rx = receiver(s1, cpus, dpdk)
+        try:
+            return paced(s0, size, load, a, sink, cpus)
+        finally:
+            rx.kill()
+    finally:
+        sink.kill()
+
+
+def receiver_bound_run(d, size, a, cpus, dpdk):
+    """The receiver alone: a testpmd whose vhost PMD port (on the middle's CPUs) sends
+    --txpkts=size frames as fast as it can (txonly) to the receiver (virtio_user rxonly);
+    {rx_pps}: what the receiver counts."""
+    s1 = f"{d}/bound1.sock"
+    if os.path.exists(s1):
+        os.unlink(s1)
+    src = peers.Testpmd("vt", [f"net_vhost0,iface={s1},queues=1"], "txonly", cpus["middle"],
+                        [f"--txpkts={size}", f"--eth-peer=0,{RX_MAC}"], dpdk=dpdk, main_cpus=main_cpus(a, cpus))
+    try:
+        src.wait_forwarding()
+        rt_middle(a, src)
+        rx = receiver(s1, cpus, dpdk)
+        try:
+            deadline = time.monotonic() + 30
+            while rx.stats()["rx"] == 0:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"receiver bound: nothing received in 30 s:\n{src.tail()}")
+                time.sleep(0.05)
+            time.sleep(a.warmup)
+            r0 = rx.stats()
+            time.sleep(a.seconds)
+            r1 = rx.stats()
+        finally:
+            rx.kill()
+    finally:
+        src.kill()
+    return {"rx_pps": (r1["rx"] - r0["rx"]) / (r1["t"] - r0["t"])}
+
+
+def med(s, k):
+    return s[k]["median"] if s and s.get(k) else None
+
+
+def fmt_cycles(x):
+    return "-" if x is None else f"{x:,.0f}"
+
+
+def cost_main(a, v, socks, d, sizes, cpus, dpdk, systems):
+    """--cost: per size and load, the middle's cycles per delivered frame of each system, the
+    sender's bound at the load, the receiver's bound at the size; a system stops at the first
+    load it loses frames at (median loss above --loss-limit)."""
+    hz = common.tsc_rate()["hz"]
+    loads = common.float_list(a.loads or COST_LOADS)
+    results, bounds = [], []
+    for s in sizes:
+        rb = summary([receiver_bound_run(d, s, a, cpus, dpdk)["rx_pps"] for _ in range(a.runs)])
+        bounds.append({"frame_len": s, "receiver_rx_pps": rb})
+        print(f"{s} B: receiver bound {mpps(rb)} Mpps", flush=True)
+        going = set(systems)
+        for load in loads:
+            if not going:
+                break
+            runs = {k: [] for k in systems + ["sender_bound"] if k in going or k == "sender_bound"}
+            for i in range(a.runs):
+                if "vale" in going:
+                    runs["vale"].append(cost_vale_run(v, socks, s, load, a, cpus, dpdk, hz))
+                if "dpdk_vhost" in going:
+                    runs["dpdk_vhost"].append(cost_peer_run(d, s, load, a, cpus, dpdk, hz))
+                runs["sender_bound"].append(sender_bound_run(d, s, load, a, cpus, dpdk))
+                print(f"{s} B at {load} Mpps run {i + 1}: " + ", ".join(
+                    f"{k} {x[-1]['delivered_pps'] / 1e6:.3f} Mpps ({x[-1]['loss'] * 100:.2f}% lost)"
+                    + (f", {fmt_cycles(x[-1].get('cpu_cycles_per_frame'))} cycles/frame" if k != "sender_bound" else "")
+                    + (f" (testpmd's {fmt_cycles(x[-1]['testpmd_cycles_per_frame'])})" if k == "dpdk_vhost" else "")
+                    for k, x in runs.items()), flush=True)
+            r = {"frame_len": s, "load_mpps": load}
+            for k, x in runs.items():
+                r[k] = {f: summary([y[f] for y in x]) for f in x[0] if f not in ("threads", "threads_ended")}
+                if k != "sender_bound":
+                    r[k]["threads"] = [y["threads"] for y in x]
+                    r[k]["threads_ended"] = sum(y["threads_ended"] for y in x)
+            vc, pc = med(r.get("vale"), "cpu_cycles_per_frame"), med(r.get("dpdk_vhost"), "testpmd_cycles_per_frame")
+            pw = med(r.get("dpdk_vhost"), "cpu_cycles_per_frame")
+            r["ratio_to_testpmd_cycles"] = vc / pc if vc and pc else None
+            r["ratio_to_testpmd_cpu"] = vc / pw if vc and pw else None
+            results.append(r)
+            for k in list(going):
+                if r[k]["loss"]["median"] > a.loss_limit:
+                    going.discard(k)
+    print(f"\nvhost-paced -> middle -> virtio_user rxonly: the middle's CPU cycles per delivered frame "
+          f"(TSC at {hz / 1e6:.1f} MHz), {a.runs} runs of {a.seconds} s per load, medians; "
+          f"layout {a.layout}: sender cpu {cpus['tx']}, middle cpu {cpus['middle']}, receiver cpu {cpus['rx']}; "
+          f"{common.machine()}")
+    print("vale: all of valed's threads' CPU time; testpmd: its forwarding loop's TSC cycles in bursts that "
+          "received something (--record-core-cycles), and all its threads' CPU time (busy-polling included)")
+    rows = []
+    for r in results:
+        v_, p_ = r.get("vale"), r.get("dpdk_vhost")
+        rb = next(b for b in bounds if b["frame_len"] == r["frame_len"])["receiver_rx_pps"]
+        lost = lambda x: "-" if not x else f"{x['delivered_pps']['median'] / 1e6:.2f} ({x['loss']['median'] * 100:.2f}%)"
+        sb = r["sender_bound"]
+        rows.append([r["frame_len"], r["load_mpps"], lost(v_), fmt_cycles(med(v_, "cpu_cycles_per_frame")),
+                     lost(p_), fmt_cycles(med(p_, "testpmd_cycles_per_frame")),
+                     fmt_cycles(med(p_, "cpu_cycles_per_frame")), fmt_ratio(r["ratio_to_testpmd_cycles"]),
+                     fmt_ratio(r["ratio_to_testpmd_cpu"]),
+                     f"{sb['offered_pps']['median'] / 1e6:.2f}/{sb['delivered_pps']['median'] / 1e6:.2f}",
+                     f"{rb['median'] / 1e6:.2f}"])
+    common.table(["len", "load", "vale Mpps (lost)", "valed cyc/frame", "PMD Mpps (lost)", "testpmd cyc/frame",
+                  "testpmd CPU cyc/frame", "vale/testpmd", "vale/testpmd CPU", "sender bound off/dlv",
+                  "rx bound Mpps"], rows)
+    return results, bounds
+
+
 def peer_run(d, size, a, cpus, dpdk):
     mid, s0, s1 = vhost_pmd(d, cpus, dpdk)
     try:
@@ -219,6 +524,7 @@ class ValeVhost(common.Valed):
     """valed (pinned to the middle's CPUs) with vale1:vm1 and vale1:vm2 listening at `socks`."""
 
     def __init__(self, cpus, socks, busy_poll_us=0, wrapper=()):
+        """`wrapper`: a command valed runs under (valgrind; chrt for --rt)."""
         super().__init__({"valed": cpus["middle"], "tx": cpus["tx"], "rx": cpus["rx"]},
                          extra=("--busy-poll-us", str(busy_poll_us)), wrapper=wrapper)
         for port, s in zip(("vale1:vm1", "vale1:vm2"), socks):
@@ -246,6 +552,22 @@ def main():
     ap.add_argument("--warmup", type=float, default=1.0, help="seconds of traffic before counting (default 1; --quick 0.5)")
     ap.add_argument("--loads", metavar="MPPS", help="fixed offered loads instead of saturation, "
                                                     "e.g. 0.5,1,2,4 (Mpps; the sender is vhost-paced)")
+    ap.add_argument("--cost", action="store_true",
+                    help="cycles per frame of the middle (valed, the vhost PMD's io forwarding) at fixed loads "
+                         f"(--loads, default {COST_LOADS}; each system up to the first load it loses frames "
+                         "at), the sender's and the receiver's bounds beside them; default layout alone")
+    ap.add_argument("--loss-limit", type=float, default=LOSS_LIMIT, metavar="FRACTION",
+                    help=f"with --cost: a system is measured at higher loads only while its median loss stays "
+                         f"at or below this (default {LOSS_LIMIT:g}; 1 measures every load)")
+    ap.add_argument("--rt", action="store_true",
+                    help="with --cost: the middle real-time (SCHED_FIFO 1: valed's threads, the forwarding lcore "
+                         "of each DPDK back end; a middle testpmd's main lcore then goes to the sender's CPU), "
+                         "so that on a machine others load the middle keeps its CPU (the DPDK back end then "
+                         "takes 95%% of it while it runs); root")
+    ap.add_argument("--nice", type=int, default=0,
+                    help="scheduling priority of everything the bench starts (setpriority on itself, which "
+                         "its children inherit; negative needs root): on a machine others load, -10 keeps "
+                         "their compilers from taking the measured parties' CPU (default 0)")
     ap.add_argument("--dpdk", metavar="DIR", help="a relocatable DPDK folder (bin/dpdk-testpmd, lib/, pmds/) "
                                                   "instead of Debian's packages")
     a = common.parse(ap)
@@ -253,21 +575,53 @@ def main():
         if any(x.startswith("--layout") for x in sys.argv[1:]):
             ap.error("--cpus goes with --layout pinned")
         a.layout = "pinned"
+    if a.cost and not a.cpus and not any(x.startswith("--layout") for x in sys.argv[1:]):
+        a.layout = "alone"
     if a.quick:
         a.warmup = min(a.warmup, 0.5)
     sizes = common.int_list(a.sizes)
     if any(not 60 <= s <= 1514 for s in sizes):
         ap.error("sizes must be 60..1514")
     common.need_root("bench/vhost_user.py (testpmd)")
+    if a.nice:
+        os.setpriority(os.PRIO_PROCESS, 0, a.nice)
     cpus = cpu_sets(a)
     dpdk = peers.dpdk_env(a.dpdk)
 
     d = tempfile.mkdtemp(prefix="vb-vhost-")
     on_exit(lambda: shutil.rmtree(d, ignore_errors=True))
     socks = (f"{d}/vm1.sock", f"{d}/vm2.sock")
-    v = ValeVhost(cpus, socks, a.busy_poll_us)
+    v = ValeVhost(cpus, socks, a.busy_poll_us, wrapper=("chrt", "-f", "1") if a.rt else ())
 
     systems = ["vale"] + ([] if a.no_peers else ["dpdk_vhost"])
+    if a.cost:
+        if a.out == os.path.join(common.RESULTS, "vhost_user.json"):
+            a.out = os.path.join(common.RESULTS, "vhost_user_cost.json")
+        results, bounds = cost_main(a, v, socks, d, sizes, cpus, dpdk, systems)
+        common.stop(v.proc, common.signal.SIGTERM)
+        layout = {"name": a.layout, "sender": cpus["tx"], "receiver_lcores": cpus["rx"],
+                  "middle": cpus["middle"], "valed_busy_poll_us": a.busy_poll_us, "nice": a.nice,
+                  "middle_realtime": a.rt}
+        setup = {"dpdk": peers.testpmd_version() if not a.dpdk else "DPDK from --dpdk folder",
+                 "sender": "vhost-paced --sync on the sender's CPUs: VERSION_1 only, queue_size 1024, "
+                           "bursts every 20 us",
+                 "receiver": "testpmd rxonly, net_virtio_user0 queues=1 queue_size=1024",
+                 "dpdk_vhost": "testpmd --forward-mode=io --record-core-cycles, net_vhost0 and net_vhost1",
+                 "vale_cycles": "sum over valed's threads of /proc/PID/task/TID/schedstat run time between the "
+                                "sender's start and the return of its last descriptor, x TSC rate / frames "
+                                "the receiver counted",
+                 "testpmd_cycles": "testpmd 22.11 --record-core-cycles: rdtsc around each call of the io "
+                                   "forwarding function, added only when the burst received frames (an empty "
+                                   "poll returns before the count), over `clear fwd stats all` .. `show fwd "
+                                   "stats all` around the sending; divided by the frames its ports received",
+                 "testpmd_cpu_cycles": "as vale_cycles, for all of testpmd's threads (busy polling included)",
+                 "sender_bound": "vhost-paced at the load into testpmd net_vhost0 rxonly on the middle's CPUs",
+                 "receiver_bound": "testpmd net_vhost0 txonly on the middle's CPUs into the receiver",
+                 "loss_limit": a.loss_limit}
+        common.write_report(a.out, "vhost_user_cost", a, layout, results, setup=setup, systems=systems,
+                            bounds=bounds, tsc=common.tsc_rate(), unit="TSC cycles per delivered frame",
+                            ratio="vale's cycles per frame / testpmd's (its count; its CPU time)")
+        return
     if a.loads:
         if a.out == os.path.join(common.RESULTS, "vhost_user.json"):
             a.out = os.path.join(common.RESULTS, "vhost_user_loads.json")

@@ -11,9 +11,29 @@
 //! whose driver is idle for `--seconds` (bench/vhost_many.py's idle ports). `--tick-us` sets
 //! the time between bursts (many senders at low rates: fewer wake-ups each).
 //!
-//!     vhost-paced --socket PATH --rate PPS [--seconds 2] [--len 60] [--dst MAC] [--src MAC]
-//!                 [--tick-us 20]
+//! With `--sync` (bench/vhost_user.py's `--cost`, which reads the middle's CPU time around
+//! the sending) it prints `{"ready": true}` once the rings are set up and waits for a line on
+//! its standard input before it sends; after its JSON line it stays connected until its
+//! standard input closes, so the back end's threads are all alive between the two reads.
+//!
+//! `--role ping` and `--role pong` make it one end of a request/response exchange
+//! (bench/latency.py's VM path): the receive queue gets 256 buffers of 2 KiB and interrupts
+//! on. pong echoes every frame it receives (destination = the frame's source, source = its
+//! own `--mac`); ping sends a `--len`-byte frame to `--dst`, waits for its echo (matched by a
+//! sequence number), and sends the next, for `--seconds` (counted from the first echo: until
+//! then it asks every 100 ms, for up to 10 s, while the far end sets up), then prints one JSON line with the
+//! round-trip times in microseconds (`samples`, `min_us`, `median_us`, `p99_us`, `max_us`,
+//! `lost`: requests without an echo within a second). Both sleep in poll(2) on the receive
+//! queue's call eventfd between frames, as a guest's driver sleeps on its interrupt; with
+//! `--busy` they spin on the used index instead. Transmit interrupts are off
+//! (VRING_AVAIL_F_NO_INTERRUPT): they reclaim transmit descriptors by reading the used index.
+//!
+//!     vhost-paced --socket PATH --rate PPS [--seconds 2] [--len 60] [--dst MAC] [--mac MAC]
+//!                 [--tick-us 20] [--sync]
+//!     vhost-paced --socket PATH --role pong [--seconds S] [--mac MAC] [--busy]
+//!     vhost-paced --socket PATH --role ping --dst MAC [--seconds 2] [--len 60] [--mac MAC] [--busy]
 
+use std::io::BufRead;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
@@ -27,6 +47,19 @@ const QSZ: u16 = 1024;
 const HDR: usize = 12;
 const BUF: u64 = 2048;
 const BUFS_AT: u64 = 1 << 20;
+/// The receive buffers of ping and pong: 256 of BUF bytes.
+const RX_BUFS_AT: u64 = 4 << 20;
+const RX_BUFS: u16 = 256;
+const DESC_F_WRITE: u16 = 2;
+const AVAIL_F_NO_INTERRUPT: u16 = 1;
+/// EtherType of ping and pong's frames (IEEE local experimental).
+const ETH_PINGPONG: [u8; 2] = [0x88, 0xb5];
+/// How long ping waits for an echo before it counts the request lost.
+const ECHO_LIMIT: Duration = Duration::from_secs(1);
+/// How long ping tries, before it measures, to get a first echo.
+const WARM_LIMIT: Duration = Duration::from_secs(10);
+/// At most this many round trips are kept (memory bound of a long run).
+const MAX_SAMPLES: usize = 8 << 20;
 const F_VERSION_1: u64 = 1 << 32;
 const F_PROTOCOL_FEATURES: u64 = 1 << 30;
 const USED_F_NO_NOTIFY: u16 = 1;
@@ -41,23 +74,33 @@ fn used(q: u64) -> u64 {
     desc(q) + 0x8000
 }
 
+#[derive(Clone, Copy, PartialEq)]
+enum Role {
+    Paced,
+    Ping,
+    Pong,
+}
+
 struct Args {
     socket: String,
     rate: f64,
     seconds: f64,
     len: usize,
     dst: [u8; 6],
-    src: [u8; 6],
+    mac: [u8; 6],
+    role: Role,
+    sync: bool,
+    busy: bool,
     tick: Duration,
 }
 
-fn mac(k: &str, s: &str) -> Result<[u8; 6], String> {
+fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     let b: Vec<u8> = s
         .split(':')
         .map(|x| u8::from_str_radix(x, 16))
         .collect::<Result<_, _>>()
-        .map_err(|e| format!("{k} {s}: {e}"))?;
-    b.try_into().map_err(|_| format!("{k} {s}: not a MAC"))
+        .map_err(|e| format!("{s}: {e}"))?;
+    b.try_into().map_err(|_| format!("{s}: not a MAC"))
 }
 
 fn args() -> Result<Args, String> {
@@ -67,7 +110,10 @@ fn args() -> Result<Args, String> {
         seconds: 2.0,
         len: 60,
         dst: [2, 0, 0, 0, 0x0e, 2],
-        src: [2, 0, 0, 0, 0x0e, 1],
+        mac: [2, 0, 0, 0, 0x0e, 1],
+        role: Role::Paced,
+        sync: false,
+        busy: false,
         tick: Duration::from_micros(20),
     };
     let mut it = std::env::args().skip(1);
@@ -78,8 +124,18 @@ fn args() -> Result<Args, String> {
             "--rate" => a.rate = v()?.parse().map_err(|e| format!("--rate: {e}"))?,
             "--seconds" => a.seconds = v()?.parse().map_err(|e| format!("--seconds: {e}"))?,
             "--len" => a.len = v()?.parse().map_err(|e| format!("--len: {e}"))?,
-            "--dst" => a.dst = mac(&k, &v()?)?,
-            "--src" => a.src = mac(&k, &v()?)?,
+            "--dst" => a.dst = parse_mac(&v()?).map_err(|e| format!("--dst {e}"))?,
+            "--mac" => a.mac = parse_mac(&v()?).map_err(|e| format!("--mac {e}"))?,
+            "--role" => {
+                a.role = match v()?.as_str() {
+                    "ping" => Role::Ping,
+                    "pong" => Role::Pong,
+                    "paced" => Role::Paced,
+                    r => return Err(format!("--role {r}: not ping, pong or paced")),
+                }
+            }
+            "--sync" => a.sync = true,
+            "--busy" => a.busy = true,
             "--tick-us" => {
                 let us: u64 = v()?.parse().map_err(|e| format!("--tick-us: {e}"))?;
                 if !(1..=1_000_000).contains(&us) {
@@ -89,16 +145,21 @@ fn args() -> Result<Args, String> {
             }
             "-h" | "--help" => {
                 println!(
-                    "vhost-paced --socket PATH --rate PPS [--seconds S] [--len 60-1514] [--dst MAC] \
-                     [--src MAC] [--tick-us US]"
+                    "vhost-paced --socket PATH --rate PPS [--seconds S] [--len 60-1514] [--dst MAC] [--mac MAC] \
+                     [--tick-us US] [--sync]\n\
+                     vhost-paced --socket PATH --role ping|pong [--seconds S] [--len 60-1514] [--dst MAC] \
+                     [--mac MAC] [--busy]"
                 );
                 std::process::exit(0);
             }
             _ => return Err(format!("unknown argument {k}")),
         }
     }
-    if a.socket.is_empty() || !a.rate.is_finite() || a.rate < 0.0 || !(60..=1514).contains(&a.len) {
-        return Err("need --socket, a --rate of 0 or more and --len 60-1514".into());
+    if a.socket.is_empty() || !(60..=1514).contains(&a.len) || a.seconds <= 0.0 {
+        return Err("need --socket, --len 60-1514 and --seconds above 0".into());
+    }
+    if a.role == Role::Paced && (!a.rate.is_finite() || a.rate < 0.0) {
+        return Err("need a --rate of 0 (idle) or more (frames per second)".into());
     }
     Ok(a)
 }
@@ -148,6 +209,28 @@ impl Memory {
         // SAFETY: inside our mapping.
         unsafe { std::ptr::write_volatile(self.base.add(at as usize) as *mut u16, v.to_le()) }
     }
+
+    fn u32_at(&self, at: u64) -> u32 {
+        assert!(at as usize + 4 <= MEM);
+        // SAFETY: inside our mapping; the back end writes it concurrently.
+        u32::from_le(unsafe { std::ptr::read_volatile(self.base.add(at as usize) as *const u32) })
+    }
+
+    /// `len` bytes at `at` (bounded by the mapping).
+    fn get(&self, at: u64, len: usize) -> &[u8] {
+        assert!(at as usize + len <= MEM);
+        // SAFETY: inside our mapping; the back end does not write a buffer it has returned.
+        unsafe { std::slice::from_raw_parts(self.base.add(at as usize), len) }
+    }
+}
+
+/// A descriptor at `i` of queue `q`: buffer `addr`, `len` bytes, `flags`.
+fn set_desc(m: &Memory, q: u64, i: u64, addr: u64, len: u32, flags: u16) {
+    let mut d = [0u8; 16];
+    d[..8].copy_from_slice(&addr.to_le_bytes());
+    d[8..12].copy_from_slice(&len.to_le_bytes());
+    d[12..14].copy_from_slice(&flags.to_le_bytes());
+    m.put(desc(q) + 16 * i, &d);
 }
 
 fn main() {
@@ -180,7 +263,18 @@ fn main() {
     }])
     .expect("SET_MEM_TABLE");
     let kicks: Vec<EventFd> = (0..2).map(|_| EventFd::new(0).unwrap()).collect();
-    let calls: Vec<EventFd> = (0..2).map(|_| EventFd::new(0).unwrap()).collect();
+    let calls: Vec<EventFd> = (0..2)
+        .map(|_| EventFd::new(libc::EFD_NONBLOCK).unwrap())
+        .collect();
+    if a.role != Role::Paced {
+        // Receive buffers posted before the queue starts; transmit interrupts off.
+        for i in 0..RX_BUFS as u64 {
+            set_desc(&m, 0, i, RX_BUFS_AT + i * BUF, BUF as u32, DESC_F_WRITE);
+            m.set_u16(avail(0) + 4 + 2 * i, i as u16);
+        }
+        m.set_u16(avail(0) + 2, RX_BUFS);
+        m.set_u16(avail(1), AVAIL_F_NO_INTERRUPT);
+    }
     for q in 0..2usize {
         fe.set_vring_num(q, QSZ).expect("SET_VRING_NUM");
         fe.set_vring_addr(
@@ -203,20 +297,31 @@ fn main() {
             fe.set_vring_enable(q, true).expect("SET_VRING_ENABLE");
         }
     }
+    if a.role != Role::Paced {
+        let _ = kicks[0].write(1);
+        exchange(&a, &m, &kicks, &calls[0]);
+        drop(fe);
+        return;
+    }
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    if a.sync {
+        println!("{{\"ready\": true}}");
+        if stdin.lock().read_line(&mut line).unwrap_or(0) == 0 {
+            return;
+        }
+    }
 
     // Every transmit descriptor i points at its own buffer, which holds a header and a frame.
     let tx = 1u64;
     let mut frame = vec![0u8; HDR + a.len];
     frame[HDR..HDR + 6].copy_from_slice(&a.dst);
-    frame[HDR + 6..HDR + 12].copy_from_slice(&a.src);
+    frame[HDR + 6..HDR + 12].copy_from_slice(&a.mac);
     frame[HDR + 12..HDR + 14].copy_from_slice(&[0x08, 0x00]);
     for i in 0..QSZ as u64 {
         let at = BUFS_AT + i * BUF;
         m.put(at, &frame);
-        let mut d = [0u8; 16];
-        d[..8].copy_from_slice(&at.to_le_bytes());
-        d[8..12].copy_from_slice(&(frame.len() as u32).to_le_bytes());
-        m.put(desc(tx) + 16 * i, &d);
+        set_desc(&m, tx, i, at, frame.len() as u32, 0);
     }
 
     // Post at the rate: `due` frames by now; free descriptors are those the back end has
@@ -270,5 +375,227 @@ fn main() {
     println!(
         "{{\"posted\": {posted}, \"seconds\": {took:.6}, \"backlog\": {backlog}, \"rate\": {}}}",
         a.rate
+    );
+    if a.sync {
+        // Connected (the back end's threads alive) until the bench has read what it needs.
+        while stdin.lock().read_line(&mut line).unwrap_or(0) != 0 {}
+    }
+    drop(fe);
+}
+
+/// The receive side of ping and pong: queue 0's buffers, its used index seen so far, and the
+/// next free slot of its avail ring.
+struct Rx<'a> {
+    m: &'a Memory,
+    call: &'a EventFd,
+    kick: &'a EventFd,
+    busy: bool,
+    seen: u16,
+    avail: u16,
+}
+
+impl<'a> Rx<'a> {
+    /// The next received frame (without its virtio-net header) as (descriptor, frame), waiting
+    /// until `deadline`; None when none came. Give the descriptor back with `give`.
+    fn next(&mut self, deadline: Instant) -> Option<(u16, &'a [u8])> {
+        loop {
+            if m_used_idx(self.m, 0) != self.seen {
+                let at = used(0) + 4 + 8 * (self.seen % QSZ) as u64;
+                std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+                let (id, len) = (self.m.u32_at(at), self.m.u32_at(at + 4) as usize);
+                self.seen = self.seen.wrapping_add(1);
+                let id = id as u16;
+                if id >= RX_BUFS || !(HDR..=BUF as usize).contains(&len) {
+                    // Not ours or not a frame: give it back and go on.
+                    self.give(id % RX_BUFS);
+                    continue;
+                }
+                return Some((
+                    id,
+                    self.m
+                        .get(RX_BUFS_AT + id as u64 * BUF + HDR as u64, len - HDR),
+                ));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            if self.busy {
+                std::hint::spin_loop();
+                continue;
+            }
+            // Cleared first, then the index looked at again: a frame used after that look
+            // comes with a signal that wakes the poll.
+            let _ = self.call.read();
+            if m_used_idx(self.m, 0) != self.seen {
+                continue;
+            }
+            let mut p = libc::pollfd {
+                fd: self.call.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = (deadline - now).as_millis().clamp(1, 100) as i32;
+            // SAFETY: one pollfd of ours.
+            unsafe { libc::poll(&mut p, 1, ms) };
+        }
+    }
+
+    /// Puts receive descriptor `id` back on the avail ring.
+    fn give(&mut self, id: u16) {
+        self.m
+            .set_u16(avail(0) + 4 + 2 * (self.avail % QSZ) as u64, id);
+        self.avail = self.avail.wrapping_add(1);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+        self.m.set_u16(avail(0) + 2, self.avail);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        if m_used_idx_flags(self.m, 0) & USED_F_NO_NOTIFY == 0 {
+            let _ = self.kick.write(1);
+        }
+    }
+}
+
+fn m_used_idx(m: &Memory, q: u64) -> u16 {
+    m.u16_at(used(q) + 2)
+}
+
+fn m_used_idx_flags(m: &Memory, q: u64) -> u16 {
+    m.u16_at(used(q))
+}
+
+/// The transmit side of ping and pong: one frame at a time from slot `next % QSZ`.
+struct Tx<'a> {
+    m: &'a Memory,
+    kick: &'a EventFd,
+    next: u16,
+}
+
+impl Tx<'_> {
+    /// Posts `frame` (header prepended); false when every descriptor is still with the back end.
+    fn send(&mut self, frame: &[u8]) -> bool {
+        if self.next.wrapping_sub(m_used_idx(self.m, 1)) >= QSZ {
+            return false;
+        }
+        let slot = (self.next % QSZ) as u64;
+        let at = BUFS_AT + slot * BUF;
+        self.m.put(at, &[0u8; HDR]);
+        self.m.put(at + HDR as u64, frame);
+        set_desc(self.m, 1, slot, at, (HDR + frame.len()) as u32, 0);
+        self.m.set_u16(avail(1) + 4 + 2 * slot, slot as u16);
+        self.next = self.next.wrapping_add(1);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::Release);
+        self.m.set_u16(avail(1) + 2, self.next);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        if m_used_idx_flags(self.m, 1) & USED_F_NO_NOTIFY == 0 {
+            let _ = self.kick.write(1);
+        }
+        true
+    }
+}
+
+/// ping or pong (see the module's doc), on queues set up with receive buffers.
+fn exchange(a: &Args, m: &Memory, kicks: &[EventFd], call: &EventFd) {
+    let mut rx = Rx {
+        m,
+        call,
+        kick: &kicks[0],
+        busy: a.busy,
+        seen: 0,
+        avail: RX_BUFS,
+    };
+    let mut tx = Tx {
+        m,
+        kick: &kicks[1],
+        next: 0,
+    };
+    let end = Instant::now() + Duration::from_secs_f64(a.seconds);
+    let mut out = vec![0u8; 1514];
+    if a.role == Role::Pong {
+        while let Some((id, f)) = rx.next(end) {
+            let n = f.len().min(out.len());
+            out[..n].copy_from_slice(&f[..n]);
+            rx.give(id);
+            if n < 14 {
+                continue;
+            }
+            out.copy_within(6..12, 0);
+            out[6..12].copy_from_slice(&a.mac);
+            let _ = tx.send(&out[..n]);
+        }
+        return;
+    }
+    let mut frame = vec![0u8; a.len];
+    frame[..6].copy_from_slice(&a.dst);
+    frame[6..12].copy_from_slice(&a.mac);
+    frame[12..14].copy_from_slice(&ETH_PINGPONG);
+    let mut rtts: Vec<f64> = Vec::with_capacity(1 << 16);
+    let (mut seq, mut lost) = (0u64, 0u64);
+    // Warm-up: requests every 100 ms until one is echoed (the far end may still be setting
+    // up), for at most WARM_LIMIT; the measured seconds start after it.
+    let warm_end = Instant::now() + WARM_LIMIT;
+    let mut echoed = false;
+    while !echoed && Instant::now() < warm_end {
+        seq += 1;
+        frame[14..22].copy_from_slice(&seq.to_le_bytes());
+        if !tx.send(&frame) {
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        }
+        let limit = Instant::now() + Duration::from_millis(100);
+        while let Some((id, f)) = rx.next(limit) {
+            echoed |= f.len() >= 22 && f[12..14] == ETH_PINGPONG && f[14..22] == seq.to_le_bytes();
+            rx.give(id);
+            if echoed {
+                break;
+            }
+        }
+    }
+    if !echoed {
+        eprintln!(
+            "vhost-paced ping: no echo in {} s of warm-up",
+            WARM_LIMIT.as_secs()
+        );
+        std::process::exit(1);
+    }
+    let end = Instant::now() + Duration::from_secs_f64(a.seconds);
+    while Instant::now() < end && rtts.len() < MAX_SAMPLES {
+        seq += 1;
+        frame[14..22].copy_from_slice(&seq.to_le_bytes());
+        let t0 = Instant::now();
+        if !tx.send(&frame) {
+            lost += 1;
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
+        }
+        let limit = t0 + ECHO_LIMIT;
+        loop {
+            let Some((id, f)) = rx.next(limit) else {
+                lost += 1;
+                break;
+            };
+            let ours = f.len() >= 22 && f[12..14] == ETH_PINGPONG && f[14..22] == seq.to_le_bytes();
+            rx.give(id);
+            if ours {
+                rtts.push(t0.elapsed().as_secs_f64() * 1e6);
+                break;
+            }
+        }
+    }
+    if rtts.is_empty() {
+        eprintln!(
+            "vhost-paced ping: no echo in {} s ({lost} requests lost)",
+            a.seconds
+        );
+        std::process::exit(1);
+    }
+    rtts.sort_by(f64::total_cmp);
+    let at = |q: f64| rtts[((rtts.len() - 1) as f64 * q).round() as usize];
+    println!(
+        "{{\"samples\": {}, \"min_us\": {:.3}, \"median_us\": {:.3}, \"p99_us\": {:.3}, \"max_us\": {:.3}, \"lost\": {lost}}}",
+        rtts.len(),
+        at(0.0),
+        at(0.5),
+        at(0.99),
+        at(1.0)
     );
 }
