@@ -1,6 +1,14 @@
 //! The data path of a tunnel port: batches of messages for `sendmmsg` and `recvmmsg`, made
 //! once when the port is opened and reused for every burst (no allocation, one system call
 //! per batch each way).
+//!
+//! A frame with offload work (a partial checksum, a TCP or UDP segment of up to 64 KiB from a
+//! TAP or vhost-user port) is finished by the switch's own [`Resolver`] into a scratch arena
+//! beside the batch, as `[tunnel header + inner frame] × N`, and goes into the same batch as
+//! one message per remote with a `UDP_SEGMENT` control message ([`gso`]): the order of the
+//! frames of a burst is kept, and a 64 KiB segment crosses the kernel's UDP send path once or
+//! twice, not forty times. Frames without offload work are sent from where they lie in the
+//! ring, as before.
 
 use std::io;
 use std::mem::size_of;
@@ -8,9 +16,11 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use super::super::TxSide;
+use super::gso::{self, Cmsg, MAX_GSO_SEGMENTS};
 use super::wire::{Bad, Proto, HDR_LEN, MAX_UDP_PAYLOAD, MIN_INNER};
 use super::{sock, Config, MAX_REMOTES};
 use crate::lookup::{is_group, LearningBridge};
+use crate::offload::{Offload, Resolver, GSO_ECN, GSO_NONE};
 
 /// Messages of one `sendmmsg` (a flooded frame takes one per remote).
 const TX_BATCH: usize = 256;
@@ -21,7 +31,12 @@ const RX_BATCH: usize = 64;
 /// Packets received per round before egress gets its turn.
 const INGRESS_BURST: usize = 256;
 
+/// Bytes of the scratch arena where frames with offload work are finished and encapsulated:
+/// room for several 64 KiB segments per batch.
+const ARENA: usize = 8 << 16;
+
 const _: () = assert!(MAX_REMOTES <= TX_BATCH, "a flooded frame fits one batch");
+const _: () = assert!(ARENA >= 2 * MAX_UDP_PAYLOAD);
 
 /// What a port dropped, by reason (shown by `list`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -44,6 +59,17 @@ pub struct Counters {
     /// Inner source MACs not learnt (their remote at its `learn-limit`, or the table's bucket
     /// full of other remotes' live entries); the frames themselves are forwarded.
     pub not_learnt: u64,
+    /// Frames to send whose offload work could not be done (headers that do not add up):
+    /// dropped.
+    pub bad_offload: u64,
+    /// Segments of up to 64 KiB (TSO, USO) the switch handed over whole, segmented here.
+    pub tso_frames: u64,
+    /// `UDP_SEGMENT` sends the kernel took, and the datagrams they carried.
+    pub gso_sends: u64,
+    pub gso_segments: u64,
+    /// 1 once the kernel refused `UDP_SEGMENT` for good (EIO, or EINVAL for segments it took
+    /// one by one): the port sends every segment as a datagram of its own since.
+    pub gso_off: u64,
 }
 
 /// The traffic of one remote.
@@ -111,10 +137,37 @@ pub struct Path {
     tx_len: Box<[u32]>,
     tx_msg_count: usize,
     tx_sets: usize,
+    /// Per message: the datagrams it carries, and its `UDP_SEGMENT` size (0: none).
+    tx_segs: Box<[u16]>,
+    tx_gso: Box<[u16]>,
+    /// Per set: its `UDP_SEGMENT` control message.
+    tx_cmsg: Box<[Cmsg]>,
+    /// The switch's segmenter (taken out while it calls back into the path).
+    resolver: Option<Box<Resolver>>,
+    /// Where frames with offload work are finished, encapsulated; `arena_used` bytes queued.
+    arena: Box<[u8]>,
+    arena_used: usize,
+    /// The send being filled in the arena.
+    chunk: Option<Chunk>,
+    /// Whether the kernel takes `UDP_SEGMENT` (until it refuses it for good).
+    gso: bool,
+    /// A refused `UDP_SEGMENT` send resent one datagram per message.
+    fb_msgs: Box<[libc::mmsghdr]>,
+    fb_iov: Box<[libc::iovec]>,
     rx_msgs: Box<[libc::mmsghdr]>,
     rx_iov: Box<[libc::iovec]>,
     rx_hdr: Box<[[u8; HDR_LEN]]>,
     rx_from: Box<[libc::sockaddr_storage]>,
+}
+
+/// A `UDP_SEGMENT` send being filled: `count` encapsulated segments of `seg` bytes from
+/// `start` in the arena, `bytes` in all (the last may be shorter, and then ends it).
+#[derive(Clone, Copy, Debug)]
+struct Chunk {
+    start: usize,
+    seg: usize,
+    count: usize,
+    bytes: usize,
 }
 
 // SAFETY: the raw pointers in the messages point into this struct's own boxed arrays (or, only
@@ -208,6 +261,16 @@ impl Path {
             tx_len: vec![0; TX_BATCH].into(),
             tx_msg_count: 0,
             tx_sets: 0,
+            tx_segs: vec![0; TX_BATCH].into(),
+            tx_gso: vec![0; TX_BATCH].into(),
+            tx_cmsg: vec![Cmsg::zeroed(); TX_BATCH].into(),
+            resolver: Some(Box::new(Resolver::new())),
+            arena: vec![0; ARENA].into(),
+            arena_used: 0,
+            chunk: None,
+            gso: true,
+            fb_msgs: (0..MAX_GSO_SEGMENTS).map(|_| empty_msg()).collect(),
+            fb_iov: vec![iov(std::ptr::null(), 0); MAX_GSO_SEGMENTS].into(),
             rx_msgs: (0..RX_BATCH).map(|_| empty_msg()).collect(),
             rx_iov: vec![iov(std::ptr::null(), 0); 2 * RX_BATCH].into(),
             rx_hdr: vec![[0; HDR_LEN]; RX_BATCH].into(),
@@ -317,22 +380,44 @@ impl Path {
 
     /// Queues the frame in `pieces` for its remote (a learnt destination) or every remote;
     /// sends the batch first if it is full. The pieces must stay where they are until
-    /// [`Path::flush`].
+    /// [`Path::flush`]. A frame with offload work (`off`) is finished into the arena first.
     pub fn queue(
         &mut self,
         sock: &OwnedFd,
         table: &LearningBridge,
         pieces: &[&[u8]],
+        off: Offload,
     ) -> io::Result<()> {
         let len: usize = pieces.iter().map(|p| p.len()).sum();
         if len < MIN_INNER {
             self.counters.bad_header += 1;
             return Err(errno(libc::EINVAL));
         }
+        if off.needs_work() {
+            return self.queue_offload(sock, table, pieces, off);
+        }
         if len + HDR_LEN > MAX_UDP_PAYLOAD || pieces.len() >= IOV_PER {
             self.counters.too_big += 1;
             return Err(errno(libc::EMSGSIZE));
         }
+        let (known, count) = self.dests(table, pieces);
+        if self.tx_sets == TX_BATCH || self.tx_msg_count + count > TX_BATCH {
+            self.flush(sock);
+        }
+        let set = self.tx_sets;
+        let base = set * IOV_PER;
+        self.tx_iov[base] = iov(self.hdr.as_ptr(), HDR_LEN);
+        for (i, p) in pieces.iter().enumerate() {
+            self.tx_iov[base + 1 + i] = iov(p.as_ptr(), p.len());
+        }
+        self.add_msgs(set, 1 + pieces.len(), known, len as u32, 1, 0);
+        self.tx_sets += 1;
+        Ok(())
+    }
+
+    /// Where the frame in `pieces` goes: its learnt remote, if any (else every remote
+    /// flooded to), and how many messages that takes at most.
+    fn dests(&self, table: &LearningBridge, pieces: &[&[u8]]) -> (Option<usize>, usize) {
         let dst = dst_mac(pieces);
         let known = if is_group(dst) {
             None
@@ -342,38 +427,153 @@ impl Path {
                 .filter(|r| self.remotes.get(*r as usize).is_some_and(|r| r.live))
         };
         let count = if known.is_some() { 1 } else { self.flooding };
-        if self.tx_sets == TX_BATCH || self.tx_msg_count + count > TX_BATCH {
-            self.flush(sock);
-        }
-        let base = self.tx_sets * IOV_PER;
-        self.tx_iov[base] = iov(self.hdr.as_ptr(), HDR_LEN);
-        for (i, p) in pieces.iter().enumerate() {
-            self.tx_iov[base + 1 + i] = iov(p.as_ptr(), p.len());
-        }
-        let iov_ptr = self.tx_iov[base..].as_mut_ptr();
-        let (first, end) = known.map_or((0, self.slots), |r| (r as usize, r as usize + 1));
+        (known.map(|r| r as usize), count)
+    }
+
+    /// Adds one message per destination (`known`, or every remote flooded to) of set `set`'s
+    /// `iovlen` iovecs: `len` bytes of inner frames in `segs` datagrams, of `gso` bytes each
+    /// when sent with `UDP_SEGMENT` (0: one datagram).
+    fn add_msgs(
+        &mut self,
+        set: usize,
+        iovlen: usize,
+        known: Option<usize>,
+        len: u32,
+        segs: u16,
+        gso: u16,
+    ) {
+        let iov_ptr = self.tx_iov[set * IOV_PER..].as_mut_ptr();
+        let (control, controllen) = match gso {
+            0 => (std::ptr::null_mut(), 0),
+            _ => (
+                &mut self.tx_cmsg[set] as *mut Cmsg as *mut libc::c_void,
+                Cmsg::SPACE,
+            ),
+        };
+        let (first, end) = known.map_or((0, self.slots), |r| (r, r + 1));
         for r in first..end {
             if !self.remotes[r].live || (known.is_none() && !self.remotes[r].flood) {
                 continue;
             }
-            let m = &mut self.tx_msgs[self.tx_msg_count];
+            let k = self.tx_msg_count;
+            let m = &mut self.tx_msgs[k];
             m.msg_hdr.msg_name = &mut self.addrs[r] as *mut _ as *mut libc::c_void;
             m.msg_hdr.msg_namelen = self.addr_lens[r];
             m.msg_hdr.msg_iov = iov_ptr;
-            m.msg_hdr.msg_iovlen = 1 + pieces.len();
-            m.msg_hdr.msg_control = std::ptr::null_mut();
-            m.msg_hdr.msg_controllen = 0;
+            m.msg_hdr.msg_iovlen = iovlen;
+            m.msg_hdr.msg_control = control;
+            m.msg_hdr.msg_controllen = controllen;
             m.msg_hdr.msg_flags = 0;
-            self.tx_remote[self.tx_msg_count] = r as u16;
-            self.tx_len[self.tx_msg_count] = len as u32;
+            self.tx_remote[k] = r as u16;
+            self.tx_len[k] = len;
+            self.tx_segs[k] = segs;
+            self.tx_gso[k] = gso;
             self.tx_msg_count += 1;
         }
+    }
+
+    /// Finishes the offload work of the frame in `pieces` with the switch's segmenter, each
+    /// resulting frame encapsulated into the arena ([`Path::push_segment`]).
+    fn queue_offload(
+        &mut self,
+        sock: &OwnedFd,
+        table: &LearningBridge,
+        pieces: &[&[u8]],
+        off: Offload,
+    ) -> io::Result<()> {
+        let (known, count) = self.dests(table, pieces);
+        let mut resolver = self
+            .resolver
+            .take()
+            .expect("the resolver is put back after every frame");
+        // The port's ring is valed's own memory: nobody writes the frame meanwhile.
+        let r = resolver.resolve(pieces, off, false, |f| {
+            self.push_segment(sock, f, known, count)
+        });
+        self.resolver = Some(resolver);
+        self.close_chunk(known);
+        match r {
+            Ok(_) => {
+                if off.gso_type & !GSO_ECN != GSO_NONE {
+                    self.counters.tso_frames += 1;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.counters.bad_offload += 1;
+                Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("offload work refused: {e}"),
+                ))
+            }
+        }
+    }
+
+    /// Appends inner frame `f`, behind the tunnel header, to the send being filled, or starts
+    /// a new one (sending the batch first when the arena or the batch is full).
+    fn push_segment(&mut self, sock: &OwnedFd, f: &[u8], known: Option<usize>, count: usize) {
+        let n = HDR_LEN + f.len();
+        if n > MAX_UDP_PAYLOAD {
+            self.close_chunk(known);
+            self.counters.too_big += 1;
+            return;
+        }
+        if let Some(c) = self.chunk {
+            if !(self.gso && gso::joins(c.seg, c.count, c.bytes, n)) {
+                self.close_chunk(known);
+            }
+        }
+        let at = self.arena_used;
+        let c = match &mut self.chunk {
+            Some(c) => c,
+            None => {
+                if at + MAX_UDP_PAYLOAD > ARENA
+                    || self.tx_sets == TX_BATCH
+                    || self.tx_msg_count + count > TX_BATCH
+                {
+                    self.flush(sock);
+                }
+                self.chunk.insert(Chunk {
+                    start: self.arena_used,
+                    seg: n,
+                    count: 0,
+                    bytes: 0,
+                })
+            }
+        };
+        let at = c.start + c.bytes;
+        c.count += 1;
+        c.bytes += n;
+        let short = n < c.seg;
+        self.arena[at..at + HDR_LEN].copy_from_slice(&self.hdr[..]);
+        self.arena[at + HDR_LEN..at + n].copy_from_slice(f);
+        self.arena_used = at + n;
+        if short {
+            self.close_chunk(known);
+        }
+    }
+
+    /// Queues the send being filled, one message per destination.
+    fn close_chunk(&mut self, known: Option<usize>) {
+        let Some(c) = self.chunk.take() else {
+            return;
+        };
+        let set = self.tx_sets;
+        self.tx_iov[set * IOV_PER] = iov(self.arena[c.start..].as_ptr(), c.bytes);
+        let gso = if c.count > 1 {
+            self.tx_cmsg[set] = Cmsg::segment(c.seg as u16);
+            c.seg as u16
+        } else {
+            0
+        };
+        let inner = (c.bytes - c.count * HDR_LEN) as u32;
+        self.add_msgs(set, 1, known, inner, c.count as u16, gso);
         self.tx_sets += 1;
-        Ok(())
     }
 
     /// Sends the queued messages: one `sendmmsg`, more only when the kernel refuses one (too
-    /// big for the path: counted, skipped) or stops early.
+    /// big for the path: counted, skipped; a `UDP_SEGMENT` send it cannot do: resent one
+    /// datagram per segment) or stops early.
     pub fn flush(&mut self, sock: &OwnedFd) {
         let n = self.tx_msg_count;
         let mut i = 0;
@@ -381,7 +581,8 @@ impl Path {
         while i < n && calls < 2 * TX_BATCH {
             calls += 1;
             // SAFETY: messages i..n are complete; each points at a live address, its iovecs,
-            // and the header or frame pieces that stay put until this returns.
+            // its control message if any, and the header, arena or frame pieces that stay put
+            // until this returns.
             let r = unsafe {
                 libc::sendmmsg(
                     sock.as_raw_fd(),
@@ -392,34 +593,114 @@ impl Path {
             };
             if r > 0 {
                 for k in i..i + r as usize {
+                    let segs = self.tx_segs[k] as u64;
                     let c = &mut self.remotes[self.tx_remote[k] as usize].counters;
-                    c.tx_frames += 1;
+                    c.tx_frames += segs;
                     c.tx_bytes += self.tx_len[k] as u64;
+                    if self.tx_gso[k] != 0 {
+                        self.counters.gso_sends += 1;
+                        self.counters.gso_segments += segs;
+                    }
                 }
                 i += r as usize;
                 continue;
             }
-            let e = io::Error::last_os_error().raw_os_error().unwrap_or(0);
+            let err = io::Error::last_os_error();
+            let e = err.raw_os_error().unwrap_or(0);
             match e {
                 libc::EINTR => continue,
                 libc::EAGAIN | libc::ENOBUFS => {
                     // The socket's buffer is full: the rest of the batch is lost, counted.
                     for k in i..n {
-                        self.remotes[self.tx_remote[k] as usize].counters.drops += 1;
+                        self.remotes[self.tx_remote[k] as usize].counters.drops +=
+                            self.tx_segs[k] as u64;
                     }
                     break;
+                }
+                _ if self.tx_gso[i] != 0 && gso::refuses_gso(&err) => {
+                    self.resend_segments(sock, i, &err);
+                    i += 1;
                 }
                 _ => {
                     if e == libc::EMSGSIZE {
                         self.counters.too_big += 1;
                     }
-                    self.remotes[self.tx_remote[i] as usize].counters.drops += 1;
+                    self.remotes[self.tx_remote[i] as usize].counters.drops +=
+                        self.tx_segs[i] as u64;
                     i += 1;
                 }
             }
         }
         self.tx_msg_count = 0;
         self.tx_sets = 0;
+        self.arena_used = 0;
+    }
+
+    /// Sends the segments of `UDP_SEGMENT` message `i`, which the kernel refused with `err`,
+    /// one datagram each. Unless some were too big for the path (the reason for an EINVAL
+    /// then), the kernel cannot segment here: the port stops asking (counted once).
+    fn resend_segments(&mut self, sock: &OwnedFd, i: usize, err: &io::Error) {
+        let m = &self.tx_msgs[i].msg_hdr;
+        // SAFETY: a message queued by `close_chunk` has one iovec, into the arena.
+        let (base, bytes) = unsafe { ((*m.msg_iov).iov_base as *const u8, (*m.msg_iov).iov_len) };
+        let (name, namelen) = (m.msg_name, m.msg_namelen);
+        let mut n = 0;
+        for (at, len) in gso::pieces(bytes, self.tx_gso[i] as usize).take(MAX_GSO_SEGMENTS) {
+            // SAFETY: `at + len <= bytes`, inside the message's arena bytes.
+            self.fb_iov[n] = iov(unsafe { base.add(at) }, len);
+            let f = &mut self.fb_msgs[n];
+            f.msg_hdr.msg_name = name;
+            f.msg_hdr.msg_namelen = namelen;
+            f.msg_hdr.msg_iov = &mut self.fb_iov[n];
+            f.msg_hdr.msg_iovlen = 1;
+            n += 1;
+        }
+        let remote = self.tx_remote[i] as usize;
+        let (mut j, mut too_big) = (0, false);
+        while j < n {
+            // SAFETY: messages j..n each point at the remote's address and one iovec into
+            // the arena.
+            let r = unsafe {
+                libc::sendmmsg(
+                    sock.as_raw_fd(),
+                    self.fb_msgs[j..].as_mut_ptr(),
+                    (n - j) as libc::c_uint,
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            let c = &mut self.remotes[remote].counters;
+            if r > 0 {
+                for k in j..j + r as usize {
+                    c.tx_frames += 1;
+                    c.tx_bytes += (self.fb_iov[k].iov_len - HDR_LEN) as u64;
+                }
+                j += r as usize;
+                continue;
+            }
+            match io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) | Some(libc::ENOBUFS) => {
+                    c.drops += (n - j) as u64;
+                    break;
+                }
+                e => {
+                    if e == Some(libc::EMSGSIZE) {
+                        too_big = true;
+                        self.counters.too_big += 1;
+                    }
+                    c.drops += 1;
+                    j += 1;
+                }
+            }
+        }
+        if !too_big && self.gso {
+            self.gso = false;
+            self.counters.gso_off = 1;
+            tracing::warn!(
+                "tunnel port: the kernel refused a UDP_SEGMENT send ({err}): segments of \
+                 64 KiB frames are sent one datagram each from now on"
+            );
+        }
     }
 
     /// The remote `ip` is, if it is one in use.
