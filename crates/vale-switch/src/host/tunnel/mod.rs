@@ -331,7 +331,10 @@ impl TunnelDevice {
     pub fn open(cfg: Config) -> Result<TunnelDevice, super::Error> {
         let sock = sock::open(cfg.proto.name(), cfg.local)?;
         let table = LearningBridge::new(TABLE_ENTRIES);
-        let path = path::Path::new(&cfg);
+        let mut path = path::Path::new(&cfg);
+        if std::env::var_os("VALE_TUNNEL_NO_GRO").is_none() {
+            path.enable_gro(&sock);
+        }
         let evpn = match cfg.evpn {
             true => Some(evpn::Evpn::open(&cfg, cfg.remotes.len())?),
             false => None,
@@ -357,7 +360,7 @@ impl TunnelDevice {
         let mut s = format!(
             "{} vni {}: bad-header {} wrong-vni {} critical {} unknown-vtep {} remotes-full {} \
              too-big {} not-learnt {} learnt {} bad-offload {} tso-frames {} gso-sends {} \
-             gso-segments {} gso-off {}",
+             gso-segments {} gso-off {} gro-buffers {} gro-segments {}",
             self.cfg.proto.name(),
             self.cfg.vni,
             c.bad_header,
@@ -373,6 +376,8 @@ impl TunnelDevice {
             c.gso_sends,
             c.gso_segments,
             c.gso_off,
+            c.gro_buffers,
+            c.gro_segments,
         );
         // An EVPN port's routed VTEPs are shown with its EVPN state below.
         let listed = match self.evpn {

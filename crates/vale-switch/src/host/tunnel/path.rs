@@ -35,7 +35,13 @@ const INGRESS_BURST: usize = 256;
 /// room for several 64 KiB segments per batch.
 const ARENA: usize = 8 << 16;
 
+/// Buffers of one `recvmmsg` with `UDP_GRO` on, and the bytes of each (a whole UDP payload).
+const GRO_BATCH: usize = 16;
+const GRO_BUF: usize = 1 << 16;
+
 const _: () = assert!(MAX_REMOTES <= TX_BATCH, "a flooded frame fits one batch");
+const _: () = assert!(GRO_BATCH <= RX_BATCH, "the senders' addresses are rx_from's");
+const _: () = assert!(GRO_BUF > MAX_UDP_PAYLOAD + 20, "a merged buffer is never truncated");
 const _: () = assert!(ARENA >= 2 * MAX_UDP_PAYLOAD);
 
 /// What a port dropped, by reason (shown by `list`).
@@ -70,6 +76,9 @@ pub struct Counters {
     /// 1 once the kernel refused `UDP_SEGMENT` for good (EIO, or EINVAL for segments it took
     /// one by one): the port sends every segment as a datagram of its own since.
     pub gso_off: u64,
+    /// Received buffers holding several datagrams (`UDP_GRO`), and the datagrams in them.
+    pub gro_buffers: u64,
+    pub gro_segments: u64,
 }
 
 /// The traffic of one remote.
@@ -154,10 +163,43 @@ pub struct Path {
     /// A refused `UDP_SEGMENT` send resent one datagram per message.
     fb_msgs: Box<[libc::mmsghdr]>,
     fb_iov: Box<[libc::iovec]>,
+    /// Receiving with `UDP_GRO` on ([`Path::enable_gro`]).
+    gro: Option<Box<Gro>>,
     rx_msgs: Box<[libc::mmsghdr]>,
     rx_iov: Box<[libc::iovec]>,
     rx_hdr: Box<[[u8; HDR_LEN]]>,
     rx_from: Box<[libc::sockaddr_storage]>,
+}
+
+/// Receiving with `UDP_GRO` on: scratch buffers of up to 64 KiB, the batch last received and
+/// how far its buffers have been taken into the ring.
+struct Gro {
+    buf: Box<[u8]>,
+    msgs: Box<[libc::mmsghdr]>,
+    iov: Box<[libc::iovec]>,
+    cmsg: Box<[Cmsg]>,
+    /// Buffers received, the one being taken, and the offset in it of its next datagram.
+    got: usize,
+    next: usize,
+    at: usize,
+}
+
+impl Gro {
+    fn new() -> Box<Gro> {
+        let mut g = Box::new(Gro {
+            buf: vec![0; GRO_BATCH * GRO_BUF].into(),
+            msgs: (0..GRO_BATCH).map(|_| empty_msg()).collect(),
+            iov: vec![iov(std::ptr::null(), 0); GRO_BATCH].into(),
+            cmsg: vec![Cmsg::zeroed(); GRO_BATCH].into(),
+            got: 0,
+            next: 0,
+            at: 0,
+        });
+        for k in 0..GRO_BATCH {
+            g.iov[k] = iov(g.buf[k * GRO_BUF..].as_ptr(), GRO_BUF);
+        }
+        g
+    }
 }
 
 /// A `UDP_SEGMENT` send being filled: `count` encapsulated segments of `seg` bytes from
@@ -271,6 +313,7 @@ impl Path {
             gso: true,
             fb_msgs: (0..MAX_GSO_SEGMENTS).map(|_| empty_msg()).collect(),
             fb_iov: vec![iov(std::ptr::null(), 0); MAX_GSO_SEGMENTS].into(),
+            gro: None,
             rx_msgs: (0..RX_BATCH).map(|_| empty_msg()).collect(),
             rx_iov: vec![iov(std::ptr::null(), 0); 2 * RX_BATCH].into(),
             rx_hdr: vec![[0; HDR_LEN]; RX_BATCH].into(),
@@ -284,6 +327,14 @@ impl Path {
             p.rx_iov[2 * k] = iov(p.rx_hdr[k].as_ptr(), HDR_LEN);
         }
         p
+    }
+
+    /// Turns on `UDP_GRO` on the port's socket, if the kernel has it: datagrams of one flow
+    /// may then be received merged, and are split again here.
+    pub fn enable_gro(&mut self, sock: &OwnedFd) {
+        if gso::enable_gro(sock) {
+            self.gro = Some(Gro::new());
+        }
     }
 
     /// The remotes in use, configured ones first.
@@ -710,8 +761,30 @@ impl Path {
             .position(|r| r.live && r.ip == ip)
     }
 
+    /// Learns the inner source MAC of the frame of `len` bytes from `remote` written into the
+    /// ring's first free slot, and commits it.
+    fn take(&mut self, table: &LearningBridge, ring: &mut TxSide, remote: usize, len: usize) {
+        let mut smac = [0u8; 6];
+        // SAFETY: `len >= MIN_INNER` bytes written in the slot (a packet's check saw to it).
+        unsafe { std::ptr::copy_nonoverlapping(ring.buf(0).add(6), smac.as_mut_ptr(), 6) };
+        let smac = mac(&smac);
+        if self.learn
+            && !is_group(smac)
+            && !table.learn(smac, remote as u16, self.learn_limit, self.now_s)
+        {
+            self.counters.not_learnt += 1;
+        }
+        ring.commit(len, None);
+        let r = &mut self.remotes[remote];
+        r.last_rx = self.now_s;
+        let c = &mut r.counters;
+        c.rx_frames += 1;
+        c.rx_bytes += len as u64;
+    }
+
     /// Receives packets straight into the free slots of `ring`, checks them, learns their
-    /// inner source MACs and commits their inner frames. How many were committed.
+    /// inner source MACs and commits their inner frames. How many were committed. With
+    /// `UDP_GRO` on, through [`Path::receive_merged`].
     pub fn receive(
         &mut self,
         sock: &OwnedFd,
@@ -719,6 +792,9 @@ impl Path {
         ring: &mut TxSide,
     ) -> io::Result<usize> {
         self.expire(table.max_age_s.load(std::sync::atomic::Ordering::Relaxed));
+        if self.gro.is_some() {
+            return self.receive_merged(sock, table, ring);
+        }
         let bsize = ring.buf_size();
         let mut moved = 0;
         while moved < INGRESS_BURST {
@@ -774,22 +850,8 @@ impl Path {
                             // `opts + len <= bsize` (the packet was not truncated).
                             unsafe { std::ptr::copy(src.add(opts), dst, len) };
                         }
-                        // SAFETY: `len >= MIN_INNER` bytes written at `dst`.
-                        let smac = unsafe { &*(dst.add(6) as *const [u8; 6]) };
-                        let smac = mac(smac);
-                        if self.learn
-                            && !is_group(smac)
-                            && !table.learn(smac, remote as u16, self.learn_limit, self.now_s)
-                        {
-                            self.counters.not_learnt += 1;
-                        }
-                        ring.commit(len, None);
+                        self.take(table, ring, remote, len);
                         committed += 1;
-                        let r = &mut self.remotes[remote];
-                        r.last_rx = self.now_s;
-                        let c = &mut r.counters;
-                        c.rx_frames += 1;
-                        c.rx_bytes += len as u64;
                     }
                     Err(()) => ring.refused += 1,
                 }
@@ -802,6 +864,114 @@ impl Path {
         Ok(moved)
     }
 
+    /// Receives with `UDP_GRO` on: a batch of buffers of up to 64 KiB into the scratch
+    /// space, each holding one datagram or several of one flow merged by the kernel; each
+    /// datagram is checked as one received alone and its inner frame copied into a slot of
+    /// `ring`. Buffers the ring has no room for yet wait for the next round.
+    fn receive_merged(
+        &mut self,
+        sock: &OwnedFd,
+        table: &LearningBridge,
+        ring: &mut TxSide,
+    ) -> io::Result<usize> {
+        let bsize = ring.buf_size();
+        let mut moved = 0;
+        let mut g = self.gro.take().expect("receive_merged with GRO on");
+        let r = loop {
+            if moved >= INGRESS_BURST || ring.room() == 0 {
+                break Ok(());
+            }
+            if g.next == g.got {
+                for k in 0..GRO_BATCH {
+                    let m = &mut g.msgs[k];
+                    m.msg_hdr.msg_name = &mut self.rx_from[k] as *mut _ as *mut libc::c_void;
+                    m.msg_hdr.msg_namelen =
+                        size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                    m.msg_hdr.msg_iov = &mut g.iov[k];
+                    m.msg_hdr.msg_iovlen = 1;
+                    m.msg_hdr.msg_control = &mut g.cmsg[k] as *mut Cmsg as *mut libc::c_void;
+                    m.msg_hdr.msg_controllen = Cmsg::SPACE;
+                    m.msg_hdr.msg_flags = 0;
+                }
+                // SAFETY: GRO_BATCH complete messages, each with an address buffer, a control
+                // buffer of the length given, and one iovec onto its GRO_BUF bytes of scratch.
+                let r = unsafe {
+                    libc::recvmmsg(
+                        sock.as_raw_fd(),
+                        g.msgs.as_mut_ptr(),
+                        GRO_BATCH as libc::c_uint,
+                        libc::MSG_DONTWAIT,
+                        std::ptr::null_mut(),
+                    )
+                };
+                if r < 0 {
+                    let e = io::Error::last_os_error();
+                    match e.kind() {
+                        io::ErrorKind::WouldBlock => break Ok(()),
+                        io::ErrorKind::Interrupted => continue,
+                        _ => break Err(e),
+                    }
+                }
+                (g.got, g.next, g.at) = (r as usize, 0, 0);
+                if r == 0 {
+                    break Ok(());
+                }
+            }
+            // Buffer `next`, from offset `at`.
+            let k = g.next;
+            let m = &g.msgs[k].msg_hdr;
+            let total = g.msgs[k].msg_len as usize;
+            let truncated = m.msg_flags & libc::MSG_TRUNC != 0;
+            let seg = g.cmsg[k].gro_size(m.msg_controllen).unwrap_or(0);
+            let ip = sock::ip_of(&self.rx_from[k]);
+            let buf = &g.buf[k * GRO_BUF..(k + 1) * GRO_BUF];
+            let from = g.at;
+            if from == 0 && seg != 0 && seg < total {
+                self.counters.gro_buffers += 1;
+            }
+            let mut done = true;
+            for (at, len) in gso::pieces(total, seg).skip_while(|(at, _)| *at < from) {
+                if ring.room() == 0 {
+                    (g.at, done) = (at, false);
+                    break;
+                }
+                if seg != 0 && seg < total {
+                    self.counters.gro_segments += 1;
+                }
+                let piece = &buf[at..at + len];
+                let hdr = &piece[..len.min(HDR_LEN)];
+                let Ok((remote, opts)) = self.check_packet(ip, hdr, len, truncated) else {
+                    ring.refused += 1;
+                    continue;
+                };
+                let inner = &piece[HDR_LEN + opts..];
+                if inner.len() > bsize {
+                    self.counters.too_big += 1;
+                    self.remotes[remote].counters.drops += 1;
+                    ring.refused += 1;
+                    continue;
+                }
+                // SAFETY: a free slot's buffer holds `bsize >= inner.len()` bytes.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(inner.as_ptr(), ring.buf(0), inner.len())
+                };
+                self.take(table, ring, remote, inner.len());
+                moved += 1;
+            }
+            if done {
+                (g.next, g.at) = (k + 1, 0);
+                if g.next == g.got && g.got < GRO_BATCH {
+                    // The socket is drained.
+                    g.got = 0;
+                    g.next = 0;
+                    break Ok(());
+                }
+            }
+        };
+        self.gro = Some(g);
+        r.map(|()| moved)
+    }
+
     /// Checks received packet `k`: its remote and the bytes of options before its inner frame,
     /// or a counted drop. A valid packet from an unknown VTEP makes it a learnt remote when
     /// the port learns remotes and has room for one more.
@@ -810,13 +980,25 @@ impl Path {
         let total = m.msg_len as usize;
         let truncated = m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0;
         let ip = sock::ip_of(&self.rx_from[k]);
+        let hdr = self.rx_hdr[k];
+        self.check_packet(ip, &hdr[..total.min(HDR_LEN)], total, truncated)
+    }
+
+    /// Checks a packet of `total` bytes from `ip` whose first bytes (up to [`HDR_LEN`]) are
+    /// `hdr`, received whole or `truncated`: as [`Path::check`].
+    fn check_packet(
+        &mut self,
+        ip: Option<IpAddr>,
+        hdr: &[u8],
+        total: usize,
+        truncated: bool,
+    ) -> Result<(usize, usize), ()> {
         let Some(remote) = ip.and_then(|ip| self.remote_of(ip)) else {
             if self.learn_remotes == 0 || truncated {
                 self.counters.unknown_vtep += 1;
                 return Err(());
             }
             // Only a packet that would be taken teaches a remote.
-            let hdr = &self.rx_hdr[k][..total.min(HDR_LEN)];
             let Ok(opts) = self.proto.decap(hdr, total, self.vni) else {
                 self.counters.unknown_vtep += 1;
                 return Err(());
@@ -841,7 +1023,7 @@ impl Path {
             Err(())
         } else {
             self.proto
-                .decap(&self.rx_hdr[k][..total.min(HDR_LEN)], total, self.vni)
+                .decap(hdr, total, self.vni)
                 .map_err(|b| match b {
                     Bad::Header => self.counters.bad_header += 1,
                     Bad::Vni => self.counters.wrong_vni += 1,
