@@ -52,7 +52,7 @@ pub fn pieces(total: usize, seg: usize) -> impl Iterator<Item = (usize, usize)> 
     } else {
         seg
     };
-    (0..total)
+    (0..total.max(1))
         .step_by(seg)
         .map(move |at| (at, seg.min(total - at)))
 }

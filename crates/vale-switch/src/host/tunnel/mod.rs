@@ -36,6 +36,7 @@
 
 mod evpn;
 mod gso;
+mod merge;
 mod path;
 mod sock;
 pub mod wire;
@@ -360,7 +361,8 @@ impl TunnelDevice {
         let mut s = format!(
             "{} vni {}: bad-header {} wrong-vni {} critical {} unknown-vtep {} remotes-full {} \
              too-big {} not-learnt {} learnt {} bad-offload {} tso-frames {} gso-sends {} \
-             gso-segments {} gso-off {} gro-buffers {} gro-segments {}",
+             gso-segments {} gso-off {} gro-buffers {} gro-segments {} tso-merged {} \
+             merged-segments {}",
             self.cfg.proto.name(),
             self.cfg.vni,
             c.bad_header,
@@ -378,6 +380,8 @@ impl TunnelDevice {
             c.gso_off,
             c.gro_buffers,
             c.gro_segments,
+            c.merged,
+            c.merged_segments,
         );
         // An EVPN port's routed VTEPs are shown with its EVPN state below.
         let listed = match self.evpn {

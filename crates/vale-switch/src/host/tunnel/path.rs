@@ -17,6 +17,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use super::super::TxSide;
 use super::gso::{self, Cmsg, MAX_GSO_SEGMENTS};
+use super::merge::{self, Held, MAX_MERGED_LEN};
 use super::wire::{Bad, Proto, HDR_LEN, MAX_UDP_PAYLOAD, MIN_INNER};
 use super::{sock, Config, MAX_REMOTES};
 use crate::lookup::{is_group, LearningBridge};
@@ -79,6 +80,10 @@ pub struct Counters {
     /// Received buffers holding several datagrams (`UDP_GRO`), and the datagrams in them.
     pub gro_buffers: u64,
     pub gro_segments: u64,
+    /// Frames handed to the switch as TSO frames merged from received TCP segments, and the
+    /// segments in them.
+    pub merged: u64,
+    pub merged_segments: u64,
 }
 
 /// The traffic of one remote.
@@ -165,6 +170,8 @@ pub struct Path {
     fb_iov: Box<[libc::iovec]>,
     /// Receiving with `UDP_GRO` on ([`Path::enable_gro`]).
     gro: Option<Box<Gro>>,
+    /// The frame being merged from received TCP segments, in the ring's first free slots.
+    held: Option<Held>,
     rx_msgs: Box<[libc::mmsghdr]>,
     rx_iov: Box<[libc::iovec]>,
     rx_hdr: Box<[[u8; HDR_LEN]]>,
@@ -226,6 +233,21 @@ fn iov(p: *const u8, len: usize) -> libc::iovec {
     libc::iovec {
         iov_base: p as *mut libc::c_void,
         iov_len: len,
+    }
+}
+
+/// Writes `bytes` at offset `at` of the frame being written into `ring`'s free slots (a
+/// frame spans slots of `buf_size` bytes each). The caller made sure they are free:
+/// `ring.slots_for(at + bytes.len()) <= ring.room()`.
+fn write_at(ring: &TxSide, mut at: usize, mut bytes: &[u8]) {
+    let bsize = ring.buf_size();
+    debug_assert!(ring.slots_for(at + bytes.len()) <= ring.room());
+    while !bytes.is_empty() {
+        let (slot, off) = (at / bsize, at % bsize);
+        let n = (bsize - off).min(bytes.len());
+        // SAFETY: slot `slot` is free (see above), its buffer `bsize` bytes, `off + n <= bsize`.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ring.buf(slot as u32).add(off), n) };
+        (at, bytes) = (at + n, &bytes[n..]);
     }
 }
 
@@ -314,6 +336,7 @@ impl Path {
             fb_msgs: (0..MAX_GSO_SEGMENTS).map(|_| empty_msg()).collect(),
             fb_iov: vec![iov(std::ptr::null(), 0); MAX_GSO_SEGMENTS].into(),
             gro: None,
+            held: None,
             rx_msgs: (0..RX_BATCH).map(|_| empty_msg()).collect(),
             rx_iov: vec![iov(std::ptr::null(), 0); 2 * RX_BATCH].into(),
             rx_hdr: vec![[0; HDR_LEN]; RX_BATCH].into(),
@@ -764,6 +787,19 @@ impl Path {
     /// Learns the inner source MAC of the frame of `len` bytes from `remote` written into the
     /// ring's first free slot, and commits it.
     fn take(&mut self, table: &LearningBridge, ring: &mut TxSide, remote: usize, len: usize) {
+        self.take_as(table, ring, remote, len, None, 1);
+    }
+
+    /// [`Path::take`] of a frame that carries `off` and counts as `frames` received.
+    fn take_as(
+        &mut self,
+        table: &LearningBridge,
+        ring: &mut TxSide,
+        remote: usize,
+        len: usize,
+        off: Option<Offload>,
+        frames: u64,
+    ) {
         let mut smac = [0u8; 6];
         // SAFETY: `len >= MIN_INNER` bytes written in the slot (a packet's check saw to it).
         unsafe { std::ptr::copy_nonoverlapping(ring.buf(0).add(6), smac.as_mut_ptr(), 6) };
@@ -774,11 +810,11 @@ impl Path {
         {
             self.counters.not_learnt += 1;
         }
-        ring.commit(len, None);
+        ring.commit(len, off);
         let r = &mut self.remotes[remote];
         r.last_rx = self.now_s;
         let c = &mut r.counters;
-        c.rx_frames += 1;
+        c.rx_frames += frames;
         c.rx_bytes += len as u64;
     }
 
@@ -931,12 +967,9 @@ impl Path {
             }
             let mut done = true;
             for (at, len) in gso::pieces(total, seg).skip_while(|(at, _)| *at < from) {
-                if ring.room() == 0 {
+                if self.held.is_none() && ring.room() == 0 {
                     (g.at, done) = (at, false);
                     break;
-                }
-                if seg != 0 && seg < total {
-                    self.counters.gro_segments += 1;
                 }
                 let piece = &buf[at..at + len];
                 let hdr = &piece[..len.min(HDR_LEN)];
@@ -951,6 +984,35 @@ impl Path {
                     ring.refused += 1;
                     continue;
                 }
+                let s = merge::segment(inner);
+                if let (Some(h), Some(s)) = (&mut self.held, &s) {
+                    // SAFETY: the held frame's headers lie in the first free slot.
+                    let hdr = unsafe { std::slice::from_raw_parts(ring.buf(0), h.seg.hdr_len) };
+                    if h.joins(hdr, remote, inner, s)
+                        && ring.slots_for(h.len + s.payload) <= ring.room()
+                    {
+                        write_at(ring, h.len, &inner[s.hdr_len..]);
+                        h.add(s);
+                        if seg != 0 && seg < total {
+                            self.counters.gro_segments += 1;
+                        }
+                        continue;
+                    }
+                }
+                self.emit_held(table, ring);
+                if ring.room() == 0 {
+                    (g.at, done) = (at, false);
+                    break;
+                }
+                if seg != 0 && seg < total {
+                    self.counters.gro_segments += 1;
+                }
+                if let Some(s) = s.filter(|_| ring.slots_for(MAX_MERGED_LEN) <= ring.room()) {
+                    write_at(ring, 0, inner);
+                    self.held = Some(Held::new(remote, s));
+                    moved += 1;
+                    continue;
+                }
                 // SAFETY: a free slot's buffer holds `bsize >= inner.len()` bytes.
                 unsafe {
                     std::ptr::copy_nonoverlapping(inner.as_ptr(), ring.buf(0), inner.len())
@@ -958,6 +1020,8 @@ impl Path {
                 self.take(table, ring, remote, inner.len());
                 moved += 1;
             }
+            // Merged frames end with their buffer.
+            self.emit_held(table, ring);
             if done {
                 (g.next, g.at) = (k + 1, 0);
                 if g.next == g.got && g.got < GRO_BATCH {
@@ -968,8 +1032,24 @@ impl Path {
                 }
             }
         };
+        self.emit_held(table, ring);
         self.gro = Some(g);
         r.map(|()| moved)
+    }
+
+    /// Commits the frame merged so far, if any: a TSO frame when it holds several segments.
+    fn emit_held(&mut self, table: &LearningBridge, ring: &mut TxSide) {
+        let Some(h) = self.held.take() else {
+            return;
+        };
+        let off = (h.count > 1).then(|| {
+            // SAFETY: the held frame's headers lie in the first free slot, ours until commit.
+            let hdr = unsafe { std::slice::from_raw_parts_mut(ring.buf(0), h.seg.hdr_len) };
+            self.counters.merged += 1;
+            self.counters.merged_segments += h.count as u64;
+            h.finish(hdr)
+        });
+        self.take_as(table, ring, h.remote, h.len, off, h.count as u64);
     }
 
     /// Checks received packet `k`: its remote and the bytes of options before its inner frame,
