@@ -90,6 +90,8 @@ impl Cmsg {
 
     /// The segment size of a `UDP_GRO` message the kernel wrote in `controllen` bytes, if it
     /// wrote one.
+    // `cmsg_len` is a `size_t` with glibc, a `socklen_t` with musl.
+    #[allow(clippy::unnecessary_cast)]
     pub fn gro_size(&self, controllen: usize) -> Option<usize> {
         let want = size_of::<libc::cmsghdr>() + 4;
         (controllen >= want
@@ -97,7 +99,8 @@ impl Cmsg {
             && self.hdr.cmsg_type == libc::UDP_GRO
             && self.hdr.cmsg_len as usize >= want)
             .then(|| {
-                i32::from_ne_bytes([self.data[0], self.data[1], self.data[2], self.data[3]]) as usize
+                i32::from_ne_bytes([self.data[0], self.data[1], self.data[2], self.data[3]])
+                    as usize
             })
     }
 }

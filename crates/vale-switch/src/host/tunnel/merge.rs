@@ -208,7 +208,9 @@ mod tests {
         let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1];
         let l4 = if v4 { 34 } else { 54 };
         if v4 {
-            f.extend([8, 0, 0x45, 0, 0, 0, 0, 7, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2]);
+            f.extend([
+                8, 0, 0x45, 0, 0, 0, 0, 7, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2,
+            ]);
             let tot = (20 + 32 + payload) as u16;
             f[16..18].copy_from_slice(&tot.to_be_bytes());
             let c = !sum(&f[14..34]);
@@ -275,7 +277,9 @@ mod tests {
     #[test]
     fn consecutive_segments_merge_and_segment_back_to_the_same_bytes() {
         for v4 in [true, false] {
-            let mut segs: Vec<Vec<u8>> = (0..10).map(|i| tcp(v4, 1000 + i * 1400, 1400, 0x10)).collect();
+            let mut segs: Vec<Vec<u8>> = (0..10)
+                .map(|i| tcp(v4, 1000 + i * 1400, 1400, 0x10))
+                .collect();
             segs.push(tcp(v4, 1000 + 10 * 1400, 300, 0x18));
             let m = merge(&segs);
             assert_eq!(m.len(), 1, "v4 {v4}");
@@ -314,8 +318,19 @@ mod tests {
             assert_eq!(m.len(), 2, "{why}");
             assert!(m.iter().all(|(_, o)| o.is_none()), "{why}");
         }
-        assert_eq!(merge(&[tcp(true, 0, 1400, 0x18), tcp(true, 1400, 1400, 0x10)]).len(), 2);
-        assert_eq!(merge(&[tcp(true, 0, 700, 0x10), tcp(true, 700, 700, 0x10), tcp(true, 1400, 700, 0x10)]).len(), 1);
+        assert_eq!(
+            merge(&[tcp(true, 0, 1400, 0x18), tcp(true, 1400, 1400, 0x10)]).len(),
+            2
+        );
+        assert_eq!(
+            merge(&[
+                tcp(true, 0, 700, 0x10),
+                tcp(true, 700, 700, 0x10),
+                tcp(true, 1400, 700, 0x10)
+            ])
+            .len(),
+            1
+        );
         // Another window, ack or option value.
         for at in [34 + 14, 34 + 8, 34 + 27] {
             let mut b = tcp(true, 1400, 1400, 0x10);

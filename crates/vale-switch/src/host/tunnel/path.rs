@@ -41,8 +41,14 @@ const GRO_BATCH: usize = 16;
 const GRO_BUF: usize = 1 << 16;
 
 const _: () = assert!(MAX_REMOTES <= TX_BATCH, "a flooded frame fits one batch");
-const _: () = assert!(GRO_BATCH <= RX_BATCH, "the senders' addresses are rx_from's");
-const _: () = assert!(GRO_BUF > MAX_UDP_PAYLOAD + 20, "a merged buffer is never truncated");
+const _: () = assert!(
+    GRO_BATCH <= RX_BATCH,
+    "the senders' addresses are rx_from's"
+);
+const _: () = assert!(
+    GRO_BUF > MAX_UDP_PAYLOAD + 20,
+    "a merged buffer is never truncated"
+);
 const _: () = assert!(ARENA >= 2 * MAX_UDP_PAYLOAD);
 
 /// What a port dropped, by reason (shown by `list`).
@@ -921,8 +927,7 @@ impl Path {
                 for k in 0..GRO_BATCH {
                     let m = &mut g.msgs[k];
                     m.msg_hdr.msg_name = &mut self.rx_from[k] as *mut _ as *mut libc::c_void;
-                    m.msg_hdr.msg_namelen =
-                        size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                    m.msg_hdr.msg_namelen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
                     m.msg_hdr.msg_iov = &mut g.iov[k];
                     m.msg_hdr.msg_iovlen = 1;
                     m.msg_hdr.msg_control = &mut g.cmsg[k] as *mut Cmsg as *mut libc::c_void;
@@ -1014,9 +1019,7 @@ impl Path {
                     continue;
                 }
                 // SAFETY: a free slot's buffer holds `bsize >= inner.len()` bytes.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(inner.as_ptr(), ring.buf(0), inner.len())
-                };
+                unsafe { std::ptr::copy_nonoverlapping(inner.as_ptr(), ring.buf(0), inner.len()) };
                 self.take(table, ring, remote, inner.len());
                 moved += 1;
             }
@@ -1102,13 +1105,11 @@ impl Path {
             self.counters.too_big += 1;
             Err(())
         } else {
-            self.proto
-                .decap(hdr, total, self.vni)
-                .map_err(|b| match b {
-                    Bad::Header => self.counters.bad_header += 1,
-                    Bad::Vni => self.counters.wrong_vni += 1,
-                    Bad::Critical => self.counters.critical += 1,
-                })
+            self.proto.decap(hdr, total, self.vni).map_err(|b| match b {
+                Bad::Header => self.counters.bad_header += 1,
+                Bad::Vni => self.counters.wrong_vni += 1,
+                Bad::Critical => self.counters.critical += 1,
+            })
         };
         match r {
             Ok(opts) => Ok((remote, opts)),
