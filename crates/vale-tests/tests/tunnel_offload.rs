@@ -183,6 +183,12 @@ fn tcp_across(linux: bool) {
             "{p}: {l}"
         );
         assert_eq!(field(&l, "gso-off"), 0, "{p}: {l}");
+        if !linux {
+            // What one port sent with UDP_SEGMENT the other received merged, and handed to
+            // its TAP port as TSO frames.
+            assert!(field(&l, "gro-buffers") > 0, "{p}: {l}");
+            assert!(field(&l, "tso-merged") > 0, "{p}: {l}");
+        }
     }
 }
 
@@ -194,4 +200,102 @@ fn tcp_crosses_a_vale_tunnel_as_udp_segment_sends() {
 #[test]
 fn tcp_crosses_to_linux_vxlan_as_udp_segment_sends() {
     tcp_across(true);
+}
+
+/// Sends `buf` from `sock` to `to` as one `UDP_SEGMENT` send of segments of `seg` bytes.
+fn send_segmented(sock: &std::net::UdpSocket, to: &str, buf: &[u8], seg: u16) {
+    use std::os::fd::AsRawFd;
+    let to: std::net::SocketAddrV4 = to.parse().unwrap();
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: to.port().to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(to.ip().octets()),
+        },
+        sin_zero: [0; 8],
+    };
+    let mut iov = libc::iovec {
+        iov_base: buf.as_ptr() as *mut libc::c_void,
+        iov_len: buf.len(),
+    };
+    // A cmsghdr and room for the u16, 8-byte aligned.
+    let mut control = [0u64; 4];
+    // SAFETY: all-zero is a valid msghdr; the pointers set below outlive the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_name = &sin as *const _ as *mut libc::c_void;
+    msg.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+    // SAFETY: pure arithmetic.
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as _;
+    // SAFETY: the control buffer holds CMSG_SPACE(2) bytes, aligned for a cmsghdr.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&msg);
+        (*c).cmsg_level = libc::SOL_UDP;
+        (*c).cmsg_type = libc::UDP_SEGMENT;
+        (*c).cmsg_len = libc::CMSG_LEN(2) as _;
+        std::ptr::copy_nonoverlapping(seg.to_ne_bytes().as_ptr(), libc::CMSG_DATA(c), 2);
+    }
+    // SAFETY: a complete msghdr.
+    let r = unsafe { libc::sendmsg(sock.as_raw_fd(), &msg, 0) };
+    assert_eq!(r, buf.len() as isize, "{}", std::io::Error::last_os_error());
+}
+
+/// Buffers the kernel merged (`UDP_GRO`) are split by their segment size and each datagram in
+/// them is checked as one received alone: one of another VNI and a last piece too short for a
+/// header are counted drops, the others arrive whole and in order, a last one shorter than
+/// the segment size included.
+#[test]
+fn merged_datagrams_are_split_and_each_checked() {
+    let home = Netns::new("g");
+    let v = Valed::start_in(&home, &[]);
+    v.ctl_ok(&[
+        "attach",
+        "vale0:t",
+        "vxlan",
+        "vni=42",
+        "local=127.0.0.1",
+        "remote=127.0.0.2",
+    ]);
+    let b = v.open("vale0:b");
+    let frames: Vec<Vec<u8>> = (0..6)
+        .map(|s| test_frame(100, MAC_A, BROADCAST, s))
+        .collect();
+    let pkt = |vni: u32, f: &[u8]| {
+        let mut p = vxlan_packet(vni, MAC_A, BROADCAST, 0)[..8].to_vec();
+        p.extend_from_slice(f);
+        p
+    };
+    // Segments of 108 bytes: good, another VNI, good, and 5 bytes.
+    let mut one = [pkt(42, &frames[0]), pkt(7, &frames[1]), pkt(42, &frames[2])].concat();
+    one.extend_from_slice(&pkt(42, &frames[3])[..5]);
+    // Good, good, and a last one of 68 bytes: 284 is no multiple of 108.
+    let mut two = [pkt(42, &frames[4]), pkt(42, &frames[5])].concat();
+    let short = test_frame(60, MAC_A, BROADCAST, 9);
+    two.extend_from_slice(&pkt(42, &short));
+    in_netns(&home.name, move || {
+        let s = std::net::UdpSocket::bind("127.0.0.2:0").unwrap();
+        send_segmented(&s, "127.0.0.1:4789", &one, 108);
+        send_segmented(&s, "127.0.0.1:4789", &two, 108);
+    });
+    let want = vec![
+        frames[0].clone(),
+        frames[2].clone(),
+        frames[4].clone(),
+        frames[5].clone(),
+        short,
+    ];
+    assert_eq!(recv_n(&b, 5), want);
+    let l = wait_line(&v, "vale0:t", "drops counted", |l| {
+        field(l, "wrong-vni") == 1 && field(l, "bad-header") == 1
+    });
+    eprintln!("{l}");
+    // Over lo the kernel hands each send over whole: two merged buffers of 7 datagrams.
+    assert_eq!(
+        (field(&l, "gro-buffers"), field(&l, "gro-segments")),
+        (2, 7),
+        "{l}"
+    );
+    assert_eq!(field(remote_of(&l, "127.0.0.2"), "rx"), 5, "{l}");
 }

@@ -978,12 +978,16 @@ impl Path {
                 }
                 let piece = &buf[at..at + len];
                 let hdr = &piece[..len.min(HDR_LEN)];
+                // A datagram of a merged buffer is counted once: where it is dropped or taken.
+                let merged = (seg != 0 && seg < total) as u64;
                 let Ok((remote, opts)) = self.check_packet(ip, hdr, len, truncated) else {
+                    self.counters.gro_segments += merged;
                     ring.refused += 1;
                     continue;
                 };
                 let inner = &piece[HDR_LEN + opts..];
                 if inner.len() > bsize {
+                    self.counters.gro_segments += merged;
                     self.counters.too_big += 1;
                     self.remotes[remote].counters.drops += 1;
                     ring.refused += 1;
@@ -998,9 +1002,7 @@ impl Path {
                     {
                         write_at(ring, h.len, &inner[s.hdr_len..]);
                         h.add(s);
-                        if seg != 0 && seg < total {
-                            self.counters.gro_segments += 1;
-                        }
+                        self.counters.gro_segments += merged;
                         continue;
                     }
                 }
@@ -1009,9 +1011,7 @@ impl Path {
                     (g.at, done) = (at, false);
                     break;
                 }
-                if seg != 0 && seg < total {
-                    self.counters.gro_segments += 1;
-                }
+                self.counters.gro_segments += merged;
                 if let Some(s) = s.filter(|_| ring.slots_for(MAX_MERGED_LEN) <= ring.room()) {
                     write_at(ring, 0, inner);
                     self.held = Some(Held::new(remote, s));
