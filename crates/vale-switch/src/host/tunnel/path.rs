@@ -1197,6 +1197,118 @@ mod tests {
         assert_eq!(p.remotes().count(), 1);
     }
 
+    /// A TCP/IPv4 segment of `payload` bytes left to offload: segments of 1000 bytes.
+    fn tso_frame(payload: usize) -> (Vec<u8>, Offload) {
+        let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 8, 0];
+        let tot = (40 + payload) as u16;
+        f.extend([
+            0x45,
+            0,
+            (tot >> 8) as u8,
+            tot as u8,
+            0,
+            1,
+            0x40,
+            0,
+            64,
+            6,
+            0,
+            0,
+        ]);
+        f.extend([
+            10, 0, 0, 1, 10, 0, 0, 2, 0x04, 0xd2, 0x14, 0x51, 0, 0, 0, 1, 0, 0, 0, 1,
+        ]);
+        f.extend([0x50, 0x18, 1, 0, 0, 0, 0, 0]);
+        f.extend((0..payload).map(|i| i as u8));
+        let off = Offload {
+            flags: crate::offload::F_NEEDS_CSUM,
+            gso_type: crate::offload::GSO_TCPV4,
+            gso_size: 1000,
+            csum_start: 34,
+            csum_offset: 16,
+        };
+        (f, off)
+    }
+
+    /// A 10,000-byte TCP segment goes out as one `UDP_SEGMENT` send of ten datagrams, each a
+    /// VXLAN header and a frame of the segment; a kernel refusing `UDP_SEGMENT` (here: a
+    /// socket without UDP checksums, EINVAL) gets the same ten datagrams one by one, and the
+    /// port stops asking, counted once.
+    #[test]
+    fn tso_frames_go_as_udp_segment_sends_or_one_datagram_each() {
+        use std::os::fd::AsRawFd;
+        let rx = std::net::UdpSocket::bind("127.0.0.2:0").unwrap();
+        rx.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+            .unwrap();
+        let port = rx.local_addr().unwrap().port();
+        let cfg = Config {
+            local: SocketAddr::new(ip("127.0.0.1"), port),
+            remotes: vec![SocketAddr::new(ip("127.0.0.2"), port)],
+            ..config(0)
+        };
+        let table = LearningBridge::new(64);
+        let (frame, off) = tso_frame(10_000);
+        let mut expect = Vec::new();
+        Resolver::new()
+            .resolve(&[&frame], off, false, |f| {
+                let mut d = cfg.proto.header(cfg.vni).to_vec();
+                d.extend_from_slice(f);
+                expect.push(d);
+            })
+            .unwrap();
+        assert_eq!(expect.len(), 10);
+        for refused in [false, true] {
+            let sock = sock::open("vxlan", cfg.local).unwrap();
+            if refused {
+                let one: libc::c_int = 1;
+                // SAFETY: a c_int option value, its size given.
+                let r = unsafe {
+                    libc::setsockopt(
+                        sock.as_raw_fd(),
+                        libc::SOL_SOCKET,
+                        libc::SO_NO_CHECK,
+                        &one as *const libc::c_int as *const libc::c_void,
+                        4,
+                    )
+                };
+                assert_eq!(r, 0);
+            }
+            let mut p = Path::new(&cfg);
+            // Split in two pieces, as a frame spanning ring slots.
+            let (a, b) = frame.split_at(3000);
+            for _ in 0..2 {
+                p.queue(&sock, &table, &[a, b], off).unwrap();
+                p.flush(&sock);
+            }
+            let c = p.counters;
+            assert_eq!(c.tso_frames, 2);
+            assert_eq!(p.remotes[0].counters.tx_frames, 20, "refused {refused}");
+            assert_eq!(p.remotes[0].counters.drops, 0);
+            if refused {
+                assert_eq!((c.gso_off, c.gso_sends), (1, 0), "counted once");
+                assert!(!p.gso);
+            } else {
+                assert_eq!((c.gso_off, c.gso_sends, c.gso_segments), (0, 2, 20));
+            }
+            let mut buf = [0u8; 2048];
+            for i in 0..20 {
+                let n = rx.recv(&mut buf).expect("a datagram");
+                assert_eq!(
+                    &buf[..n],
+                    &expect[i % 10][..],
+                    "refused {refused}, datagram {i}"
+                );
+            }
+        }
+        // A frame whose offload headers do not add up is refused, counted.
+        let mut p = Path::new(&cfg);
+        let sock = sock::open("vxlan", SocketAddr::new(ip("127.0.0.3"), port)).unwrap();
+        let (mut bad, off) = tso_frame(5000);
+        bad[16] = 0xff;
+        assert!(p.queue(&sock, &table, &[&bad], off).is_err());
+        assert_eq!(p.counters.bad_offload, 1);
+    }
+
     #[test]
     fn the_destination_mac_is_read_across_pieces() {
         let f = [2u8, 0, 0, 0, 0, 0xb, 2, 0, 0, 0, 0, 0xa, 0x88, 0xb5];
