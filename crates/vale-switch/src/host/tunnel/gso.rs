@@ -11,7 +11,8 @@
 //! a send (`udp_send_skb` in `net/ipv4/udp.c`) with EINVAL when it holds more than
 //! `UDP_MAX_SEGMENTS` segments (`1 << 6` in `include/linux/udp.h` for years, raised to 128 by
 //! recent kernels: the lower bound is used), when one segment does not fit the path MTU, or when the socket sends
-//! no UDP checksum (`SO_NO_CHECK`); with EIO when the route's device cannot finish checksums.
+//! no UDP checksum (`SO_NO_CHECK`); with EIO on an IPsec route and, in older kernels (recent
+//! ones checksum in software then), when the route's device cannot finish checksums.
 //! A datagram is at most [`MAX_UDP_PAYLOAD`] bytes in all, so a 64 KiB segment whose
 //! encapsulated pieces add up to more goes in two sends ([`joins`] decides where one ends).
 //!
@@ -120,9 +121,10 @@ pub fn enable_gro(sock: &OwnedFd) -> bool {
     }
 }
 
-/// Why the kernel refused a `UDP_SEGMENT` send for good (not for this send's size): EIO (the
-/// device cannot finish checksums) or EINVAL (no segmentation here) when the same segments
-/// sent one by one were not refused as too big.
+/// Whether the kernel's refusal of a `UDP_SEGMENT` send may be for good, not for this send's
+/// size: EIO (an IPsec route, or a device that cannot finish checksums), or EINVAL (the
+/// socket, or a segment too big for the path: the port tells these apart by sending the
+/// segments one by one).
 pub fn refuses_gso(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::EIO) | Some(libc::EINVAL))
 }
