@@ -583,7 +583,7 @@ fn put32(b: &mut [u8], at: usize, v: u32) {
 }
 
 /// Ones'-complement addition of two 16-bit sums.
-fn add(a: u16, b: u16) -> u16 {
+pub(crate) fn add(a: u16, b: u16) -> u16 {
     fold(a as u64 + b as u64)
 }
 
@@ -598,7 +598,7 @@ fn fold(mut a: u64) -> u16 {
 /// with 0), folded, not complemented. Words are added in native order eight bytes at a time:
 /// the ones'-complement sum does not depend on byte order (RFC 1071 section 2(B)), so the
 /// folded result only needs its bytes read back as big-endian.
-fn sum(data: &[u8]) -> u16 {
+pub(crate) fn sum(data: &[u8]) -> u16 {
     // At most MAX_FRAME / 8 additions of two u32s: no overflow of the u64.
     let mut acc = 0u64;
     let mut words = data.chunks_exact(8);

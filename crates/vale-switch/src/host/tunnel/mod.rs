@@ -26,14 +26,17 @@
 //! `learn-remotes` of them at once (and [`MAX_REMOTES`] in all, in slots made when the port
 //! opens): a flood of spoofed senders beyond that is counted (`remotes-full`), never grown.
 //!
-//! Offloads: the port takes none ([`Caps::NONE`]), so the switch finishes checksums and
-//! segmentation in software before frames reach it. Frames bigger than the underlay's path MTU
-//! are refused by the kernel (the socket never fragments) and counted as too big.
+//! Offloads: the port takes partial checksums and TCP/UDP segments of up to 64 KiB as they
+//! are ([`OFFLOADS`]): it finishes them itself into encapsulated segments sent with
+//! `UDP_SEGMENT`, a few system calls per 64 KiB ([`gso`]). Frames bigger than the underlay's
+//! path MTU are refused by the kernel (the socket never fragments) and counted as too big.
 //!
 //! Counters (per port and per remote) are shown as the port's `negotiated` line in
 //! `vale-ctl list`, refreshed about once a second.
 
 mod evpn;
+mod gso;
+mod merge;
 mod path;
 mod sock;
 pub mod wire;
@@ -56,6 +59,10 @@ pub const MAX_REMOTES: usize = 256;
 const TABLE_ENTRIES: usize = 16_384;
 /// MACs one remote may hold in the table unless `learn-limit` says.
 const DEFAULT_LEARN_LIMIT: u32 = 1024;
+
+/// The offload work a tunnel port takes as it is: it segments and checksums in user space and
+/// sends the segments with `UDP_SEGMENT`.
+const OFFLOADS: Caps = Caps(Caps::CSUM.0 | Caps::TSO4.0 | Caps::TSO6.0 | Caps::ECN.0 | Caps::USO.0);
 
 /// The ring geometry of a tunnel port: one slot per frame, jumbo frames included.
 const TUNNEL_PARAMS: PortParams = PortParams {
@@ -292,8 +299,8 @@ up to 256): a destination MAC learnt from a remote to that remote, anything else
 them. --vni is the segment's id, the same at every end. The port keeps at most --learn-limit \
 MACs (default 1024) learnt from one remote. With --learn-remotes (yes, or a count) a VTEP not \
 in --remote that sends a valid packet becomes a remote until its MACs have aged (--remote may \
-be left out then). Frames leave without offload work (the switch \
-finishes checksums and segmentation); one too long for the underlay's path with its \
+be left out then). TCP segments of up to 64 KiB from TAP and vhost-user ports are segmented \
+by the port and sent with UDP_SEGMENT; a frame too long for the underlay's path with its \
 encapsulation (50 bytes over IPv4) is dropped and counted as too big.",
 );
 /// `geneve`: as `vxlan`, `dstport` 6081.
@@ -325,7 +332,10 @@ impl TunnelDevice {
     pub fn open(cfg: Config) -> Result<TunnelDevice, super::Error> {
         let sock = sock::open(cfg.proto.name(), cfg.local)?;
         let table = LearningBridge::new(TABLE_ENTRIES);
-        let path = path::Path::new(&cfg);
+        let mut path = path::Path::new(&cfg);
+        if std::env::var_os("VALE_TUNNEL_NO_GRO").is_none() {
+            path.enable_gro(&sock);
+        }
         let evpn = match cfg.evpn {
             true => Some(evpn::Evpn::open(&cfg, cfg.remotes.len())?),
             false => None,
@@ -350,7 +360,9 @@ impl TunnelDevice {
         let c = &self.path.counters;
         let mut s = format!(
             "{} vni {}: bad-header {} wrong-vni {} critical {} unknown-vtep {} remotes-full {} \
-             too-big {} not-learnt {} learnt {}",
+             too-big {} not-learnt {} learnt {} bad-offload {} tso-frames {} gso-sends {} \
+             gso-segments {} gso-off {} gro-buffers {} gro-segments {} tso-merged {} \
+             merged-segments {}",
             self.cfg.proto.name(),
             self.cfg.vni,
             c.bad_header,
@@ -361,6 +373,15 @@ impl TunnelDevice {
             c.too_big,
             c.not_learnt,
             self.table.len(self.now_s()),
+            c.bad_offload,
+            c.tso_frames,
+            c.gso_sends,
+            c.gso_segments,
+            c.gso_off,
+            c.gro_buffers,
+            c.gro_segments,
+            c.merged,
+            c.merged_segments,
         );
         // An EVPN port's routed VTEPs are shown with its EVPN state below.
         let listed = match self.evpn {
@@ -397,7 +418,7 @@ impl Device for TunnelDevice {
     }
 
     fn caps(&self) -> Caps {
-        Caps::NONE
+        OFFLOADS
     }
 
     fn params(&self) -> PortParams {
@@ -454,13 +475,12 @@ impl Polled for TunnelDevice {
 }
 
 impl Egress for TunnelDevice {
-    fn send(&mut self, pieces: &[&[u8]], _off: Offload) -> Result<bool, DevError> {
-        // Frames toward a tunnel never carry offload work: the switch finished it.
+    fn send(&mut self, pieces: &[&[u8]], off: Offload) -> Result<bool, DevError> {
         if let Some(e) = &mut self.evpn {
             e.sent_from(evpn::src_mac(pieces), self.path.now_s);
         }
         self.path
-            .queue(&self.sock, &self.table, pieces)
+            .queue(&self.sock, &self.table, pieces, off)
             .map(|()| true)
             .map_err(DevError::Frame)
     }
