@@ -39,7 +39,7 @@ mod sock;
 pub mod wire;
 
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -311,7 +311,7 @@ pub const GENEVE: super::Kind = kind(
 /// A tunnel port's device: its socket, remotes, table and batches.
 pub struct TunnelDevice {
     cfg: Config,
-    sock: OwnedFd,
+    sock: sock::Sock,
     table: LearningBridge,
     path: path::Path,
     /// The EVPN side (`evpn=yes`).
@@ -323,7 +323,7 @@ pub struct TunnelDevice {
 
 impl TunnelDevice {
     pub fn open(cfg: Config) -> Result<TunnelDevice, super::Error> {
-        let sock = sock::open(cfg.proto.name(), cfg.local)?;
+        let sock = sock::open(cfg.proto, cfg.vni, cfg.local)?;
         let table = LearningBridge::new(TABLE_ENTRIES);
         let path = path::Path::new(&cfg);
         let evpn = match cfg.evpn {
