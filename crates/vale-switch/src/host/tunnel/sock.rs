@@ -497,7 +497,7 @@ mod tests {
             x ^= x << 13;
             x ^= x >> 17;
             x ^= x << 5;
-            let v = if vnis.len() % 3 == 0 {
+            let v = if vnis.len().is_multiple_of(3) {
                 x & 0xff_ffff
             } else {
                 1000 + x % 2000
