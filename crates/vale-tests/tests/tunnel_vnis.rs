@@ -12,17 +12,21 @@ use vale_tests::netns::{unique, Netns};
 use vale_tests::tunnel::*;
 use vale_tests::*;
 
+/// Turns IPv6 off in `ns`, on the devices there and those to come, so that it sends nothing
+/// the test does not ask for (no MLD, router or neighbour solicitations).
+fn quiet(ns: &Netns) {
+    ns.ok("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1");
+}
+
 /// A namespace behind a new TAP port `port` of valed `v` (in `home`), with address `addr`
-/// (CIDR) and IPv6 off, so that it sends nothing the test does not ask for. Returns it and the
-/// TAP's name.
+/// (CIDR), [`quiet`]. Returns it and the TAP's name.
 fn tap_host(home: &Netns, v: &Valed, port: &str, addr: &str) -> (Netns, String) {
     let tap = unique("vtap");
     v.ctl_ok(&["attach", port, "--tap", &tap]);
     let ns = Netns::new("c");
-    let off = "sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1";
-    ns.ok(off);
+    quiet(&ns);
     ns.adopt(Some(home), &tap, &[addr]);
-    ns.ok(off);
+    quiet(&ns);
     (ns, tap)
 }
 
@@ -62,6 +66,11 @@ fn vnis_42_and_43_share_port_4789_with_a_linux_host() {
     let v = Valed::start_in(&home, &[]);
     let h2 = Netns::new("x");
     let (c42, c43) = (Netns::new("y"), Netns::new("z"));
+    // Linux's side quiet too: a packet of VNI 43 before valed's port of VNI 43 is attached is
+    // a VNI no port has, counted as wrong-vni by VNI 42's.
+    for ns in [&h2, &c42, &c43] {
+        quiet(ns);
+    }
     underlay(&home, None, LOCAL, &h2, H2, 24);
     linux_segment(&h2, 42, "42", LOCAL, H2, &c42, "10.77.0.2/24");
     linux_segment(&h2, 43, "43", LOCAL, H2, &c43, "10.78.0.2/24");
