@@ -78,19 +78,60 @@ pub fn vxlan_packet(vni: u32, src: [u8; 6], dst: [u8; 6], len: usize) -> Vec<u8>
 /// device of VNI 42 at port 4789 toward `local`, on a bridge with a veth into namespace `c2`,
 /// which gets 10.77.0.2/24.
 pub fn linux_vtep(home: &Netns, h2: &Netns, c2: &Netns, local: &str, remote: &str, plen: u8) {
+    underlay(home, None, local, h2, remote, plen);
+    linux_segment(h2, 42, "", local, remote, c2, "10.77.0.2/24");
+}
+
+/// A veth underlay (MTU 1500) from `home` (valed's namespace) to namespace `h`, whose end,
+/// `under`, gets `remote`/`plen`. `home`'s end gets `local`/`plen`, or with `bridge` joins that
+/// bridge of `home` (which holds `local`), so that several hosts share one underlay.
+pub fn underlay(
+    home: &Netns,
+    bridge: Option<&str>,
+    local: &str,
+    h: &Netns,
+    remote: &str,
+    plen: u8,
+) {
     let u = unique("vu");
     home.ok(&format!("ip link add {u} type veth peer name under"));
-    home.ok(&format!("ip link set under netns {}", h2.name));
-    home.adopt(None, &u, &[&format!("{local}/{plen}")]);
-    h2.adopt(None, "under", &[&format!("{remote}/{plen}")]);
+    home.ok(&format!("ip link set under netns {}", h.name));
+    match bridge {
+        Some(br) => {
+            home.ok(&format!("ip link set {u} master {br}"));
+            home.adopt(None, &u, &[]);
+        }
+        None => home.adopt(None, &u, &[&format!("{local}/{plen}")]),
+    }
+    h.adopt(None, "under", &[&format!("{remote}/{plen}")]);
     // On a veth, checksums left for the device to finish stay unfinished, the inner TCP
     // checksum of a VXLAN packet too: a NIC would compute it.
-    h2.ok("ethtool -K under tx off");
-    h2.ok(&format!(
-        "ip link add vx type vxlan id 42 dstport 4789 local {remote} remote {local} \
-         && ip link add br0 type bridge && ip link set vx master br0 \
-         && ip link set vx up && ip link add vc type veth peer name ce \
-         && ip link set vc master br0 && ip link set vc up && ip link set br0 up",
+    h.ok("ethtool -K under tx off");
+}
+
+/// A segment of the Linux VTEP in namespace `h`: a vxlan device `vx<tag>` of VNI `vni` at port
+/// 4789 from `remote` toward `local`, on a bridge `br<tag>` (`br0` for no tag) with a veth `vc<tag>` whose other
+/// end, `ce`, goes into namespace `c` with address `addr` (CIDR).
+pub fn linux_segment(
+    h: &Netns,
+    vni: u32,
+    tag: &str,
+    local: &str,
+    remote: &str,
+    c: &Netns,
+    addr: &str,
+) {
+    let br = format!("br{}", if tag.is_empty() { "0" } else { tag });
+    h.ok(&format!(
+        "ip link add vx{tag} type vxlan id {vni} dstport 4789 local {remote} remote {local} \
+         && ip link add {br} type bridge && ip link set vx{tag} master {br} \
+         && ip link set vx{tag} up && ip link add vc{tag} type veth peer name ce{tag} \
+         && ip link set vc{tag} master {br} && ip link set vc{tag} up \
+         && ip link set {br} up && ip link set ce{tag} netns {}",
+        c.name
     ));
-    c2.adopt(Some(h2), "ce", &["10.77.0.2/24"]);
+    if !tag.is_empty() {
+        c.ok(&format!("ip link set ce{tag} name ce"));
+    }
+    c.adopt(None, "ce", &[addr]);
 }

@@ -2,7 +2,8 @@
 //! (RFC 8926) segment per port.
 //!
 //! A tunnel port is a host port whose device is one kernel UDP socket bound to the port's
-//! `local` address and `dstport` ([`sock`]). The far ends (VTEPs) are the `remote` list:
+//! `local` address and `dstport` ([`sock`]; the ports of several VNIs on one address and port
+//! have a socket each, which the kernel picks by VNI). The far ends (VTEPs) are the `remote` list:
 //!
 //! - Egress (switch → wire, [`TunnelDevice::send`]): the inner destination MAC is looked up in
 //!   the port's own table (inner MAC → remote); a known one goes to its remote, anything else
@@ -42,7 +43,7 @@ mod sock;
 pub mod wire;
 
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -296,7 +297,8 @@ pub const VXLAN: super::Kind = kind(
 a UDP socket at --local, an address of this host, and --dstport (default 4789), and sends the \
 port's frames to the VTEPs at the --remote addresses (the option repeated or comma-separated, \
 up to 256): a destination MAC learnt from a remote to that remote, anything else to each of \
-them. --vni is the segment's id, the same at every end. The port keeps at most --learn-limit \
+them. --vni is the segment's id, the same at every end (ports of other VNIs may share --local \
+and --dstport). The port keeps at most --learn-limit \
 MACs (default 1024) learnt from one remote. With --learn-remotes (yes, or a count) a VTEP not \
 in --remote that sends a valid packet becomes a remote until its MACs have aged (--remote may \
 be left out then). TCP segments of up to 64 KiB from TAP and vhost-user ports are segmented \
@@ -318,7 +320,7 @@ pub const GENEVE: super::Kind = kind(
 /// A tunnel port's device: its socket, remotes, table and batches.
 pub struct TunnelDevice {
     cfg: Config,
-    sock: OwnedFd,
+    sock: sock::Sock,
     table: LearningBridge,
     path: path::Path,
     /// The EVPN side (`evpn=yes`).
@@ -330,7 +332,7 @@ pub struct TunnelDevice {
 
 impl TunnelDevice {
     pub fn open(cfg: Config) -> Result<TunnelDevice, super::Error> {
-        let sock = sock::open(cfg.proto.name(), cfg.local)?;
+        let sock = sock::open(cfg.proto, cfg.vni, cfg.local)?;
         let table = LearningBridge::new(TABLE_ENTRIES);
         let mut path = path::Path::new(&cfg);
         if std::env::var_os("VALE_TUNNEL_NO_GRO").is_none() {

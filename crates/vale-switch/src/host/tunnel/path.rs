@@ -1260,7 +1260,7 @@ mod tests {
             .unwrap();
         assert_eq!(expect.len(), 10);
         for refused in [false, true] {
-            let sock = sock::open("vxlan", cfg.local).unwrap();
+            let sock = sock::open(cfg.proto, cfg.vni, cfg.local).unwrap();
             if refused {
                 let one: libc::c_int = 1;
                 // SAFETY: a c_int option value, its size given.
@@ -1304,7 +1304,7 @@ mod tests {
         }
         // A frame whose offload headers do not add up is refused, counted.
         let mut p = Path::new(&cfg);
-        let sock = sock::open("vxlan", SocketAddr::new(ip("127.0.0.3"), port)).unwrap();
+        let sock = sock::open(cfg.proto, cfg.vni, SocketAddr::new(ip("127.0.0.3"), port)).unwrap();
         let (mut bad, off) = tso_frame(5000);
         bad[16] = 0xff;
         assert!(p.queue(&sock, &table, &[&bad], off).is_err());
