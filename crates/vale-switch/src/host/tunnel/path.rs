@@ -2,6 +2,8 @@
 //! once when the port is opened and reused for every burst (no allocation, one system call
 //! per batch each way).
 
+pub mod direct;
+
 use std::io;
 use std::mem::size_of;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -15,7 +17,7 @@ use crate::lookup::{is_group, LearningBridge};
 /// Messages of one `sendmmsg` (a flooded frame takes one per remote).
 const TX_BATCH: usize = 256;
 /// iovecs of one message: the header and up to 32 pieces of a frame.
-const IOV_PER: usize = 33;
+pub const IOV_PER: usize = 33;
 /// Packets of one `recvmmsg`.
 const RX_BATCH: usize = 64;
 /// Packets received per round before egress gets its turn.

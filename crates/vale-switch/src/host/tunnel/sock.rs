@@ -125,7 +125,6 @@ pub fn open(kind: &str, local: SocketAddr) -> Result<OwnedFd, Error> {
             libc::IP_PMTUDISC_DO,
             "IP_MTU_DISCOVER",
         )?;
-        opt(libc::SOL_SOCKET, libc::SO_NO_CHECK, 1, "SO_NO_CHECK")?;
     } else {
         opt(libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1, "IPV6_V6ONLY")?;
         opt(
