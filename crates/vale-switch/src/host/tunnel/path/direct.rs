@@ -456,3 +456,235 @@ impl Path {
             .filter(|r| self.remotes.get(*r).is_some_and(|r| r.live))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::net::UdpSocket;
+    use std::time::Duration;
+
+    use super::super::super::{Config, TunnelDevice};
+    use super::*;
+    use crate::host::tunnel::wire::Proto;
+    use crate::kind::{Egress, OutFrame};
+    use crate::offload::{Offload, F_NEEDS_CSUM};
+
+    /// A batch as the pipeline hands it over: frames in pieces; a frame that does not last
+    /// lies in scratch space the next frame overwrites (as the resolver's segments do).
+    struct Frames {
+        frames: Vec<(Vec<Vec<u8>>, Offload, bool)>,
+        next: usize,
+        iov: Vec<libc::iovec>,
+        scratch: Vec<u8>,
+        last_lasting: bool,
+    }
+
+    impl Frames {
+        fn new(frames: Vec<(Vec<Vec<u8>>, Offload, bool)>) -> Frames {
+            Frames {
+                frames,
+                next: 0,
+                iov: Vec::new(),
+                scratch: vec![0; 4096],
+                last_lasting: true,
+            }
+        }
+    }
+
+    impl OutFrames for Frames {
+        fn next_frame(&mut self) -> Option<OutFrame<'_>> {
+            let (pieces, off, lasting) = self.frames.get(self.next)?;
+            self.next += 1;
+            self.scratch.fill(0xee);
+            self.iov.clear();
+            self.iov.push(iov(std::ptr::null(), 0));
+            let len: usize = pieces.iter().map(|p| p.len()).sum();
+            if *lasting {
+                for p in pieces {
+                    self.iov.push(iov(p.as_ptr(), p.len()));
+                }
+            } else {
+                self.scratch[..len].copy_from_slice(&pieces.concat());
+                self.iov.push(iov(self.scratch.as_ptr(), len));
+            }
+            self.last_lasting = *lasting;
+            Some(OutFrame {
+                iov: &mut self.iov,
+                offload: *off,
+                len: len as u32,
+            })
+        }
+        fn put_back(&mut self) {
+            self.next -= 1;
+        }
+        fn lasting(&self) -> bool {
+            self.last_lasting
+        }
+    }
+
+    fn frame(dst: [u8; 6], len: usize, tag: u8) -> Vec<u8> {
+        let mut f = vec![tag; len];
+        f[..6].copy_from_slice(&dst);
+        f[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 1]);
+        f
+    }
+
+    /// A receiver on 127.0.0.2 and a tunnel port on 127.0.0.1 toward it (and `more` remotes
+    /// before it), on a free port.
+    fn pair(more: &[&str]) -> (UdpSocket, TunnelDevice) {
+        let rx = UdpSocket::bind("127.0.0.2:0").unwrap();
+        rx.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        let port = rx.local_addr().unwrap().port();
+        let mut remotes: Vec<std::net::SocketAddr> = more
+            .iter()
+            .map(|ip| format!("{ip}:{port}").parse().unwrap())
+            .collect();
+        remotes.push(format!("127.0.0.2:{port}").parse().unwrap());
+        let dev = TunnelDevice::open(Config {
+            proto: Proto::Vxlan,
+            vni: 42,
+            local: format!("127.0.0.1:{port}").parse().unwrap(),
+            remotes,
+            learn_limit: 16,
+            learn_remotes: 0,
+            evpn: false,
+        })
+        .unwrap();
+        (rx, dev)
+    }
+
+    fn received(rx: &UdpSocket) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 70_000];
+        while let Ok(n) = rx.recv(&mut buf) {
+            out.push(buf[..n].to_vec());
+            if out.len() > 1000 {
+                break;
+            }
+        }
+        out
+    }
+
+    /// The frames of the tests: runs of one size (to a learnt MAC and flooded), a frame in
+    /// pieces, one that does not last, sizes changing.
+    fn batch() -> Vec<(Vec<Vec<u8>>, Offload, bool)> {
+        let known = [2, 0, 0, 0, 0, 9];
+        let bcast = [0xff; 6];
+        let mut v = Vec::new();
+        for i in 0..70 {
+            v.push((vec![frame(known, 60, i)], Offload::default(), true));
+        }
+        for i in 0..3 {
+            v.push((vec![frame(bcast, 60, 100 + i)], Offload::default(), true));
+        }
+        let f = frame(known, 300, 7);
+        v.push((
+            vec![f[..5].to_vec(), f[5..100].to_vec(), f[100..].to_vec()],
+            Offload::default(),
+            true,
+        ));
+        v.push((vec![frame(known, 300, 8)], Offload::default(), false));
+        v.push((vec![frame(known, 300, 9)], Offload::default(), false));
+        v.push((vec![frame(known, 1514, 10)], Offload::default(), true));
+        v.push((vec![frame(bcast, 60, 11)], Offload::default(), true));
+        v
+    }
+
+    fn expected(frames: &[(Vec<Vec<u8>>, Offload, bool)]) -> Vec<Vec<u8>> {
+        let hdr = Proto::Vxlan.header(42);
+        frames
+            .iter()
+            .map(|(p, _, _)| [&hdr[..], &p.concat()].concat())
+            .collect()
+    }
+
+    /// Sent by a forwarding thread or by the port's own thread, the datagrams on the wire are
+    /// the same, in the same order, and counted alike.
+    #[test]
+    fn the_direct_and_the_ring_path_send_the_same_datagrams() {
+        let frames = batch();
+        let want = expected(&frames);
+        let (rx, dev) = pair(&[]);
+        let sh = dev.shared.clone();
+        assert!(sh.gso(), "the socket sends checksums, so UDP_SEGMENT");
+        sh.table.learn(mac(&[2, 0, 0, 0, 0, 9]), 0, 16, sh.now_s());
+        let mut out = Frames::new(frames.clone());
+        let d = sh.send_batch(&mut out, 0);
+        assert_eq!(
+            (d.frames, d.dropped, d.declined),
+            (want.len() as u64, 0, false)
+        );
+        assert_eq!(received(&rx), want, "direct path");
+        let mut dev = dev;
+        for (pieces, off, _) in &frames {
+            let p: Vec<&[u8]> = pieces.iter().map(|p| &p[..]).collect();
+            assert!(matches!(dev.send(&p, *off), Ok(true)));
+        }
+        assert!(dev.flush().is_ok());
+        assert_eq!(received(&rx), want, "ring path");
+        let path = lock(&sh.path);
+        let c = &path.remotes[0].counters;
+        assert_eq!((c.tx_frames, c.drops), (2 * want.len() as u64, 0));
+        let bytes: u64 = frames.iter().map(|(p, _, _)| p.concat().len() as u64).sum();
+        assert_eq!(c.tx_bytes, 2 * bytes);
+    }
+
+    /// While the port's thread holds the path (it is receiving), a batch is declined whole:
+    /// its frames go to the ring, none is lost or taken.
+    #[test]
+    fn a_batch_is_declined_while_the_ports_thread_holds_the_path() {
+        let (rx, dev) = pair(&[]);
+        let sh = dev.shared.clone();
+        let mut out = Frames::new(batch());
+        let held = lock(&sh.path);
+        let d = sh.send_batch(&mut out, 0);
+        drop(held);
+        assert!(d.declined);
+        assert_eq!((d.frames, d.dropped, out.next), (0, 0, 0));
+        assert!(received(&rx).is_empty());
+    }
+
+    /// A frame with offload work goes back to the ring with those after it; those before it
+    /// are sent.
+    #[test]
+    fn frames_with_offload_work_are_left_to_the_ring_path() {
+        let (rx, dev) = pair(&[]);
+        let sh = dev.shared.clone();
+        let mut frames = batch();
+        frames[5].1 = Offload {
+            flags: F_NEEDS_CSUM,
+            ..Offload::default()
+        };
+        let mut out = Frames::new(frames.clone());
+        let d = sh.send_batch(&mut out, 0);
+        assert!(d.declined);
+        assert_eq!((d.frames, out.next), (5, 5));
+        assert_eq!(received(&rx), expected(&frames[..5]));
+    }
+
+    /// Runts and frames beyond a UDP datagram are counted drops; a remote whose sends the
+    /// kernel refuses (here the broadcast address, without SO_BROADCAST) costs that remote
+    /// only: its frames are counted as its drops, the next remote gets every frame.
+    #[test]
+    fn refused_frames_and_remotes_are_counted_drops() {
+        let (rx, dev) = pair(&["255.255.255.255"]);
+        let sh = dev.shared.clone();
+        let bcast = [0xff; 6];
+        let mut frames = vec![(vec![vec![0xffu8; 13]], Offload::default(), true)];
+        frames.push((vec![frame(bcast, 65_500, 1)], Offload::default(), true));
+        let good: Vec<_> = (0..5)
+            .map(|i| (vec![frame(bcast, 60, i)], Offload::default(), true))
+            .collect();
+        frames.extend(good.iter().cloned());
+        let mut out = Frames::new(frames);
+        let d = sh.send_batch(&mut out, 0);
+        assert_eq!((d.frames, d.dropped), (5, 2));
+        assert_eq!(received(&rx), expected(&good));
+        let path = lock(&sh.path);
+        assert_eq!((path.counters.bad_header, path.counters.too_big), (1, 1));
+        let (refused, ok) = (&path.remotes[0].counters, &path.remotes[1].counters);
+        assert_eq!((refused.tx_frames, refused.drops), (0, 5));
+        assert_eq!((ok.tx_frames, ok.drops), (5, 0));
+        assert!(sh.gso(), "a refused remote does not turn UDP_SEGMENT off");
+    }
+}
