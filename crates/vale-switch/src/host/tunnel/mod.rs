@@ -4,12 +4,14 @@
 //! A tunnel port is a host port whose device is one kernel UDP socket bound to the port's
 //! `local` address and `dstport` ([`sock`]). The far ends (VTEPs) are the `remote` list:
 //!
-//! - Egress (switch → wire, [`TunnelDevice::send`]): the inner destination MAC is looked up in
-//!   the port's own table (inner MAC → remote); a known one goes to its remote, anything else
-//!   (unknown, broadcast, multicast) to every remote (head-end replication). The 8-byte header
-//!   is the same for every frame of the port, so a frame is sent from where it lies in the
-//!   port's ring: one message of iovecs (header, the frame's pieces) per remote, a burst in one
-//!   `sendmmsg`; nothing is allocated or copied per frame.
+//! - Egress (switch → wire): the inner destination MAC is looked up in the port's own table
+//!   (inner MAC → remote); a known one goes to its remote, anything else (unknown, broadcast,
+//!   multicast) to every remote (head-end replication). The 8-byte header is the same for every
+//!   frame of the port, so a frame is sent from where it lies: one message of iovecs (header,
+//!   the frame's pieces) per remote, a batch in one `sendmmsg`; nothing is allocated or copied
+//!   per frame. The switch's forwarding threads do it themselves ([`path::direct`]: the port is
+//!   a direct sink, runs of frames share `UDP_SEGMENT` messages); the port's own thread sends
+//!   only what they leave in its ring ([`TunnelDevice::send`], one lock per burst).
 //! - Ingress (wire → switch, [`TunnelDevice::ingress`]): one `recvmmsg` receives a batch straight
 //!   into the free slots of the port's tx ring (the header into scratch space beside it); each
 //!   packet's header, VNI and sender are checked ([`wire`]), its inner source MAC is learnt for

@@ -1,7 +1,7 @@
 //! The underlay: one kernel UDP socket per tunnel port, bound to its local address and port,
 //! set never to fragment (a frame too big for the path is refused with EMSGSIZE, and counted),
-//! with the UDP checksum off over IPv4 (as Linux's vxlan device sends) and on over IPv6 (where
-//! the kernel computes it).
+//! with the UDP checksum on (the kernel, or the device's offload, computes it): the kernel takes
+//! `UDP_SEGMENT`, which the direct path sends runs of frames with, only with checksums on.
 
 use std::io;
 use std::mem::size_of;
@@ -12,6 +12,11 @@ use super::super::Error;
 
 /// Socket buffers asked for: a few thousand frames of headroom while the port's thread is away.
 const SOCK_BUF: libc::c_int = 4 << 20;
+/// The receive buffer: 16 MiB, about 100 ms of 1514-byte frames at 60 kpps (a datagram takes
+/// its frame and about 1 KiB of the kernel's bookkeeping), for a port thread that a crowded CPU
+/// keeps waiting: with 4 MiB, a paced 63 kpps stream of 1514-byte frames lost 0.4-0.6% of its
+/// frames there on a loaded 2-vCPU machine, where 60-byte frames lost none.
+const RCV_BUF: libc::c_int = 16 << 20;
 
 /// `addr` as a socket address the kernel takes, and its length.
 pub fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
@@ -136,12 +141,12 @@ pub fn open(kind: &str, local: SocketAddr) -> Result<OwnedFd, Error> {
         opt(libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG, 1, "IPV6_DONTFRAG")?;
     }
     // Beyond the system's maximum when valed may (it runs as root); else what it allows.
-    for (force, plain) in [
-        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
-        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    for (force, plain, size) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, RCV_BUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, SOCK_BUF),
     ] {
-        if setopt(&fd, libc::SOL_SOCKET, force, SOCK_BUF).is_err() {
-            let _ = setopt(&fd, libc::SOL_SOCKET, plain, SOCK_BUF);
+        if setopt(&fd, libc::SOL_SOCKET, force, size).is_err() {
+            let _ = setopt(&fd, libc::SOL_SOCKET, plain, size);
         }
     }
     let (ss, len) = sockaddr(local);
