@@ -131,8 +131,7 @@ impl DirectSink for Shared {
         let mut b = lock(&self.batch);
         path.now_s = self.now_s();
         b.gso = self.gso();
-        loop {
-            let Some(f) = frames.next_frame() else { break };
+        while let Some(f) = frames.next_frame() {
             if f.offload.needs_work() {
                 // The ring path finishes or offloads it.
                 frames.put_back();
