@@ -467,6 +467,11 @@ impl Polled for TunnelDevice {
     fn ingress(&mut self, ring: &mut TxSide) -> Result<usize, DevError> {
         let sh = &*self.shared;
         self.now_s = sh.now_s();
+        if self.evpn.is_none() && !path::direct::readable(&sh.sock) {
+            // Woken for the ring or the clock: the path stays free for the forwarding
+            // threads, which would leave their batches in the ring while it is held.
+            return Ok(0);
+        }
         let mut path = lock(&sh.path);
         path.now_s = self.now_s;
         path.counters.bad_header += std::mem::take(&mut self.stash.bad_header);
