@@ -17,8 +17,18 @@ Static fdb entries for the receiver's MAC on both bridges, so unicast is forward
 first frame; IPv6 off; br_netfilter off. Everything is removed on exit. Needs root; installs
 netsniff-ng (trafgen) with apt-get when missing (not with --no-peers).
 
-    bench/tunnel.py [--runs 5] [--seconds 2] [--sizes 60,1514] [--no-peers]
+    bench/tunnel.py [--runs 5] [--seconds 2] [--sizes 60,1514] [--no-peers] [--loads 0.25,0.5]
+
+Fixed offered loads (--loads, fractions of the capacity each system showed in the same run):
+after the saturation runs of a size, vale-pktgen sends paced (--rate) and trafgen sends paced
+(-b PPS, an exact frame count); per load the frames sent and received (vale: the two
+vale-pktgen reports, the receiver's ring 4096 slots deep so that a receiving client that is
+descheduled for a while on a crowded CPU does not count as the tunnel's loss; Linux: the sender veth's tx_packets and the receiving veth's rx_packets,
+read once everything arrived) and the loss, 1 - received / sent. For vale, where frames were
+lost: the ports' drop counters and the receiving host's UDP receive-buffer errors.
 """
+import os, subprocess, tempfile, time
+
 import common, peers
 from common import sh, summary
 
@@ -62,36 +72,117 @@ class LinuxVxlan(peers.Topo):
         self.switch_pid = None
 
 
-def vale_runs(a, size):
-    ns = f"vt-vale-{common.os.getpid()}"
+def udp_rcvbuf_errors(ns):
+    """The namespace's UDP RcvbufErrors (datagrams a full socket buffer dropped)."""
+    lines = [l.split() for l in sh(["ip", "netns", "exec", ns, "cat", "/proc/net/snmp"]).splitlines()
+             if l.startswith("Udp:")]
+    return int(lines[1][lines[0].index("RcvbufErrors")])
+
+
+DROPS = (("vale0:t", "rx_drops"), ("vale1:t", "tx_drops"))
+RX_SLOTS = 4096     # the receiving vale-pktgen's ring in the paced runs
+
+
+def vale_runs(a, size, loads=()):
+    """Saturation runs (rx pps each), then for each fraction of `loads` of their median the
+    paced runs ({sent, received, loss, drops})."""
+    ns = f"vt-vale-{os.getpid()}"
     sh(["ip", "netns", "add", ns])
     common.on_exit(lambda: sh(["ip", "netns", "del", ns], check=False))
     sh(["ip", "-n", ns, "link", "set", "lo", "up"])
     v = common.Valed(layout=a.layout, netns=ns)
     for port, me, peer in (("vale0:t", "127.0.0.1", "127.0.0.2"), ("vale1:t", "127.0.0.2", "127.0.0.1")):
         v.ctl("attach", port, "vxlan", f"vni={VNI}", f"local={me}", f"remote={peer}")
-    runs = [v.run(size, a.seconds, rx_ports=("vale1:b",), tx_port="vale0:a") for _ in range(a.runs)]
+    runs = [common.rx_pps(v.run(size, a.seconds, rx_ports=("vale1:b",), tx_port="vale0:a"))
+            for _ in range(a.runs)]
+    paced = {}
+    for f in loads:
+        rate = int(f * summary(runs)["median"])
+        paced[f] = []
+        for _ in range(a.runs):
+            before, e0 = v.ports(), udp_rcvbuf_errors(ns)
+            # A deep ring at the receiving client: what is measured is the tunnel's loss, not
+            # that of a client descheduled on a crowded CPU (the Linux side counts at a veth).
+            r = v.run(size, a.seconds, rx_ports=("vale1:b",), tx_port="vale0:a", tx_args=("-R", rate),
+                      rx_args=("--slots", RX_SLOTS))
+            time.sleep(0.2)
+            after, e1 = v.ports(), udp_rcvbuf_errors(ns)
+            sent, got = r["tx"]["packets"], sum(x["packets"] for x in r["rx"])
+            drops = {f"{p} {c}": after[p]["counters"][c] - before[p]["counters"][c] for p, c in DROPS}
+            drops["udp rcvbuf errors"] = e1 - e0
+            drops["vale1:b rx_drops"] = sum(x["drops"] for x in r["rx"])
+            paced[f].append({"rate_pps": rate, "sent": sent, "received": got, "loss": 1 - got / max(sent, 1),
+                             "drops": {k: d for k, d in drops.items() if d}})
     common.stop(v.proc, common.signal.SIGTERM)
     sh(["ip", "netns", "del", ns], check=False)
-    return [common.rx_pps(r) for r in runs]
+    return runs, paced
+
+
+def linux_paced(topo, size, rate, seconds):
+    """trafgen at `rate` pps for about `seconds` (an exact frame count) through `topo`:
+    {rate_pps, sent, received, loss}, read once the last frames arrived."""
+    count = int(rate * seconds)
+    cfg = tempfile.NamedTemporaryFile(mode="w", suffix=".cfg", prefix="vb-trafgen-", delete=False)
+    common.on_exit(lambda: os.path.exists(cfg.name) and os.unlink(cfg.name))
+    cfg.write(peers.trafgen_config(size, peers.rx_mac(0)))
+    cfg.close()
+    limit = peers.START_WAIT + 3 * seconds + 5
+    _, tx0, rx0 = topo.counters()
+    out = subprocess.run(["ip", "netns", "exec", topo.ns["tx"], "taskset", "-c", "0",
+                          "timeout", "-s", "INT", "-k", "3", f"{limit:.1f}",
+                          "trafgen", "-i", cfg.name, "-o", "veth0", "-P", "1", "-n", str(count),
+                          "-b", f"{rate}pps", "--no-sock-mem", "-Q", "-C"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=limit + 10)
+    os.unlink(cfg.name)
+    if out.returncode != 0:
+        raise RuntimeError(f"trafgen failed: {out.stdout.strip()[-2000:]}")
+    time.sleep(0.3)
+    _, tx1, rx1 = topo.counters()
+    sent, got = tx1 - tx0, rx1 - rx0
+    return {"rate_pps": rate, "sent": sent, "received": got, "loss": 1 - got / max(sent, 1)}
 
 
 def main():
     ap = common.parser(__doc__, "tunnel", seconds=2.0)
     ap.add_argument("--sizes", default="60,1514", help="frame sizes without FCS (default 60,1514)")
+    ap.add_argument("--loads", metavar="FRACTIONS", default="",
+                    help="also fixed offered loads, as fractions of each system's measured capacity "
+                         "(e.g. 0.25,0.5): frames sent, received and lost at each")
     a = common.parse(ap)
     common.need_root("bench/tunnel.py")
     sizes = common.int_list(a.sizes)
-    rows, results = [], []
+    loads = common.float_list(a.loads) if a.loads else []
+    rows, load_rows, results = [], [], []
     linux = None if a.no_peers else LinuxVxlan()
     for s in sizes:
-        vale = summary(vale_runs(a, s))
+        vale_runs_pps, vale_paced = vale_runs(a, s, loads)
+        vale = summary(vale_runs_pps)
         r = {"frame_len": s, "vale_rx_pps": vale}
         row = [s, common.mpps(vale, 3)]
         if linux:
             lx = summary([peers.trafgen_run(linux, s, a.seconds)["rx_pps"] for _ in range(a.runs)])
             r["linux_rx_pps"] = lx
             row += [common.mpps(lx, 3), common.fmt_ratio(common.ratio(vale, lx))]
+        if loads:
+            r["loads"] = []
+            for f in loads:
+                lr = {"fraction": f, "vale": vale_paced[f]}
+                cells = [s, f"{f:g}"]
+                systems = [("vale", vale_paced[f])]
+                if linux:
+                    rate = int(f * lx["median"])
+                    lr["linux"] = [linux_paced(linux, s, rate, a.seconds) for _ in range(a.runs)]
+                    systems.append(("linux", lr["linux"]))
+                for name, runs in systems:
+                    sent, got = sum(x["sent"] for x in runs), sum(x["received"] for x in runs)
+                    worst = max(x["loss"] for x in runs)
+                    cells += [common.mpps(summary([x["rate_pps"] for x in runs]), 3), f"{sent}/{got}",
+                              f"{(1 - got / max(sent, 1)) * 100:.3f}% (worst run {worst * 100:.3f}%)"]
+                r["loads"].append(lr)
+                load_rows.append(cells)
+                for x in vale_paced[f]:
+                    if x["drops"]:
+                        print(f"{s} B at {f:g}: vale lost {x['sent'] - x['received']}: {x['drops']}")
         rows.append(row)
         results.append(r)
     if linux:
@@ -99,6 +190,12 @@ def main():
     print(f"Two tunnel ports, {a.runs} runs of {a.seconds} s, {common.describe()}")
     heads = ["len", "vale rx Mpps"] + ([] if a.no_peers else ["Linux vxlan rx Mpps", "vale / Linux"])
     common.table(heads, rows)
+    if loads:
+        print(f"\nFixed loads (fraction of each one's median capacity above), {a.runs} runs of {a.seconds} s each")
+        heads = ["len", "load", "vale offered Mpps", "vale sent/received", "vale loss"]
+        if linux:
+            heads += ["Linux offered Mpps", "Linux sent/received", "Linux loss"]
+        common.table(heads, load_rows)
     common.write_report(a.out, "tunnel", a, {"layout": a.layout}, results)
 
 

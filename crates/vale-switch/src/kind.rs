@@ -351,6 +351,13 @@ pub trait OutFrames {
     /// The frame last taken was not sent: it goes back, ahead of the rest (see
     /// [`Delivered::declined`]).
     fn put_back(&mut self);
+    /// Whether the pieces of the frame last taken stay where they are until `send_batch`
+    /// returns, so that a sink may send it later in the batch (frames in the senders' buffers
+    /// do); if not (a segment the switch cut for this destination), they may be gone once the
+    /// next frame is taken. No, unless the batch says so.
+    fn lasting(&self) -> bool {
+        false
+    }
 }
 
 /// What became of the frames of a batch.

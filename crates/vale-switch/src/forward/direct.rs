@@ -151,6 +151,12 @@ impl OutFrames for DirectBatch<'_> {
         }
     }
 
+    /// A frame lies in its sender's buffer for the whole batch; a segment in `seg_store`,
+    /// which the next frame that needs work overwrites.
+    fn lasting(&self) -> bool {
+        !self.last_was_seg
+    }
+
     fn put_back(&mut self) {
         if self.last_was_seg {
             self.seg_next -= 1;

@@ -5,12 +5,14 @@
 //! `local` address and `dstport` ([`sock`]; the ports of several VNIs on one address and port
 //! have a socket each, which the kernel picks by VNI). The far ends (VTEPs) are the `remote` list:
 //!
-//! - Egress (switch → wire, [`TunnelDevice::send`]): the inner destination MAC is looked up in
-//!   the port's own table (inner MAC → remote); a known one goes to its remote, anything else
-//!   (unknown, broadcast, multicast) to every remote (head-end replication). The 8-byte header
-//!   is the same for every frame of the port, so a frame is sent from where it lies in the
-//!   port's ring: one message of iovecs (header, the frame's pieces) per remote, a burst in one
-//!   `sendmmsg`; nothing is allocated or copied per frame.
+//! - Egress (switch → wire): the inner destination MAC is looked up in the port's own table
+//!   (inner MAC → remote); a known one goes to its remote, anything else (unknown, broadcast,
+//!   multicast) to every remote (head-end replication). The 8-byte header is the same for every
+//!   frame of the port, so a frame is sent from where it lies: one message of iovecs (header,
+//!   the frame's pieces) per remote, a batch in one `sendmmsg`; nothing is allocated or copied
+//!   per frame. The switch's forwarding threads do it themselves ([`path::direct`]: the port is
+//!   a direct sink, runs of frames share `UDP_SEGMENT` messages); the port's own thread sends
+//!   only what they leave in its ring ([`TunnelDevice::send`], one lock per burst).
 //! - Ingress (wire → switch, [`TunnelDevice::ingress`]): one `recvmmsg` receives a batch straight
 //!   into the free slots of the port's tx ring (the header into scratch space beside it); each
 //!   packet's header, VNI and sender are checked ([`wire`]), its inner source MAC is learnt for
@@ -29,8 +31,9 @@
 //!
 //! Offloads: the port takes partial checksums and TCP/UDP segments of up to 64 KiB as they
 //! are ([`OFFLOADS`]): it finishes them itself into encapsulated segments sent with
-//! `UDP_SEGMENT`, a few system calls per 64 KiB ([`gso`]). Frames bigger than the underlay's
-//! path MTU are refused by the kernel (the socket never fragments) and counted as too big.
+//! `UDP_SEGMENT`, a few system calls per 64 KiB ([`gso`]); such frames take the ring path.
+//! Frames bigger than the underlay's path MTU are refused by the kernel (the socket never
+//! fragments) and counted as too big.
 //!
 //! Counters (per port and per remote) are shown as the port's `negotiated` line in
 //! `vale-ctl list`, refreshed about once a second.
@@ -45,14 +48,17 @@ pub mod wire;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
-use std::time::Instant;
 
 use vale_abi::region::PortParams;
 
-use super::{polled, DevError, Device, Driver, Egress, HostState, KindArgs, Polled, Steps, TxSide};
+use super::{
+    polled, DevError, Device, DirectSink, Driver, Egress, HostState, KindArgs, Polled, Steps,
+    TxSide,
+};
 use crate::lookup::LearningBridge;
 use crate::offload::{Caps, Offload};
-use wire::Proto;
+use path::direct::{lock, Shared};
+use wire::{Proto, HDR_LEN, MAX_UDP_PAYLOAD, MIN_INNER};
 
 /// Most remotes of one port.
 pub const MAX_REMOTES: usize = 256;
@@ -317,18 +323,36 @@ pub const GENEVE: super::Kind = kind(
     "--geneve is --vxlan with Geneve encapsulation (RFC 8926), at --dstport 6081 by default.",
 );
 
-/// A tunnel port's device: its socket, remotes, table and batches.
+/// A tunnel port's device: its socket, remotes, table and batches, shared between the port's
+/// thread (ingress, and the ring path out) and the switch's forwarding threads (the direct
+/// path out, [`path::direct`]).
 pub struct TunnelDevice {
     cfg: Config,
-    sock: sock::Sock,
-    table: LearningBridge,
-    path: path::Path,
+    shared: Arc<Shared>,
+    /// Frames the ring path took since its last flush, queued under one lock at the flush.
+    stash: Stash,
     /// The EVPN side (`evpn=yes`).
     evpn: Option<evpn::Evpn>,
-    epoch: Instant,
+    /// The table's clock, as this thread last read it.
+    now_s: u32,
     /// Where the counters are shown (set when the driver starts).
     state: Option<Arc<HostState>>,
 }
+
+/// The frames of one burst of the ring path (their pieces, as addresses and lengths: they
+/// stay in the port's rx ring until the flush), and what was refused before the lock was
+/// taken.
+#[derive(Default)]
+struct Stash {
+    pieces: Vec<(usize, usize)>,
+    /// Per frame: where its pieces start in `pieces`, how many, and its offload work.
+    frames: Vec<(u32, u32, Offload)>,
+    bad_header: u64,
+    too_big: u64,
+}
+
+/// Frames of one egress burst of the port's thread (the generic driver's).
+const STASH_FRAMES: usize = 256;
 
 impl TunnelDevice {
     pub fn open(cfg: Config) -> Result<TunnelDevice, super::Error> {
@@ -344,22 +368,22 @@ impl TunnelDevice {
         };
         Ok(TunnelDevice {
             cfg,
-            sock,
-            table,
-            path,
+            shared: Arc::new(Shared::new(sock, table, path)),
+            stash: Stash {
+                pieces: Vec::with_capacity(STASH_FRAMES * 8),
+                frames: Vec::with_capacity(STASH_FRAMES),
+                ..Stash::default()
+            },
             evpn,
-            epoch: Instant::now(),
+            now_s: 0,
             state: None,
         })
     }
 
-    fn now_s(&self) -> u32 {
-        self.epoch.elapsed().as_secs() as u32
-    }
-
     /// The counters, as `list` shows them.
     fn shown(&self) -> String {
-        let c = &self.path.counters;
+        let path = lock(&self.shared.path);
+        let c = &path.counters;
         let mut s = format!(
             "{} vni {}: bad-header {} wrong-vni {} critical {} unknown-vtep {} remotes-full {} \
              too-big {} not-learnt {} learnt {} bad-offload {} tso-frames {} gso-sends {} \
@@ -374,7 +398,7 @@ impl TunnelDevice {
             c.remotes_full,
             c.too_big,
             c.not_learnt,
-            self.table.len(self.now_s()),
+            self.shared.table.len(self.shared.now_s()),
             c.bad_offload,
             c.tso_frames,
             c.gso_sends,
@@ -390,7 +414,7 @@ impl TunnelDevice {
             Some(_) => self.cfg.remotes.len(),
             None => usize::MAX,
         };
-        for r in self.path.remotes().take(listed) {
+        for r in path.remotes().take(listed) {
             let rc = &r.counters;
             s.push_str(&format!(
                 "; {}remote {}: tx {} frames {} bytes, rx {} frames {} bytes, drops {}",
@@ -404,7 +428,7 @@ impl TunnelDevice {
             ));
         }
         if let Some(e) = &self.evpn {
-            s.push_str(&e.shown(&self.path));
+            s.push_str(&e.shown(&path));
         }
         s
     }
@@ -425,6 +449,15 @@ impl Device for TunnelDevice {
 
     fn params(&self) -> PortParams {
         TUNNEL_PARAMS
+    }
+
+    /// The switch's threads send straight to the socket, except to an EVPN port (whose
+    /// local MACs its thread notes on the way out).
+    fn direct(&self) -> Option<Arc<dyn DirectSink>> {
+        match self.evpn {
+            None => Some(self.shared.clone()),
+            Some(_) => None,
+        }
     }
 
     fn driver(self: Box<Self>) -> Box<dyn Driver> {
@@ -450,25 +483,33 @@ impl Driver for TunnelDriver {
 
 impl Polled for TunnelDevice {
     fn poll_fds(&self) -> Vec<RawFd> {
-        let mut fds = vec![self.sock.as_raw_fd()];
+        let mut fds = vec![self.shared.sock.as_raw_fd()];
         fds.extend(self.evpn.as_ref().map(|e| e.fd()));
         fds
     }
 
     fn ingress(&mut self, ring: &mut TxSide) -> Result<usize, DevError> {
-        let now_s = self.now_s();
-        self.path.now_s = now_s;
-        if let Some(e) = &mut self.evpn {
-            e.poll(&mut self.path, &self.table, now_s);
+        let sh = &*self.shared;
+        self.now_s = sh.now_s();
+        if self.evpn.is_none() && !path::direct::readable(&sh.sock) {
+            // Woken for the ring or the clock: the path stays free for the forwarding
+            // threads, which would leave their batches in the ring while it is held.
+            return Ok(0);
         }
-        self.path
-            .receive(&self.sock, &self.table, ring)
+        let mut path = lock(&sh.path);
+        path.now_s = self.now_s;
+        path.counters.bad_header += std::mem::take(&mut self.stash.bad_header);
+        path.counters.too_big += std::mem::take(&mut self.stash.too_big);
+        if let Some(e) = &mut self.evpn {
+            e.poll(&mut path, &sh.table, self.now_s);
+        }
+        path.receive(&sh.sock, &sh.table, ring)
             .map_err(DevError::Frame)
     }
 
     /// Called about once a second: ages the table and shows the counters.
     fn is_up(&self) -> bool {
-        self.table.tick(self.now_s());
+        self.shared.table.tick(self.shared.now_s());
         if let Some(st) = &self.state {
             *st.negotiated.lock().unwrap_or_else(|e| e.into_inner()) = self.shown();
         }
@@ -477,18 +518,54 @@ impl Polled for TunnelDevice {
 }
 
 impl Egress for TunnelDevice {
+    /// Takes a frame of the ring path: it is queued, with the rest of the burst, under one
+    /// lock at the flush (its pieces stay in the ring until then).
     fn send(&mut self, pieces: &[&[u8]], off: Offload) -> Result<bool, DevError> {
-        if let Some(e) = &mut self.evpn {
-            e.sent_from(evpn::src_mac(pieces), self.path.now_s);
+        let len: usize = pieces.iter().map(|p| p.len()).sum();
+        let st = &mut self.stash;
+        if len < MIN_INNER {
+            st.bad_header += 1;
+            return Err(DevError::Frame(std::io::Error::from_raw_os_error(
+                libc::EINVAL,
+            )));
         }
-        self.path
-            .queue(&self.sock, &self.table, pieces, off)
-            .map(|()| true)
-            .map_err(DevError::Frame)
+        // A frame with offload work is cut into segments that fit (`queue` checks them).
+        if !off.needs_work() && len + HDR_LEN > MAX_UDP_PAYLOAD {
+            st.too_big += 1;
+            return Err(DevError::Frame(std::io::Error::from_raw_os_error(
+                libc::EMSGSIZE,
+            )));
+        }
+        if let Some(e) = &mut self.evpn {
+            e.sent_from(evpn::src_mac(pieces), self.now_s);
+        }
+        st.frames
+            .push((st.pieces.len() as u32, pieces.len() as u32, off));
+        st.pieces
+            .extend(pieces.iter().map(|p| (p.as_ptr() as usize, p.len())));
+        Ok(true)
     }
 
     fn flush(&mut self) -> Result<(), DevError> {
-        self.path.flush(&self.sock);
+        let sh = &*self.shared;
+        let mut path = lock(&sh.path);
+        let st = &mut self.stash;
+        path.counters.bad_header += std::mem::take(&mut st.bad_header);
+        path.counters.too_big += std::mem::take(&mut st.too_big);
+        let mut pieces: [&[u8]; path::IOV_PER] = [&[]; path::IOV_PER];
+        for &(first, count, off) in &st.frames {
+            let count = (count as usize).min(path::IOV_PER);
+            for (k, &(p, l)) in st.pieces[first as usize..][..count].iter().enumerate() {
+                // SAFETY: the pieces of a frame the egress step handed to `send`, which stay
+                // in the port's rx ring until this flush returns.
+                pieces[k] = unsafe { std::slice::from_raw_parts(p as *const u8, l) };
+            }
+            // Refused frames (too many pieces) are counted by `queue`.
+            let _ = path.queue(&sh.sock, &sh.table, &pieces[..count], off);
+        }
+        st.frames.clear();
+        st.pieces.clear();
+        path.flush(&sh.sock);
         Ok(())
     }
 }

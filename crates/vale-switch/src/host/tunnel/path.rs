@@ -10,6 +10,8 @@
 //! twice, not forty times. Frames without offload work are sent from where they lie in the
 //! ring, as before.
 
+pub mod direct;
+
 use std::io;
 use std::mem::size_of;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -26,7 +28,7 @@ use crate::offload::{Offload, Resolver, GSO_ECN, GSO_NONE};
 /// Messages of one `sendmmsg` (a flooded frame takes one per remote).
 const TX_BATCH: usize = 256;
 /// iovecs of one message: the header and up to 32 pieces of a frame.
-const IOV_PER: usize = 33;
+pub const IOV_PER: usize = 33;
 /// Packets of one `recvmmsg`.
 const RX_BATCH: usize = 64;
 /// Packets received per round before egress gets its turn.

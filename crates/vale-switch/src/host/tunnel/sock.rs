@@ -1,7 +1,8 @@
 //! The underlay: one kernel UDP socket per tunnel port, bound to its local address and port,
 //! set never to fragment (a frame too big for the path is refused with EMSGSIZE, and counted),
 //! with the UDP checksum on, over IPv4 too (as Linux's vxlan device sends today; the kernel
-//! refuses `UDP_SEGMENT` on a socket without it, and leaves it to the device where it can).
+//! refuses `UDP_SEGMENT` on a socket without it, and leaves it to the device where it can),
+//! and a receive buffer of 16 MiB.
 //!
 //! # Several VNIs on one address and port
 //!
@@ -59,6 +60,11 @@ const SOCK_BUF: libc::c_int = 4 << 20;
 pub const MAX_VNIS: usize = 512;
 /// `SO_ATTACH_REUSEPORT_CBPF` (asm-generic/socket.h; libc lacks it).
 const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
+/// The receive buffer: 16 MiB, about 100 ms of 1514-byte frames at 60 kpps (a datagram takes
+/// its frame and about 1 KiB of the kernel's bookkeeping), for a port thread that a crowded CPU
+/// keeps waiting: with 4 MiB, a paced 63 kpps stream of 1514-byte frames lost 0.4-0.6% of its
+/// frames there on a loaded 2-vCPU machine, where 60-byte frames lost none.
+const RCV_BUF: libc::c_int = 16 << 20;
 
 /// `addr` as a socket address the kernel takes, and its length.
 pub fn sockaddr(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
@@ -434,12 +440,12 @@ fn socket(kind: &str, local: SocketAddr) -> Result<OwnedFd, Error> {
         opt(libc::IPPROTO_IPV6, libc::IPV6_DONTFRAG, 1, "IPV6_DONTFRAG")?;
     }
     // Beyond the system's maximum when valed may (it runs as root); else what it allows.
-    for (force, plain) in [
-        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
-        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+    for (force, plain, size) in [
+        (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, RCV_BUF),
+        (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, SOCK_BUF),
     ] {
-        if setopt(&fd, libc::SOL_SOCKET, force, SOCK_BUF).is_err() {
-            let _ = setopt(&fd, libc::SOL_SOCKET, plain, SOCK_BUF);
+        if setopt(&fd, libc::SOL_SOCKET, force, size).is_err() {
+            let _ = setopt(&fd, libc::SOL_SOCKET, plain, size);
         }
     }
     Ok(fd)
