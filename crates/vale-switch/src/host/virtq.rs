@@ -80,6 +80,9 @@ pub struct Virtq<'m> {
     used: *mut u8,
     size: u16,
     pub next_avail: u16,
+    /// The avail index as last read: the chains before it are read without reading the
+    /// index again (one read of it per burst, not per chain).
+    avail_seen: u16,
     next_used: u16,
     /// The used index when the guest was last told (or at the start of the pass).
     told_used: u16,
@@ -88,7 +91,9 @@ pub struct Virtq<'m> {
 }
 
 impl<'m> Virtq<'m> {
-    /// The rings of `q`, if the queue is ready and each ring lies within one region of `mem`.
+    /// The rings of `q`, if the queue is ready and each ring lies within one region of `mem`,
+    /// aligned as virtio requires (descriptors 16 bytes, avail ring 2, used ring 4): then
+    /// every field is read and written whole, with one load or store of its own width.
     pub fn new(q: &Queue, mem: &'m GuestMemoryMmap) -> Option<Virtq<'m>> {
         let size = q.size();
         if !q.ready() || size == 0 {
@@ -98,12 +103,16 @@ impl<'m> Virtq<'m> {
         let desc = guest_range(mem, GuestAddress(q.desc_table()), 16 * n)?;
         let avail = guest_range(mem, GuestAddress(q.avail_ring()), 6 + 2 * n)?;
         let used = guest_range(mem, GuestAddress(q.used_ring()), 6 + 8 * n)?;
+        if desc as usize % 16 != 0 || avail as usize % 2 != 0 || used as usize % 4 != 0 {
+            return None;
+        }
         Some(Virtq {
             desc,
             avail,
             used,
             size,
             next_avail: q.next_avail(),
+            avail_seen: q.next_avail(),
             next_used: q.next_used(),
             told_used: q.next_used(),
             event_idx: q.event_idx_enabled(),
@@ -129,24 +138,30 @@ impl<'m> Virtq<'m> {
         q.set_next_used(self.next_used);
     }
 
+    #[inline(always)]
     fn avail_u16(&self, at: usize) -> u16 {
-        // SAFETY: `at + 2 <= 6 + 2 * size`, inside the avail ring checked in `new`; the guest
-        // may write it at any time, hence volatile and unaligned.
-        u16::from_le_bytes(unsafe { std::ptr::read_volatile(self.avail.add(at) as *const [u8; 2]) })
+        // SAFETY: `at + 2 <= 6 + 2 * size`, inside the avail ring checked in `new`, and `at`
+        // is even (the ring is 2-aligned); the guest may write it at any time, hence volatile.
+        u16::from_le(unsafe { std::ptr::read_volatile(self.avail.add(at) as *const u16) })
     }
 
     /// Takes the next available chain, appending its descriptors to `descs`.
+    #[inline]
     pub fn pop(&mut self, descs: &mut Vec<Desc>) -> Popped {
-        let avail_idx = self.avail_u16(2);
-        let ahead = avail_idx.wrapping_sub(self.next_avail);
-        if ahead == 0 {
-            return Popped::Empty;
+        if self.next_avail == self.avail_seen {
+            // What the guest made available since the index was last read.
+            let avail_idx = self.avail_u16(2);
+            let ahead = avail_idx.wrapping_sub(self.next_avail);
+            if ahead == 0 {
+                return Popped::Empty;
+            }
+            if ahead > self.size {
+                return Popped::Stuck(VirtqError::AvailJump);
+            }
+            self.avail_seen = avail_idx;
+            // The ring entries and the descriptors are read after the index.
+            fence(Ordering::Acquire);
         }
-        if ahead > self.size {
-            return Popped::Stuck(VirtqError::AvailJump);
-        }
-        // The ring entry and the descriptors are read after the index.
-        fence(Ordering::Acquire);
         let head = self.avail_u16(4 + 2 * self.position(self.next_avail));
         self.next_avail = self.next_avail.wrapping_add(1);
         let mut i = head;
@@ -155,36 +170,45 @@ impl<'m> Virtq<'m> {
             if i >= self.size || count == self.size {
                 return Popped::Bad(head, VirtqError::Cut);
             }
-            // SAFETY: descriptor `i < size` of the table checked in `new`; volatile, as above.
-            let raw: [u8; 16] = unsafe {
-                std::ptr::read_volatile(self.desc.add(16 * i as usize) as *const [u8; 16])
+            // SAFETY: descriptor `i < size` of the table checked in `new`, 16-aligned; each
+            // half read once, volatile, as above.
+            let (addr, rest) = unsafe {
+                let d = self.desc.add(16 * i as usize) as *const u64;
+                (
+                    u64::from_le(std::ptr::read_volatile(d)),
+                    u64::from_le(std::ptr::read_volatile(d.add(1))),
+                )
             };
-            let flags = u16::from_le_bytes([raw[12], raw[13]]);
+            // len: bits 0..32, flags 32..48, next 48..64.
+            let flags = (rest >> 32) as u16;
             if flags & DESC_F_INDIRECT != 0 {
                 return Popped::Bad(head, VirtqError::Indirect);
             }
             descs.push(Desc {
-                addr: GuestAddress(u64::from_le_bytes(raw[..8].try_into().unwrap())),
-                len: u32::from_le_bytes(raw[8..12].try_into().unwrap()),
+                addr: GuestAddress(addr),
+                len: rest as u32,
                 write: flags & DESC_F_WRITE != 0,
             });
             count += 1;
             if flags & DESC_F_NEXT == 0 {
                 return Popped::Chain(head);
             }
-            i = u16::from_le_bytes([raw[14], raw[15]]);
+            i = (rest >> 48) as u16;
         }
     }
 
     /// Returns chain `head` with `len` bytes written into it (published by
     /// [`Virtq::publish_used`]).
+    #[inline]
     pub fn push_used(&mut self, head: u16, len: u32) {
         let at = 4 + 8 * self.position(self.next_used);
-        let mut e = [0u8; 8];
-        e[..4].copy_from_slice(&(head as u32).to_le_bytes());
-        e[4..].copy_from_slice(&len.to_le_bytes());
-        // SAFETY: element `position(next_used)` (< size) of the used ring checked in `new`.
-        unsafe { std::ptr::write_volatile(self.used.add(at) as *mut [u8; 8], e) };
+        // SAFETY: element `position(next_used)` (< size) of the used ring checked in `new`,
+        // 4-aligned: two 4-byte stores.
+        unsafe {
+            let e = self.used.add(at) as *mut u32;
+            std::ptr::write_volatile(e, (head as u32).to_le());
+            std::ptr::write_volatile(e.add(1), len.to_le());
+        }
         self.next_used = self.next_used.wrapping_add(1);
     }
 
@@ -192,12 +216,9 @@ impl<'m> Virtq<'m> {
     pub fn publish_used(&mut self) {
         // The elements before the index.
         fence(Ordering::Release);
-        // SAFETY: the used ring's index field, checked in `new`.
+        // SAFETY: the used ring's index field, checked in `new` (2-aligned).
         unsafe {
-            std::ptr::write_volatile(
-                self.used.add(2) as *mut [u8; 2],
-                self.next_used.to_le_bytes(),
-            )
+            std::ptr::write_volatile(self.used.add(2) as *mut u16, self.next_used.to_le())
         };
     }
 
