@@ -73,6 +73,17 @@ pub enum Popped {
     Stuck(VirtqError),
 }
 
+/// What [`Virtq::pop_one`] found.
+pub enum One {
+    /// No chain available.
+    Empty,
+    /// Chain `head` is this one descriptor.
+    Desc(u16, Desc),
+    /// A chain of another shape, a broken one, or an avail ring that cannot be read: nothing
+    /// taken, for [`Virtq::pop`] to deal with.
+    Other,
+}
+
 /// A queue's rings in valed's mapping of guest memory, for one pass under the queue's lock.
 pub struct Virtq<'m> {
     desc: *const u8,
@@ -143,6 +154,51 @@ impl<'m> Virtq<'m> {
         // SAFETY: `at + 2 <= 6 + 2 * size`, inside the avail ring checked in `new`, and `at`
         // is even (the ring is 2-aligned); the guest may write it at any time, hence volatile.
         u16::from_le(unsafe { std::ptr::read_volatile(self.avail.add(at) as *const u16) })
+    }
+
+    /// Takes the next available chain when it is one descriptor: the common case, without a
+    /// list. Anything else is left where it is ([`One::Other`]).
+    #[inline(always)]
+    pub fn pop_one(&mut self) -> One {
+        if self.next_avail == self.avail_seen {
+            let avail_idx = self.avail_u16(2);
+            let ahead = avail_idx.wrapping_sub(self.next_avail);
+            if ahead == 0 {
+                return One::Empty;
+            }
+            if ahead > self.size {
+                return One::Other;
+            }
+            self.avail_seen = avail_idx;
+            // The ring entries and the descriptors are read after the index.
+            fence(Ordering::Acquire);
+        }
+        let head = self.avail_u16(4 + 2 * self.position(self.next_avail));
+        if head >= self.size {
+            return One::Other;
+        }
+        // SAFETY: descriptor `head < size` of the table checked in `new`, 16-aligned; each
+        // half read once, volatile, as in `pop`.
+        let (addr, rest) = unsafe {
+            let d = self.desc.add(16 * head as usize) as *const u64;
+            (
+                u64::from_le(std::ptr::read_volatile(d)),
+                u64::from_le(std::ptr::read_volatile(d.add(1))),
+            )
+        };
+        let flags = (rest >> 32) as u16;
+        if flags & (DESC_F_NEXT | DESC_F_INDIRECT) != 0 {
+            return One::Other;
+        }
+        self.next_avail = self.next_avail.wrapping_add(1);
+        One::Desc(
+            head,
+            Desc {
+                addr: GuestAddress(addr),
+                len: rest as u32,
+                write: flags & DESC_F_WRITE != 0,
+            },
+        )
     }
 
     /// Takes the next available chain, appending its descriptors to `descs`.

@@ -32,18 +32,13 @@ impl GuestRx<'_, '_> {
     ) -> Option<bool> {
         let vq = &mut self.vq;
         let start = vq.next_avail;
-        let descs = &mut self.scratch.descs;
-        descs.clear();
-        let head = match vq.pop(descs) {
-            Popped::Empty => return Some(false),
-            Popped::Chain(head) => head,
-            Popped::Stuck(_) | Popped::Bad(..) => {
-                vq.next_avail = start;
-                return None;
-            }
+        let (head, d) = match vq.pop_one() {
+            One::Empty => return Some(false),
+            One::Desc(head, d) => (head, d),
+            One::Other => return None,
         };
-        let dst = match descs[..] {
-            [d] if d.write && d.len as usize >= total => guest_range(self.mem, d.addr, total),
+        let dst = match d {
+            d if d.write && d.len as usize >= total => guest_range(self.mem, d.addr, total),
             _ => None,
         };
         let Some(dst) = dst else {
