@@ -376,6 +376,11 @@ pub trait DirectSink: Send + Sync {
     /// is the same for every batch from one source ring: a kind with several queues keeps
     /// such frames on one queue, so that they stay in order.
     fn send_batch(&self, frames: &mut dyn OutFrames, flow: u32) -> Delivered;
+
+    /// Moves what waits in the port's rx ring into the device now, if that can be done
+    /// without waiting on anyone (the port's own thread would do it later), so that the
+    /// batch at hand may go direct. The default does nothing.
+    fn drain(&self) {}
 }
 
 // What the control plane sees.

@@ -200,6 +200,13 @@ struct RxSink {
 }
 
 impl DirectSink for RxSink {
+    fn drain(&self) {
+        let net = lock(&self.net).clone();
+        if let Some(net) = net {
+            net.drain();
+        }
+    }
+
     fn send_batch(&self, frames: &mut dyn OutFrames, flow: u32) -> Delivered {
         let net = lock(&self.net).clone();
         match net {

@@ -385,6 +385,33 @@ impl Net {
         }
     }
 
+    /// What waits in the port's rx ring, into receive queue 0 from a forwarding thread
+    /// that is about to deliver (see [`DirectSink::drain`]), when pair 0's worker is not
+    /// at it itself: its steps are only tried, never waited for (the worker may be
+    /// delivering to the caller's port, with the caller's steps wanted).
+    pub(super) fn drain(&self) {
+        if self.shrank() {
+            return;
+        }
+        let Some([rx, _]) = self.0.pairs[0].queues.get() else {
+            return;
+        };
+        let Ok(mut steps) = self.0.pairs[0].steps.try_lock() else {
+            return;
+        };
+        let mem = self.0.mem.memory();
+        let acked = self.acked_now();
+        // As pair 0's worker does: while frames wait for buffers, the guest's notifications
+        // are asked for from the position reached (the guest kicks only past it), and
+        // buffers it added meanwhile are served at once; a few rounds at most.
+        for _ in 0..4 {
+            let (_, blocked) = self.guest_rx(&mut steps, rx, &mem, &acked);
+            if !blocked || !notify(rx, true) {
+                break;
+            }
+        }
+    }
+
     /// Guest receive: what the switch delivered to the port's rx ring, into receive queue 0.
     /// Frames moved, and whether frames wait for the guest's buffers.
     pub(super) fn guest_rx(
