@@ -191,6 +191,11 @@ impl Pipeline {
         }
         self.seg_spans.clear();
         while a != NIL || b != NIL {
+            if out.free == 0 {
+                // The ring is full: the rest of the list is dropped, without a look at each.
+                t.dropped += count_lists(&self.next, a, b);
+                break;
+            }
             let i = take_next(&self.next, &mut a, &mut b) as usize;
             let f = self.held[i];
             let (fs, fc) = (f.first, f.count);
