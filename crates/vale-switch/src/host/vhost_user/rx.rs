@@ -249,13 +249,26 @@ impl Net {
         let pass = self.rx_pass(p, &mut vring.get_mut(), &mem, &acked, |out| {
             let mut pieces: Vec<&[u8]> = std::mem::take(&mut out.scratch.pieces);
             while let Some(f) = frames.next_frame() {
-                pieces.clear();
-                // SAFETY: the pipeline's iovecs point at live frame pieces of their length.
-                pieces.extend(f.iov[1..].iter().map(|v| unsafe {
-                    std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
-                }));
                 let len = f.len as u64;
-                match out.send(&pieces, f.offload) {
+                let sent = match f.iov[1..] {
+                    // The common case, a frame in one piece, without a list.
+                    [v] => {
+                        // SAFETY: the pipeline's iovecs point at live frame pieces of their
+                        // length.
+                        let piece =
+                            unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) };
+                        out.send(&[piece], f.offload)
+                    }
+                    _ => {
+                        pieces.clear();
+                        // SAFETY: as above.
+                        pieces.extend(f.iov[1..].iter().map(|v| unsafe {
+                            std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
+                        }));
+                        out.send(&pieces, f.offload)
+                    }
+                };
+                match sent {
                     Ok(true) => {
                         d.frames += 1;
                         d.bytes += len;
