@@ -242,7 +242,12 @@ impl Pipeline {
     /// As for [`Pipeline::add_piece`]; and no piece may have been added since the last frame
     /// ended.
     #[inline]
-    pub unsafe fn push_frame(&mut self, ptr: *const u8, len: u32, offload: Option<Offload>) -> bool {
+    pub unsafe fn push_frame(
+        &mut self,
+        ptr: *const u8,
+        len: u32,
+        offload: Option<Offload>,
+    ) -> bool {
         debug_assert_eq!(
             self.held.last().map_or(0, |h| (h.first + h.count) as usize),
             self.frags.len()

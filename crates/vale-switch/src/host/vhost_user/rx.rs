@@ -255,8 +255,9 @@ impl Net {
                     [v] => {
                         // SAFETY: the pipeline's iovecs point at live frame pieces of their
                         // length.
-                        let piece =
-                            unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) };
+                        let piece = unsafe {
+                            std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
+                        };
                         out.send(&[piece], f.offload)
                     }
                     _ => {
