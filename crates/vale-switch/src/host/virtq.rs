@@ -104,6 +104,10 @@ pub struct Virtq<'m> {
     /// The used index when the guest was last told (or at the start of the pass).
     told_used: u16,
     event_idx: bool,
+    /// The region of guest memory [`Virtq::range`] last found a buffer in: its guest start
+    /// and end, and where its start is in valed. Looked at first: a guest's buffers are
+    /// mostly in one region.
+    near: (u64, u64, *mut u8),
     _mem: PhantomData<&'m GuestMemoryMmap>,
 }
 
@@ -133,8 +137,38 @@ impl<'m> Virtq<'m> {
             next_used: q.next_used(),
             told_used: q.next_used(),
             event_idx: q.event_idx_enabled(),
+            // Matches no address (start above end).
+            near: (1, 0, std::ptr::null_mut()),
             _mem: PhantomData,
         })
+    }
+
+    /// [`guest_range`], the region last found looked at first. `mem` is the table the queue
+    /// was opened with ([`Virtq::new`]).
+    #[inline(always)]
+    pub fn range(
+        &mut self,
+        mem: &'m GuestMemoryMmap,
+        addr: GuestAddress,
+        len: usize,
+    ) -> Option<*mut u8> {
+        let a = addr.raw_value();
+        let (start, end, host) = self.near;
+        if a >= start && a.checked_add(len as u64).is_some_and(|e| e <= end) {
+            // SAFETY: `a - start` is inside the region found before in `mem` (which the pass
+            // holds), and so are the `len` bytes from there.
+            return Some(unsafe { host.add((a - start) as usize) });
+        }
+        let region = mem.find_region(addr)?;
+        let start = region.start_addr().raw_value();
+        let host = region.get_host_address(MemoryRegionAddress(0)).ok()?;
+        self.near = (start, start.saturating_add(region.len()), host);
+        let end = (a - start).checked_add(len as u64)?;
+        if end > region.len() {
+            return None;
+        }
+        // SAFETY: inside the region, as just checked.
+        Some(unsafe { host.add((a - start) as usize) })
     }
 
     pub fn size(&self) -> u16 {

@@ -38,7 +38,7 @@ impl GuestRx<'_, '_> {
             One::Other => return None,
         };
         let dst = match d {
-            d if d.write && d.len as usize >= total => guest_range(self.mem, d.addr, total),
+            d if d.write && d.len as usize >= total => vq.range(self.mem, d.addr, total),
             _ => None,
         };
         let Some(dst) = dst else {
@@ -47,7 +47,7 @@ impl GuestRx<'_, '_> {
         };
         let hdr = rx_header(off, 1);
         // SAFETY: `total` bytes at `dst` lie in one mapped region of guest memory (checked by
-        // `guest_range`), which `self.mem` keeps mapped; header and pieces add up to `total`.
+        // `Virtq::range`), which `self.mem` keeps mapped; header and pieces add up to `total`.
         unsafe {
             std::ptr::copy_nonoverlapping(hdr.as_ptr(), dst, HDR_LEN);
             let mut at = dst.add(HDR_LEN);

@@ -64,16 +64,17 @@ impl TxScratch {
     /// (header and frame in one region of guest memory) with one translation, handed over
     /// whole; else as [`TxScratch::add_frame`] does.
     #[inline]
-    pub(super) fn add_one(
+    pub(super) fn add_one<'m>(
         &mut self,
         d: Desc,
-        mem: &GuestMemoryMmap,
+        vq: &mut Virtq<'m>,
+        mem: &'m GuestMemoryMmap,
         acked: &Acked,
         batch: &mut Pipeline,
     ) -> Result<(), Bad> {
         let one = match d {
             d if !d.write && (HDR_LEN..=HDR_LEN + MAX_GUEST_FRAME).contains(&(d.len as usize)) => {
-                guest_range(mem, d.addr, d.len as usize)
+                vq.range(mem, d.addr, d.len as usize)
             }
             _ => None,
         };
@@ -84,7 +85,7 @@ impl TxScratch {
         };
         let len = d.len as usize - HDR_LEN;
         let mut hdr = [0u8; HDR_LEN];
-        // SAFETY: the descriptor's bytes lie in one mapped region (`guest_range`), which `mem`
+        // SAFETY: the descriptor's bytes lie in one mapped region (`Virtq::range`), which `mem`
         // keeps mapped until the batch is forwarded.
         unsafe { std::ptr::copy_nonoverlapping(p, hdr.as_mut_ptr(), HDR_LEN) };
         if len < 14 {
@@ -235,7 +236,7 @@ impl Net {
                 let head = match vq.pop_one() {
                     One::Empty => break,
                     One::Desc(head, d) => {
-                        if let Err(b) = tx.add_one(d, mem, acked, batch) {
+                        if let Err(b) = tx.add_one(d, &mut vq, mem, acked, batch) {
                             bad += 1;
                             why = b;
                         }
