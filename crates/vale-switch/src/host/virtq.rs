@@ -96,7 +96,7 @@ pub struct Virtq<'m> {
     avail: *const u8,
     used: *mut u8,
     size: u16,
-    pub next_avail: u16,
+    next_avail: u16,
     /// The avail index as last read: the chains before it are read without reading the
     /// index again (one read of it per burst, not per chain).
     avail_seen: u16,
@@ -171,6 +171,11 @@ impl<'m> Virtq<'m> {
         Some(unsafe { host.add((a - start) as usize) })
     }
 
+    /// The index of the next chain to take.
+    pub fn next_avail(&self) -> u16 {
+        self.next_avail
+    }
+
     pub fn size(&self) -> u16 {
         self.size
     }
@@ -194,6 +199,14 @@ impl<'m> Virtq<'m> {
         // SAFETY: `at + 2 <= 6 + 2 * size`, inside the avail ring checked in `new`, and `at`
         // is even (the ring is 2-aligned); the guest may write it at any time, hence volatile.
         u16::from_le(unsafe { std::ptr::read_volatile(self.avail.add(at) as *const u16) })
+    }
+
+    /// Puts the chains taken since `next_avail` was `to` back: the next pop takes them again,
+    /// the avail index read anew (so that it is checked against this position).
+    #[inline]
+    pub fn rewind(&mut self, to: u16) {
+        self.next_avail = to;
+        self.avail_seen = to;
     }
 
     /// Takes the next available chain when it is one descriptor: the common case, without a

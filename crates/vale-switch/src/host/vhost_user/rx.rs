@@ -31,7 +31,7 @@ impl GuestRx<'_, '_> {
         total: usize,
     ) -> Option<bool> {
         let vq = &mut self.vq;
-        let start = vq.next_avail;
+        let start = vq.next_avail();
         let (head, d) = match vq.pop_one() {
             One::Empty => return Some(false),
             One::Desc(head, d) => (head, d),
@@ -42,7 +42,7 @@ impl GuestRx<'_, '_> {
             _ => None,
         };
         let Some(dst) = dst else {
-            vq.next_avail = start;
+            vq.rewind(start);
             return None;
         };
         let hdr = rx_header(off, 1);
@@ -76,7 +76,7 @@ impl Egress for GuestRx<'_, '_> {
             return Ok(sent);
         }
         let vq = &mut self.vq;
-        let start = vq.next_avail;
+        let start = vq.next_avail();
         let s = &mut *self.scratch;
         s.chains.clear();
         s.descs.clear();
@@ -93,11 +93,11 @@ impl Egress for GuestRx<'_, '_> {
             let head = match vq.pop(&mut s.descs) {
                 Popped::Empty => {
                     // Too few buffers now: the frame waits, and the chains stay the guest's.
-                    vq.next_avail = start;
+                    vq.rewind(start);
                     return Ok(false);
                 }
                 Popped::Stuck(e) => {
-                    vq.next_avail = start;
+                    vq.rewind(start);
                     self.bad += 1;
                     self.why = Bad::Queue(e);
                     return Ok(false);
