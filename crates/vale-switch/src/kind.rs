@@ -376,13 +376,19 @@ pub struct Delivered {
 /// A kind whose device the switch's threads write to directly, instead of through the port's
 /// rx ring and thread: one copy and one wake-up less per burst. It must take concurrent calls.
 /// The frames it is given carry only offload work its port's capabilities take (the pipeline
-/// does the rest first). While frames wait in the port's rx ring it is not called, so that
-/// they keep their order.
+/// does the rest first). While frames wait in the port's rx ring it is first asked to take
+/// them ([`DirectSink::drain`]), and not given the batch unless it took them all, so that
+/// frames keep their order.
 pub trait DirectSink: Send + Sync {
     /// Sends the frames of one batch for this port: once per destination per batch. `flow`
     /// is the same for every batch from one source ring: a kind with several queues keeps
     /// such frames on one queue, so that they stay in order.
     fn send_batch(&self, frames: &mut dyn OutFrames, flow: u32) -> Delivered;
+
+    /// Moves what waits in the port's rx ring into the device now, if that can be done
+    /// without waiting on anyone (the port's own thread would do it later), so that the
+    /// batch at hand may go direct. The default does nothing.
+    fn drain(&self) {}
 }
 
 // What the control plane sees.

@@ -130,9 +130,18 @@ impl Pipeline {
         let mut seg_next = self.seg_spans.len();
         if let Some(sink) = &att.direct {
             let ring = att.region.layout().params.tx_rings + r;
-            let waiting = att.region.atok(ring).head.load(Acquire)
-                != att.region.ktoa(ring).hwtail.load(Acquire);
-            if !waiting {
+            let waiting = || {
+                att.region.atok(ring).head.load(Acquire)
+                    != att.region.ktoa(ring).hwtail.load(Acquire)
+            };
+            // Frames in the ring go first: the sink is asked to take them now, and the batch
+            // goes direct if it took them all.
+            let mut w = waiting();
+            if w {
+                sink.drain();
+                w = waiting();
+            }
+            if !w {
                 self.seg_spans.clear();
                 let flow = (src.index as u32) << 16 | src_ring;
                 seg_next = self.deliver_direct(src, dst, &**sink, caps, flow, (&mut a, &mut b));
@@ -182,6 +191,11 @@ impl Pipeline {
         }
         self.seg_spans.clear();
         while a != NIL || b != NIL {
+            if out.free == 0 {
+                // The ring is full: the rest of the list is dropped, without a look at each.
+                t.dropped += count_lists(&self.next, a, b);
+                break;
+            }
             let i = take_next(&self.next, &mut a, &mut b) as usize;
             let f = self.held[i];
             let (fs, fc) = (f.first, f.count);

@@ -234,6 +234,39 @@ impl Pipeline {
         }
     }
 
+    /// Adds a frame of one piece, `len` bytes at `ptr`, with its checked offload request: what
+    /// [`Pipeline::add_piece`] and [`Pipeline::end_frame`] do, in one step. False, and the
+    /// frame not taken, when it cannot cross the switch (as for `end_frame`).
+    ///
+    /// # Safety
+    /// As for [`Pipeline::add_piece`]; and no piece may have been added since the last frame
+    /// ended.
+    #[inline]
+    pub unsafe fn push_frame(
+        &mut self,
+        ptr: *const u8,
+        len: u32,
+        offload: Option<Offload>,
+    ) -> bool {
+        debug_assert_eq!(
+            self.held.last().map_or(0, |h| (h.first + h.count) as usize),
+            self.frags.len()
+        );
+        if !(ETH_HLEN..=MAX_FRAME_LEN).contains(&len) || self.frames.len() >= MAX_BATCH as usize {
+            return false;
+        }
+        prefetch(ptr);
+        self.held.push(Held {
+            first: self.frags.len() as u32,
+            count: 1,
+            len,
+            offload: offload.map_or(0, Offload::to_word),
+        });
+        self.frags.push(Frag { ptr, len });
+        self.frames.push(FrameMeta::new(ptr, len, len, 0));
+        true
+    }
+
     /// Ends the frame whose pieces were added since the last one ended, with its checked
     /// offload request. False, and the frame forgotten, when it cannot cross the switch: no
     /// whole Ethernet header in its first piece, more than `MAX_FRAGS` pieces, longer than

@@ -31,28 +31,23 @@ impl GuestRx<'_, '_> {
         total: usize,
     ) -> Option<bool> {
         let vq = &mut self.vq;
-        let start = vq.next_avail;
-        let descs = &mut self.scratch.descs;
-        descs.clear();
-        let head = match vq.pop(descs) {
-            Popped::Empty => return Some(false),
-            Popped::Chain(head) => head,
-            Popped::Stuck(_) | Popped::Bad(..) => {
-                vq.next_avail = start;
-                return None;
-            }
+        let start = vq.next_avail();
+        let (head, d) = match vq.pop_one() {
+            One::Empty => return Some(false),
+            One::Desc(head, d) => (head, d),
+            One::Other => return None,
         };
-        let dst = match descs[..] {
-            [d] if d.write && d.len as usize >= total => guest_range(self.mem, d.addr, total),
+        let dst = match d {
+            d if d.write && d.len as usize >= total => vq.range(self.mem, d.addr, total),
             _ => None,
         };
         let Some(dst) = dst else {
-            vq.next_avail = start;
+            vq.rewind(start);
             return None;
         };
         let hdr = rx_header(off, 1);
         // SAFETY: `total` bytes at `dst` lie in one mapped region of guest memory (checked by
-        // `guest_range`), which `self.mem` keeps mapped; header and pieces add up to `total`.
+        // `Virtq::range`), which `self.mem` keeps mapped; header and pieces add up to `total`.
         unsafe {
             std::ptr::copy_nonoverlapping(hdr.as_ptr(), dst, HDR_LEN);
             let mut at = dst.add(HDR_LEN);
@@ -81,7 +76,7 @@ impl Egress for GuestRx<'_, '_> {
             return Ok(sent);
         }
         let vq = &mut self.vq;
-        let start = vq.next_avail;
+        let start = vq.next_avail();
         let s = &mut *self.scratch;
         s.chains.clear();
         s.descs.clear();
@@ -98,11 +93,11 @@ impl Egress for GuestRx<'_, '_> {
             let head = match vq.pop(&mut s.descs) {
                 Popped::Empty => {
                     // Too few buffers now: the frame waits, and the chains stay the guest's.
-                    vq.next_avail = start;
+                    vq.rewind(start);
                     return Ok(false);
                 }
                 Popped::Stuck(e) => {
-                    vq.next_avail = start;
+                    vq.rewind(start);
                     self.bad += 1;
                     self.why = Bad::Queue(e);
                     return Ok(false);
@@ -254,13 +249,27 @@ impl Net {
         let pass = self.rx_pass(p, &mut vring.get_mut(), &mem, &acked, |out| {
             let mut pieces: Vec<&[u8]> = std::mem::take(&mut out.scratch.pieces);
             while let Some(f) = frames.next_frame() {
-                pieces.clear();
-                // SAFETY: the pipeline's iovecs point at live frame pieces of their length.
-                pieces.extend(f.iov[1..].iter().map(|v| unsafe {
-                    std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
-                }));
                 let len = f.len as u64;
-                match out.send(&pieces, f.offload) {
+                let sent = match f.iov[1..] {
+                    // The common case, a frame in one piece, without a list.
+                    [v] => {
+                        // SAFETY: the pipeline's iovecs point at live frame pieces of their
+                        // length.
+                        let piece = unsafe {
+                            std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
+                        };
+                        out.send(&[piece], f.offload)
+                    }
+                    _ => {
+                        pieces.clear();
+                        // SAFETY: as above.
+                        pieces.extend(f.iov[1..].iter().map(|v| unsafe {
+                            std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
+                        }));
+                        out.send(&pieces, f.offload)
+                    }
+                };
+                match sent {
                     Ok(true) => {
                         d.frames += 1;
                         d.bytes += len;
@@ -387,6 +396,33 @@ impl Net {
         if let Some(ns) = steps.fire_due() {
             // At least 1 µs: a moderation deadline due now is served by the next event anyway.
             epoll::arm_timer(&pair.timer, ns.max(1000));
+        }
+    }
+
+    /// What waits in the port's rx ring, into receive queue 0 from a forwarding thread
+    /// that is about to deliver (see [`DirectSink::drain`]), when pair 0's worker is not
+    /// at it itself: its steps are only tried, never waited for (the worker may be
+    /// delivering to the caller's port, with the caller's steps wanted).
+    pub(super) fn drain(&self) {
+        if self.shrank() {
+            return;
+        }
+        let Some([rx, _]) = self.0.pairs[0].queues.get() else {
+            return;
+        };
+        let Ok(mut steps) = self.0.pairs[0].steps.try_lock() else {
+            return;
+        };
+        let mem = self.0.mem.memory();
+        let acked = self.acked_now();
+        // As pair 0's worker does: while frames wait for buffers, the guest's notifications
+        // are asked for from the position reached (the guest kicks only past it), and
+        // buffers it added meanwhile are served at once; a few rounds at most.
+        for _ in 0..4 {
+            let (_, blocked) = self.guest_rx(&mut steps, rx, &mem, &acked);
+            if !blocked || !notify(rx, true) {
+                break;
+            }
         }
     }
 

@@ -60,6 +60,48 @@ pub(super) struct TxScratch {
 pub(super) const HEAD_COPY: usize = 64;
 
 impl TxScratch {
+    /// Adds the frame of the one-descriptor tx chain `d` to `batch`: in the common case
+    /// (header and frame in one region of guest memory) with one translation, handed over
+    /// whole; else as [`TxScratch::add_frame`] does.
+    #[inline]
+    pub(super) fn add_one<'m>(
+        &mut self,
+        d: Desc,
+        vq: &mut Virtq<'m>,
+        mem: &'m GuestMemoryMmap,
+        acked: &Acked,
+        batch: &mut Pipeline,
+    ) -> Result<(), Bad> {
+        let one = match d {
+            d if !d.write && (HDR_LEN..=HDR_LEN + MAX_GUEST_FRAME).contains(&(d.len as usize)) => {
+                vq.range(mem, d.addr, d.len as usize)
+            }
+            _ => None,
+        };
+        let Some(p) = one else {
+            self.descs.clear();
+            self.descs.push(d);
+            return self.add_frame(mem, acked, batch);
+        };
+        let len = d.len as usize - HDR_LEN;
+        let mut hdr = [0u8; HDR_LEN];
+        // SAFETY: the descriptor's bytes lie in one mapped region (`Virtq::range`), which `mem`
+        // keeps mapped until the batch is forwarded.
+        unsafe { std::ptr::copy_nonoverlapping(p, hdr.as_mut_ptr(), HDR_LEN) };
+        if len < 14 {
+            return Err(Bad::Runt(len));
+        }
+        let off = acked.offload(&hdr, len)?;
+        if len > acked.max_frame && off.is_none_or(|o| o.gso_type == offload::GSO_NONE) {
+            return Err(Bad::OverMtu(len, acked.max_frame - MTU_OVERHEAD));
+        }
+        // SAFETY: as above; the `len` bytes after the header are in the same region.
+        if !unsafe { batch.push_frame(p.add(HDR_LEN), len as u32, off) } {
+            return Err(Bad::Scattered);
+        }
+        Ok(())
+    }
+
     /// Adds the frame of the tx chain in `descs` to `batch` where it lies in guest memory;
     /// its virtio-net header (which may be split over any descriptors) is read aside and
     /// checked. Every address is checked against the memory table.
@@ -71,29 +113,7 @@ impl TxScratch {
     ) -> Result<(), Bad> {
         let mut hdr = [0u8; HDR_LEN];
         self.pieces.clear();
-        let one = match self.descs[..] {
-            [d] if !d.write
-                && (HDR_LEN..=HDR_LEN + MAX_GUEST_FRAME).contains(&(d.len as usize)) =>
-            {
-                guest_range(mem, d.addr, d.len as usize)
-            }
-            _ => None,
-        };
-        let len = match one {
-            // The common case: header and frame in one descriptor, in one region of guest
-            // memory: one translation.
-            Some(p) => {
-                let len = self.descs[0].len as usize - HDR_LEN;
-                // SAFETY: the descriptor's bytes lie in one mapped region (`guest_range`),
-                // which `mem` keeps mapped until the batch is forwarded.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(p, hdr.as_mut_ptr(), HDR_LEN);
-                    self.pieces.push((p.add(HDR_LEN), len as u32));
-                }
-                len
-            }
-            None => self.gather(mem, &mut hdr)?,
-        };
+        let len = self.gather(mem, &mut hdr)?;
         if len < 14 {
             return Err(Bad::Runt(len));
         }
@@ -213,26 +233,38 @@ impl Net {
             // Never reallocated within the batch: the pipeline holds pointers into it.
             tx.heads.reserve(BURST);
             while batch.batch_len() < limit && used < BURST {
-                tx.descs.clear();
-                let head = match vq.pop(&mut tx.descs) {
-                    Popped::Empty => break,
-                    Popped::Stuck(e) => {
-                        bad += 1;
-                        why = Bad::Queue(e);
-                        stuck = true;
-                        break;
-                    }
-                    Popped::Bad(head, e) => {
-                        bad += 1;
-                        why = Bad::Queue(e);
-                        head
-                    }
-                    Popped::Chain(head) => {
-                        if let Err(b) = tx.add_frame(mem, acked, batch) {
+                let head = match vq.pop_one() {
+                    One::Empty => break,
+                    One::Desc(head, d) => {
+                        if let Err(b) = tx.add_one(d, &mut vq, mem, acked, batch) {
                             bad += 1;
                             why = b;
                         }
                         head
+                    }
+                    One::Other => {
+                        tx.descs.clear();
+                        match vq.pop(&mut tx.descs) {
+                            Popped::Empty => break,
+                            Popped::Stuck(e) => {
+                                bad += 1;
+                                why = Bad::Queue(e);
+                                stuck = true;
+                                break;
+                            }
+                            Popped::Bad(head, e) => {
+                                bad += 1;
+                                why = Bad::Queue(e);
+                                head
+                            }
+                            Popped::Chain(head) => {
+                                if let Err(b) = tx.add_frame(mem, acked, batch) {
+                                    bad += 1;
+                                    why = b;
+                                }
+                                head
+                            }
+                        }
                     }
                 };
                 // Published only after the batch is forwarded: until then the guest must not
