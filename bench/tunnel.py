@@ -83,6 +83,20 @@ DROPS = (("vale0:t", "rx_drops"), ("vale1:t", "tx_drops"))
 RX_SLOTS = 4096     # the receiving vale-pktgen's ring in the paced runs
 
 
+def settle(v, port, quiet=0.3, limit=10.0):
+    """Waits until `port`'s counters stop moving (for `quiet` s, at most `limit` s): what a
+    saturation run left in the tunnel's socket buffer (16 MiB) must not be counted as received
+    by the next paced run."""
+    deadline, last, since = time.monotonic() + limit, None, time.monotonic()
+    while time.monotonic() < deadline:
+        now = v.ports()[port]["counters"]
+        if now != last:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return
+        time.sleep(0.05)
+
+
 def vale_runs(a, size, loads=()):
     """Saturation runs (rx pps each), then for each fraction of `loads` of their median the
     paced runs ({sent, received, loss, drops})."""
@@ -100,6 +114,7 @@ def vale_runs(a, size, loads=()):
         rate = int(f * summary(runs)["median"])
         paced[f] = []
         for _ in range(a.runs):
+            settle(v, "vale1:t")
             before, e0 = v.ports(), udp_rcvbuf_errors(ns)
             # A deep ring at the receiving client: what is measured is the tunnel's loss, not
             # that of a client descheduled on a crowded CPU (the Linux side counts at a veth).
