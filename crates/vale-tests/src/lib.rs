@@ -915,3 +915,19 @@ pub fn kick(fd: RawFd) {
     let n = unsafe { libc::write(fd, &one as *const u64 as *const libc::c_void, 8) };
     assert_eq!(n, 8, "kick: {}", std::io::Error::last_os_error());
 }
+
+/// The JSON line of the round-trip benchmarks' ping ends (`udp-pingpong`, `vhost-paced --role
+/// ping`): sample count, min, median, 99th percentile and max in microseconds, and the
+/// requests `lost`. Sorts `rtts_us`, which must not be empty.
+pub fn rtt_report(rtts_us: &mut [f64], lost: u64) -> String {
+    rtts_us.sort_by(f64::total_cmp);
+    let at = |q: f64| rtts_us[((rtts_us.len() - 1) as f64 * q).round() as usize];
+    format!(
+        "{{\"samples\": {}, \"min_us\": {:.3}, \"median_us\": {:.3}, \"p99_us\": {:.3}, \"max_us\": {:.3}, \"lost\": {lost}}}",
+        rtts_us.len(),
+        at(0.0),
+        at(0.5),
+        at(0.99),
+        at(1.0)
+    )
+}

@@ -588,14 +588,5 @@ fn exchange(a: &Args, m: &Memory, kicks: &[EventFd], call: &EventFd) {
         );
         std::process::exit(1);
     }
-    rtts.sort_by(f64::total_cmp);
-    let at = |q: f64| rtts[((rtts.len() - 1) as f64 * q).round() as usize];
-    println!(
-        "{{\"samples\": {}, \"min_us\": {:.3}, \"median_us\": {:.3}, \"p99_us\": {:.3}, \"max_us\": {:.3}, \"lost\": {lost}}}",
-        rtts.len(),
-        at(0.0),
-        at(0.5),
-        at(0.99),
-        at(1.0)
-    );
+    println!("{}", vale_tests::rtt_report(&mut rtts, lost));
 }

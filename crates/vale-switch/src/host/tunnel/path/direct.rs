@@ -17,7 +17,7 @@
 //!   the switch cut for this port) is copied, into a staging area of the batch.
 //! - **Runs of frames in one datagram call.** Consecutive frames of one length to one remote
 //!   (a stream of small frames) go in one message with `UDP_SEGMENT`: the kernel builds one
-//!   socket buffer of up to [`GSO_SEGS`] datagrams and runs its UDP, IP, routing and
+//!   socket buffer of up to [`MAX_GSO_SEGMENTS`] datagrams and runs its UDP, IP, routing and
 //!   queueing code once for them, then cuts it into the same datagrams the frames would have
 //!   been one by one (in the device when it can, else just before it). What the wire carries
 //!   is the same packets. It needs the UDP checksum on (the kernel refuses `UDP_SEGMENT`
@@ -28,6 +28,7 @@
 //!   of an EVPN port (whose local MACs are noted on the way out): both go through the port's
 //!   thread.
 
+use super::super::gso::{refuses_gso, Cmsg, MAX_GSO_SEGMENTS};
 use super::super::sock::Sock;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -44,23 +45,12 @@ use crate::lookup::{is_group, LearningBridge};
 const MSGS: usize = 256;
 /// iovecs of the messages of one batch.
 const IOVS: usize = 4096;
-/// Frames of one `UDP_SEGMENT` message (the kernel's `UDP_MAX_SEGMENTS` is 64 before 6.11).
-pub const GSO_SEGS: usize = 64;
 /// iovecs of one message (the kernel's `UIO_MAXIOV`).
 const MAX_IOV_PER_MSG: usize = 1024;
 /// Times a batch tries the port's lock before it leaves its frames to the ring.
 const TRY_SPINS: usize = 256;
 /// Bytes of the staging area for frames whose pieces do not last.
 const STAGE: usize = 64 * 1024;
-
-const SOL_UDP: libc::c_int = 17;
-const UDP_SEGMENT: libc::c_int = 103;
-
-/// Room for one `UDP_SEGMENT` control message (a 16-bit segment size), aligned as the kernel
-/// reads it.
-#[repr(C, align(8))]
-#[derive(Clone, Copy)]
-struct Cmsg([u8; 24]);
 
 /// What a tunnel port's socket, table and [`Path`] are to the threads that share them: the
 /// port's own (ingress and the ring path) and the forwarding threads (the direct path).
@@ -260,7 +250,7 @@ impl Batch {
         Batch {
             msgs: (0..MSGS).map(|_| empty()).collect(),
             iov: vec![iov(std::ptr::null(), 0); IOVS].into(),
-            cmsg: vec![Cmsg([0; 24]); MSGS].into(),
+            cmsg: vec![Cmsg::zeroed(); MSGS].into(),
             remote: vec![0; MSGS].into(),
             frames: vec![0; MSGS].into(),
             bytes: vec![0; MSGS].into(),
@@ -299,7 +289,7 @@ impl Batch {
         if self.gso
             && same_remotes
             && self.seg[k] == seg
-            && (self.frames[k] as usize) < GSO_SEGS
+            && (self.frames[k] as usize) < MAX_GSO_SEGMENTS
             && (self.frames[k] as usize + 1) * seg as usize <= MAX_UDP_PAYLOAD
             && self.msgs[k].msg_hdr.msg_iovlen + span <= MAX_IOV_PER_MSG
             && self.n_iov + span <= IOVS
@@ -393,22 +383,9 @@ impl Batch {
             let m = &mut self.msgs[k].msg_hdr;
             if self.frames[k] > 1 {
                 let c = &mut self.cmsg[k];
-                // SAFETY: CMSG_LEN and CMSG_SPACE are arithmetic.
-                let (clen, space) = unsafe { (libc::CMSG_LEN(2), libc::CMSG_SPACE(2)) };
-                debug_assert!(space as usize <= c.0.len());
-                let h = libc::cmsghdr {
-                    cmsg_len: clen as _,
-                    cmsg_level: SOL_UDP,
-                    cmsg_type: UDP_SEGMENT,
-                };
-                // SAFETY: the buffer is 8-aligned and holds a cmsghdr and 2 bytes after it.
-                unsafe {
-                    std::ptr::write(c.0.as_mut_ptr() as *mut libc::cmsghdr, h);
-                    let data = libc::CMSG_DATA(c.0.as_ptr() as *const libc::cmsghdr);
-                    std::ptr::write_unaligned(data as *mut u16, self.seg[k] as u16);
-                }
-                m.msg_control = c.0.as_mut_ptr() as *mut libc::c_void;
-                m.msg_controllen = space as _;
+                *c = Cmsg::segment(self.seg[k] as u16);
+                m.msg_control = c as *mut Cmsg as *mut libc::c_void;
+                m.msg_controllen = Cmsg::SPACE as _;
             }
         }
         let mut i = 0;
@@ -449,7 +426,7 @@ impl Batch {
                 _ => {
                     if e == libc::EMSGSIZE {
                         path.counters.too_big += self.frames[i] as u64;
-                    } else if self.frames[i] > 1 && (e == libc::EINVAL || e == libc::EIO) {
+                    } else if self.frames[i] > 1 && refuses_gso(&errno(e)) {
                         // This kernel or socket takes no UDP_SEGMENT: one datagram a frame
                         // from now on.
                         tracing::warn!(
