@@ -299,3 +299,47 @@ fn merged_datagrams_are_split_and_each_checked() {
     );
     assert_eq!(field(remote_of(&l, "127.0.0.2"), "rx"), 5, "{l}");
 }
+
+/// Datagrams the port took from its socket but had no room for in its ring wait in the port
+/// and go on at its next turn, though nothing more arrives: 20 merged buffers of 64
+/// datagrams (1,280 frames, more than the port's ring takes in one turn) queued while valed
+/// is stopped all enter the switch with no further traffic. (They used to stay in the port
+/// until the next datagram came: frames of one paced run were counted in the next.)
+#[test]
+fn datagrams_taken_beyond_the_rings_room_go_on_without_more_traffic() {
+    let home = Netns::new("h");
+    let v = Valed::start_in(&home, &[]);
+    v.ctl_ok(&[
+        "attach",
+        "vale0:t",
+        "vxlan",
+        "vni=42",
+        "local=127.0.0.1",
+        "remote=127.0.0.2",
+    ]);
+    let seg: Vec<u8> = {
+        let mut p = vxlan_packet(42, MAC_A, BROADCAST, 0)[..8].to_vec();
+        p.extend_from_slice(&test_frame(60, MAC_A, BROADCAST, 1));
+        p
+    };
+    let (sends, per_send) = (20, 64);
+    let buf = seg.repeat(per_send);
+    v.signal(libc::SIGSTOP);
+    in_netns(&home.name, move || {
+        let s = std::net::UdpSocket::bind("127.0.0.2:0").unwrap();
+        for _ in 0..sends {
+            send_segmented(&s, "127.0.0.1:4789", &buf, seg.len() as u16);
+        }
+    });
+    v.signal(libc::SIGCONT);
+    let want = (sends * per_send) as u64;
+    let arrived = wait_until(Duration::from_secs(10), || {
+        v.counters("vale0:t").tx_packets >= want
+    });
+    let c = v.counters("vale0:t");
+    assert!(
+        arrived && c.tx_packets == want,
+        "{} of {want} frames entered the switch: {c:?}",
+        c.tx_packets
+    );
+}

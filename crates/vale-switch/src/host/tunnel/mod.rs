@@ -335,6 +335,8 @@ pub struct TunnelDevice {
     evpn: Option<evpn::Evpn>,
     /// The table's clock, as this thread last read it.
     now_s: u32,
+    /// The path holds received datagrams the ring had no room for ([`path::Path::holds`]).
+    holding: bool,
     /// Where the counters are shown (set when the driver starts).
     state: Option<Arc<HostState>>,
 }
@@ -376,6 +378,7 @@ impl TunnelDevice {
             },
             evpn,
             now_s: 0,
+            holding: false,
             state: None,
         })
     }
@@ -491,9 +494,10 @@ impl Polled for TunnelDevice {
     fn ingress(&mut self, ring: &mut TxSide) -> Result<usize, DevError> {
         let sh = &*self.shared;
         self.now_s = sh.now_s();
-        if self.evpn.is_none() && !path::direct::readable(&sh.sock) {
-            // Woken for the ring or the clock: the path stays free for the forwarding
-            // threads, which would leave their batches in the ring while it is held.
+        if self.evpn.is_none() && !self.holding && !path::direct::readable(&sh.sock) {
+            // Woken for the ring or the clock, with nothing received waiting: the path stays
+            // free for the forwarding threads, which would leave their batches in the ring
+            // while it is held.
             return Ok(0);
         }
         let mut path = lock(&sh.path);
@@ -503,8 +507,11 @@ impl Polled for TunnelDevice {
         if let Some(e) = &mut self.evpn {
             e.poll(&mut path, &sh.table, self.now_s);
         }
-        path.receive(&sh.sock, &sh.table, ring)
-            .map_err(DevError::Frame)
+        let r = path.receive(&sh.sock, &sh.table, ring);
+        // Datagrams already taken from the socket (a merged buffer split only in part, for
+        // want of room) are taken further at the next call, socket empty or not.
+        self.holding = path.holds();
+        r.map_err(DevError::Frame)
     }
 
     /// Called about once a second: ages the table and shows the counters.

@@ -831,6 +831,12 @@ impl Path {
     /// Receives packets straight into the free slots of `ring`, checks them, learns their
     /// inner source MACs and commits their inner frames. How many were committed. With
     /// `UDP_GRO` on, through [`Path::receive_merged`].
+    /// Whether received datagrams wait here for room in the ring (merged buffers not yet
+    /// split, or a merged TSO frame being built): the socket may be empty while they do.
+    pub fn holds(&self) -> bool {
+        self.held.is_some() || self.gro.as_ref().is_some_and(|g| g.next < g.got)
+    }
+
     pub fn receive(
         &mut self,
         sock: &OwnedFd,
