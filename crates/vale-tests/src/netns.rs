@@ -90,6 +90,23 @@ impl Netns {
     }
 }
 
+/// `iperf3` for 2 s from namespace `client` to a server it starts in `server` at `addr`
+/// (`extra`: more client options); its JSON report.
+pub fn iperf3_json(client: &Netns, server: &Netns, addr: &str, extra: &str) -> serde_json::Value {
+    server.ok("iperf3 -s -1 -D -p 5201");
+    std::thread::sleep(Duration::from_millis(300));
+    let out = client.run(
+        &format!("iperf3 -c {addr} -p 5201 -t 2 -J {extra}"),
+        Duration::from_secs(20),
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "iperf3 to {addr} {extra} failed: {text}"
+    );
+    serde_json::from_str(&text).expect("iperf3 JSON")
+}
+
 impl Drop for Netns {
     fn drop(&mut self) {
         // Kill what still runs in it (iperf3 servers), then delete it with its interfaces.

@@ -1,5 +1,6 @@
-//! Helpers of the tunnel port tests (tunnel, tunnel_learn, evpn): a tunnel port's counters
-//! as `vale-ctl list` shows them, and packets and threads on the underlay.
+//! Helpers of the tunnel port tests (tunnel, tunnel_learn, tunnel_offload, tunnel_vnis, evpn): a
+//! tunnel port's counters as `vale-ctl list` shows them, valed with a vxlan port on loopback, and
+//! packets and threads on the underlay.
 
 use std::os::fd::AsRawFd;
 use std::time::Duration;
@@ -62,6 +63,18 @@ pub fn in_netns<R: Send + 'static>(ns: &str, f: impl FnOnce() -> R + Send + 'sta
     })
     .join()
     .expect("thread in the namespace")
+}
+
+/// valed in a network namespace of its own (`tag`) with vxlan port vale0:t of VNI `vni` at
+/// 127.0.0.1 and the arguments `more` (`remote=...`, `learn-remotes=...`).
+pub fn vxlan_on_lo(tag: &str, vni: u32, more: &[&str]) -> (Netns, Valed) {
+    let home = Netns::new(tag);
+    let v = Valed::start_in(&home, &[]);
+    let vni = format!("vni={vni}");
+    let mut args = vec!["attach", "vale0:t", "vxlan", &vni, "local=127.0.0.1"];
+    args.extend_from_slice(more);
+    v.ctl_ok(&args);
+    (home, v)
 }
 
 /// An inner frame to MAC `dst` from MAC `src`, of `len` bytes, behind a VXLAN header of VNI

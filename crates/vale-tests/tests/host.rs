@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use vale_tests::netns::{unique, Netns, NicNet, TapNet};
+use vale_tests::netns::{iperf3_json, unique, Netns, NicNet, TapNet};
 use vale_tests::*;
 
 /// `iperf3` from host `a` to host `b` (`extra`: more client options); returns the receiver's
@@ -23,19 +23,6 @@ fn iperf3_between(client: &Netns, server: &Netns, addr: &str, extra: &str) -> f6
         .as_f64()
         .or_else(|| end["sum"]["bits_per_second"].as_f64())
         .expect("bits_per_second")
-}
-
-/// Runs `iperf3` as [`iperf3_between`] does; returns its JSON report.
-fn iperf3_json(client: &Netns, server: &Netns, addr: &str, extra: &str) -> serde_json::Value {
-    server.ok("iperf3 -s -1 -D -p 5201");
-    std::thread::sleep(Duration::from_millis(300));
-    let out = client.run(
-        &format!("iperf3 -c {addr} -p 5201 -t 2 -J {extra}"),
-        Duration::from_secs(20),
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "iperf3 {extra} failed: {text}");
-    serde_json::from_str(&text).expect("iperf3 JSON")
 }
 
 /// A counter of namespace `ns`'s UDP statistics (`/proc/net/snmp`).

@@ -7,7 +7,7 @@
 use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
-use vale_tests::netns::{Netns, TapNet};
+use vale_tests::netns::{iperf3_json, Netns, TapNet};
 use vale_tests::tunnel::*;
 use vale_tests::*;
 
@@ -124,15 +124,7 @@ fn tcp_from_a_tap_port_crosses_the_tunnel_both_ways() {
     x.c2.ok("ip link set ce mtu 1450");
     c1.ok("ping -c 2 -i 0.2 -W 2 10.77.0.2");
     for (client, server, addr) in [(c1, &x.c2, "10.77.0.2"), (&x.c2, c1, "10.77.0.1")] {
-        server.ok("iperf3 -s -1 -D -p 5201");
-        std::thread::sleep(Duration::from_millis(300));
-        let out = client.run(
-            &format!("iperf3 -c {addr} -p 5201 -t 2 -J"),
-            Duration::from_secs(20),
-        );
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "iperf3 to {addr} failed: {text}");
-        let j: serde_json::Value = serde_json::from_str(&text).expect("iperf3 JSON");
+        let j = iperf3_json(client, server, addr, "");
         let bytes = j["end"]["sum_received"]["bytes"].as_u64().expect("bytes");
         assert!(bytes > 1_000_000, "iperf3 to {addr}: {bytes} bytes");
     }

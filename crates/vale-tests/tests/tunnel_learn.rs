@@ -23,17 +23,7 @@ fn mac_of(i: u8) -> [u8; 6] {
 /// broadcast reaches every remote, configured and learnt; two switches still talk.
 #[test]
 fn learnt_remotes_are_bounded_and_their_macs_point_at_them() {
-    let home = Netns::new("l");
-    let v = Valed::start_in(&home, &[]);
-    v.ctl_ok(&[
-        "attach",
-        "vale0:t",
-        "vxlan",
-        "vni=5",
-        "local=127.0.0.1",
-        "remote=127.0.0.2",
-        "learn-remotes=4",
-    ]);
+    let (home, v) = vxlan_on_lo("l", 5, &["remote=127.0.0.2", "learn-remotes=4"]);
     v.ctl_ok(&[
         "attach",
         "vale1:t",
@@ -183,16 +173,7 @@ fn a_linux_vtep_is_learnt_as_a_remote() {
 /// to at `dstport`).
 #[test]
 fn packets_from_any_source_port_are_taken() {
-    let home = Netns::new("s");
-    let v = Valed::start_in(&home, &[]);
-    v.ctl_ok(&[
-        "attach",
-        "vale0:t",
-        "vxlan",
-        "vni=5",
-        "local=127.0.0.1",
-        "remote=127.0.0.2",
-    ]);
+    let (home, v) = vxlan_on_lo("s", 5, &["remote=127.0.0.2"]);
     let a = v.options().slots(1024).open("vale0:a").expect("open a");
     // a is known to vale0 before the packets come.
     send_all(&a, &[test_frame(60, MAC_A, BROADCAST, 0)]);

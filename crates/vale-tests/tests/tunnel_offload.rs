@@ -8,7 +8,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use vale_tests::netns::{unique, Netns};
+use vale_tests::netns::{iperf3_json, unique, Netns};
 use vale_tests::tunnel::*;
 use vale_tests::*;
 
@@ -83,15 +83,7 @@ impl Across {
 
 /// iperf3 for 2 s from `client` to `addr` (a server in `server`): the bytes received.
 fn iperf3(client: &Netns, server: &Netns, addr: &str) -> u64 {
-    server.ok("iperf3 -s -1 -D -p 5201");
-    std::thread::sleep(Duration::from_millis(300));
-    let out = client.run(
-        &format!("iperf3 -c {addr} -p 5201 -t 2 -J"),
-        Duration::from_secs(20),
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "iperf3 to {addr} failed: {text}");
-    let j: serde_json::Value = serde_json::from_str(&text).expect("iperf3 JSON");
+    let j = iperf3_json(client, server, addr, "");
     j["end"]["sum_received"]["bytes"].as_u64().expect("bytes")
 }
 
@@ -248,16 +240,7 @@ fn send_segmented(sock: &std::net::UdpSocket, to: &str, buf: &[u8], seg: u16) {
 /// the segment size included.
 #[test]
 fn merged_datagrams_are_split_and_each_checked() {
-    let home = Netns::new("g");
-    let v = Valed::start_in(&home, &[]);
-    v.ctl_ok(&[
-        "attach",
-        "vale0:t",
-        "vxlan",
-        "vni=42",
-        "local=127.0.0.1",
-        "remote=127.0.0.2",
-    ]);
+    let (home, v) = vxlan_on_lo("g", 42, &["remote=127.0.0.2"]);
     let b = v.open("vale0:b");
     let frames: Vec<Vec<u8>> = (0..6)
         .map(|s| test_frame(100, MAC_A, BROADCAST, s))
@@ -307,16 +290,7 @@ fn merged_datagrams_are_split_and_each_checked() {
 /// until the next datagram came: frames of one paced run were counted in the next.)
 #[test]
 fn datagrams_taken_beyond_the_rings_room_go_on_without_more_traffic() {
-    let home = Netns::new("h");
-    let v = Valed::start_in(&home, &[]);
-    v.ctl_ok(&[
-        "attach",
-        "vale0:t",
-        "vxlan",
-        "vni=42",
-        "local=127.0.0.1",
-        "remote=127.0.0.2",
-    ]);
+    let (home, v) = vxlan_on_lo("h", 42, &["remote=127.0.0.2"]);
     let seg: Vec<u8> = {
         let mut p = vxlan_packet(42, MAC_A, BROADCAST, 0)[..8].to_vec();
         p.extend_from_slice(&test_frame(60, MAC_A, BROADCAST, 1));
