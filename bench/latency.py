@@ -3,7 +3,9 @@
 
 vale: `vale-pktgen -f pong --announce` on vale0:b echoes every frame; `vale-pktgen -f ping` on
 vale0:a sends one frame to b's MAC, waits for its echo, and sends the next, for --seconds. Both
-sleep in poll between frames (no busy-polling), as in the paper's experiment. Each run reports
+sleep in poll between frames (no busy-waiting), as in the paper's experiment; valed runs with
+its defaults, so its forwarding thread spins briefly on a ring in an active exchange (`valed
+--spin-us`, 50 µs) before it sleeps. Each run reports
 min, median, 99th percentile and max; the table gives the median over runs of each.
 
 Peer: the Linux bridge between veths in namespaces, `ping -i 0.001` (ICMP echo of the same
