@@ -414,10 +414,28 @@ pub struct Answer {
     pub output: String,
 }
 
-/// A running guest; QEMU is killed when it is dropped (and when the test process dies).
+/// The guest kernel's command line for `cfg`: the console on the first serial port, and
+/// eth0's address, MAC and MTU for `/init`.
+pub fn cmdline(cfg: &GuestConfig) -> String {
+    // no_timer_check: under TCG on a loaded host the guest kernel's check that the timer
+    // interrupt reaches the IO-APIC can time out, and it panics ("IO-APIC + timer doesn't
+    // work", seen with a load average of 12 on two vCPUs).
+    let mut append = format!(
+        "console=ttyS0 panic=-1 quiet no_timer_check ipv6.disable=1 vale.ip={} vale.mac={}",
+        cfg.ip, cfg.mac
+    );
+    if let Some(mtu) = cfg.mtu {
+        append += &format!(" vale.mtu={mtu}");
+    }
+    append
+}
+
+/// A running guest; QEMU is killed when it is dropped (and when the test process dies). A
+/// guest whose QEMU another program starts (libvirt) is made with [`Guest::external`].
 pub struct Guest {
     pub name: String,
-    child: Child,
+    /// QEMU, when the harness started it.
+    child: Option<Child>,
     dir: TempDir,
     listener: UnixListener,
     cmd: Option<BufReader<UnixStream>>,
@@ -433,16 +451,7 @@ impl Guest {
         let sock = dir.0.join("cmd.sock");
         let listener = UnixListener::bind(&sock).expect("bind the command socket");
         let console = dir.0.join("console.log");
-        // no_timer_check: under TCG on a loaded host the guest kernel's check that the timer
-        // interrupt reaches the IO-APIC can time out, and it panics ("IO-APIC + timer doesn't
-        // work", seen with a load average of 12 on two vCPUs).
-        let mut append = format!(
-            "console=ttyS0 panic=-1 quiet no_timer_check ipv6.disable=1 vale.ip={} vale.mac={}",
-            cfg.ip, cfg.mac
-        );
-        if let Some(mtu) = cfg.mtu {
-            append += &format!(" vale.mtu={mtu}");
-        }
+        let append = cmdline(cfg);
         let mut device = format!(
             "virtio-net-pci,netdev=n0,mac={},romfile=,vectors=0",
             cfg.mac
@@ -507,7 +516,7 @@ impl Guest {
             .unwrap_or_else(|e| panic!("guest {}: start QEMU: {e}", cfg.name));
         Guest {
             name: cfg.name.clone(),
-            child,
+            child: Some(child),
             dir,
             listener,
             cmd: None,
@@ -515,9 +524,52 @@ impl Guest {
         }
     }
 
+    /// A guest whose QEMU another program starts: the harness listens at
+    /// [`Guest::command_socket`] for QEMU's second serial port (a client of it) and expects
+    /// the console in the file [`Guest::console_path`]. QEMU's own errors are read from
+    /// `qemu.err` in [`Guest::dir`] (a link to where that program keeps them, say). Call
+    /// [`Guest::booting`] when QEMU starts, then [`Guest::wait_ready`].
+    pub fn external(name: &str) -> Guest {
+        let dir = TempDir::new("guest");
+        let listener = UnixListener::bind(dir.0.join("cmd.sock")).expect("bind the command socket");
+        Guest {
+            name: name.to_string(),
+            child: None,
+            dir,
+            listener,
+            cmd: None,
+            started: Instant::now(),
+        }
+    }
+
+    /// Where the harness listens for the guest's command port.
+    pub fn command_socket(&self) -> PathBuf {
+        self.dir.0.join("cmd.sock")
+    }
+
+    /// The file the guest's console goes to.
+    pub fn console_path(&self) -> PathBuf {
+        self.dir.0.join("console.log")
+    }
+
+    /// The guest's directory (console, command socket, QEMU's errors).
+    pub fn dir(&self) -> &Path {
+        &self.dir.0
+    }
+
+    /// A QEMU of an external guest starts (again): forget the last command connection and
+    /// count [`BOOT_LIMIT`] from now.
+    pub fn booting(&mut self) {
+        self.cmd = None;
+        self.started = Instant::now();
+    }
+
     /// QEMU's process id (`ip netns exec` execs QEMU: the same process).
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.child
+            .as_ref()
+            .unwrap_or_else(|| panic!("guest {}: its QEMU is not the harness's", self.name))
+            .id()
     }
 
     /// Starts QEMU for `cfg` and waits until the guest serves commands.
@@ -580,7 +632,10 @@ impl Guest {
     }
 
     fn check_alive(&mut self) {
-        if let Ok(Some(st)) = self.child.try_wait() {
+        let Some(child) = self.child.as_mut() else {
+            return;
+        };
+        if let Ok(Some(st)) = child.try_wait() {
             self.fail(&format!("QEMU exited ({st})"));
         }
     }
@@ -669,7 +724,9 @@ impl Guest {
 
 impl Drop for Guest {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }

@@ -21,6 +21,7 @@ use vale_abi::control::{PortCounters, PortInfo, SwitchInfo, SOCKET_NAME};
 
 pub mod dpdk;
 pub mod guest;
+pub mod libvirt;
 pub mod netns;
 pub mod tunnel;
 
