@@ -102,6 +102,32 @@ if ! command -v ovs-vswitchd >/dev/null 2>&1; then
             "they will be skipped" >&2
     fi
 fi
+# The libvirt tests (tests/libvirt.rs) run a libvirtd and virtlogd of their own in mount and
+# PID namespaces of their own, with their own configuration: the package's system services are
+# not needed, so they are kept from starting at install (policy-rc.d) and stopped and disabled
+# where a booted systemd started them anyway.
+if ! command -v virsh >/dev/null 2>&1 || [ ! -x /usr/sbin/libvirtd ]; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq
+        policy=/usr/sbin/policy-rc.d
+        own_policy=
+        if [ ! -e "$policy" ]; then
+            printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && own_policy=1
+        fi
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            libvirt-daemon-system libvirt-clients
+        if [ -n "$own_policy" ]; then rm -f "$policy"; fi
+        if [ -d /run/systemd/system ]; then
+            systemctl disable --now libvirtd libvirtd.socket libvirtd-ro.socket \
+                libvirtd-admin.socket virtlogd virtlogd.socket virtlogd-admin.socket \
+                virtlockd virtlockd.socket virtlockd-admin.socket libvirt-guests \
+                >/dev/null 2>&1 || true
+        fi
+    else
+        echo "test.sh: the libvirt tests need root to install libvirt-daemon-system;" \
+            "they will be skipped" >&2
+    fi
+fi
 # The metrics test: a real Prometheus server scrapes valed --metrics (run with a temporary
 # configuration and storage; the package's own service is not needed).
 if ! command -v prometheus >/dev/null 2>&1; then

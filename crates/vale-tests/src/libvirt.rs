@@ -91,7 +91,8 @@ impl Libvirtd {
         }
         // The shell stays the namespace's first process: when it dies, so does everything
         // in the namespace.
-        script += "virtlogd &\nlibvirtd -f /etc/libvirt/libvirtd.conf -p /run/libvirtd.pid &\nwait\n";
+        script +=
+            "virtlogd &\nlibvirtd -f /etc/libvirt/libvirtd.conf -p /run/libvirtd.pid &\nwait\n";
         let log = std::fs::File::create(dir.0.join("libvirtd.log")).expect("libvirtd.log");
         let mut c = Command::new("unshare");
         c.args(["--mount", "--pid", "--fork", "--kill-child", "--mount-proc"])

@@ -75,13 +75,7 @@ fn domain(server: bool, g: &Guest, sock: &Path) -> String {
         xml.replace_range(start..end + "</interface>\n".len(), &server_iface);
     }
     // The page's kernel command line is the one the harness gives its guests.
-    let cfg = GuestConfig::vhost_user(
-        NAME,
-        sock,
-        server,
-        &format!("{GUEST_IP}/24"),
-        GUEST_MAC,
-    );
+    let cfg = GuestConfig::vhost_user(NAME, sock, server, &format!("{GUEST_IP}/24"), GUEST_MAC);
     let cmdline = format!("<cmdline>{}</cmdline>", guest::cmdline(&cfg));
     assert!(
         xml.contains(&cmdline),
