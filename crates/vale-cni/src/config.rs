@@ -172,7 +172,7 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf> {
         knobs.insert(k.clone(), v);
     }
     let ipam = match o.get("ipam") {
-        None => None,
+        None | Some(Value::Null) => None,
         Some(Value::Object(o)) if o.is_empty() => None,
         Some(Value::Object(o)) => {
             let t = o.get("type").and_then(Value::as_str).unwrap_or_default();

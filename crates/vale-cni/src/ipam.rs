@@ -13,7 +13,7 @@ use serde_json::Value;
 use crate::error::{self, CniError, Result};
 
 /// The executable `name` in the first directory of `cni_path` that has it.
-fn find(name: &str, cni_path: &str) -> Result<PathBuf> {
+pub fn find(name: &str, cni_path: &str) -> Result<PathBuf> {
     let found = cni_path
         .split(':')
         .filter(|d| !d.is_empty())

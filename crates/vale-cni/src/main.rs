@@ -120,6 +120,10 @@ fn names(conf: &NetConf, env: &Env) -> (String, String) {
 }
 
 fn add(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<Value> {
+    // Everything that can be refused without touching anything first.
+    if let Some(t) = &conf.ipam {
+        ipam::find(t, &env.path)?;
+    }
     let ns = open_netns(&env.netns)?;
     let taken = in_netns(
         &ns,
