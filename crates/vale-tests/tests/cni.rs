@@ -59,7 +59,7 @@ fn subnet_prefix() -> String {
         .as_str()
         .unwrap()
         .to_string();
-    s.rsplitn(2, '.').nth(1).unwrap().to_string()
+    s.rsplit_once('.').unwrap().0.to_string()
 }
 
 /// `cnitool`: the one scripts/test.sh builds into the target directory, else one on PATH.
