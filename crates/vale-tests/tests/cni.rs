@@ -240,6 +240,23 @@ fn cnitool_add_check_del_and_ping() {
         "del c2 without its namespace",
     );
     w.assert_clean("after DEL");
+    // libcni's cache of the results (cnitool has no directory of its own for it).
+    let cached = cache_entries(&[&format!("/{}\"", c1.name), &format!("/{name2}\"")]);
+    assert!(cached.is_empty(), "results cached after DEL: {cached:?}");
+}
+
+/// The files of libcni's result cache that mention one of `needles`.
+fn cache_entries(needles: &[&str]) -> Vec<PathBuf> {
+    let Ok(d) = std::fs::read_dir("/var/lib/cni/results") else {
+        return vec![];
+    };
+    d.flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let text = std::fs::read_to_string(p).unwrap_or_default();
+            needles.iter().any(|n| text.contains(n))
+        })
+        .collect()
 }
 
 /// podman's command line with the test's storage, state and configuration, run in valed's
@@ -343,7 +360,7 @@ fn podman_containers_ping_through_vale() {
     let mut run_a = vec!["run", "-d", "--name", &name];
     run_a.extend(common);
     run_a.extend(["/bin/busybox", "sleep", &nap]);
-    podman_ok(&w, &run_a);
+    let id_a = podman_ok(&w, &run_a).trim().to_string();
     let finish = || {
         let _ = run_bounded(&mut podman(&w, &["rm", "-f", "-t", "0", &name]), T * 6);
     };
@@ -385,6 +402,11 @@ fn podman_containers_ping_through_vale() {
         wait_until(T, || processes_with(&format!("sleep {nap}")).is_empty()),
         "the container's sleep is left: {:?}",
         processes_with(&format!("sleep {nap}"))
+    );
+    let cached = cache_entries(&[&format!("\"{id_a}\"")]);
+    assert!(
+        cached.is_empty(),
+        "results cached after the containers: {cached:?}"
     );
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(&dir), "mounts left under {dir}");
