@@ -15,7 +15,7 @@ use crate::error::{
 
 /// The CNI versions this plugin speaks, oldest first. A result is written in the version of
 /// the configuration.
-pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0"];
+pub const SUPPORTED_VERSIONS: &[&str] = &["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
 
 /// Least and greatest MTU of a TAP device (the kernel's limits for tun: 68 and 65535 less the
 /// Ethernet header).
@@ -44,6 +44,9 @@ pub struct NetConf {
     pub dns: Option<Value>,
     /// The result of the previous plugin or of ADD (CHECK, DEL).
     pub prev_result: Option<Value>,
+    /// GC: the attachments still in use (`cni.dev/valid-attachments`), container id and
+    /// interface name each.
+    pub valid_attachments: Vec<(String, String)>,
 }
 
 /// The string field `key` of `o`, if present; another type is refused, naming the field.
@@ -59,18 +62,17 @@ fn invalid(msg: impl Into<String>) -> CniError {
     CniError::new(INVALID_CONFIG, msg)
 }
 
+/// The version errors are written in when the configuration names none this plugin speaks.
+pub const FALLBACK_VERSION: &str = "1.0.0";
+
 /// The version a configuration asks for, as far as it can be read: the one errors are written
-/// in (the newest this plugin speaks when the configuration says none or is not JSON).
+/// in ([`FALLBACK_VERSION`] when the configuration says none or is not JSON).
 pub fn version_of(stdin: &[u8]) -> String {
     serde_json::from_slice::<Value>(stdin)
         .ok()
         .and_then(|v| v.get("cniVersion")?.as_str().map(str::to_string))
         .filter(|v| SUPPORTED_VERSIONS.contains(&v.as_str()))
-        .unwrap_or_else(|| newest().to_string())
-}
-
-pub fn newest() -> &'static str {
-    SUPPORTED_VERSIONS[SUPPORTED_VERSIONS.len() - 1]
+        .unwrap_or_else(|| FALLBACK_VERSION.to_string())
 }
 
 /// Whether `version` (one of [`SUPPORTED_VERSIONS`]) is at least `least`.
@@ -186,7 +188,30 @@ pub fn parse(stdin: &[u8]) -> Result<NetConf> {
         }
         Some(other) => return Err(invalid(format!("'ipam' is {other}: an object"))),
     };
+    let mut valid_attachments = Vec::new();
+    match o.get("cni.dev/valid-attachments") {
+        None | Some(Value::Null) => {}
+        Some(Value::Array(list)) => {
+            for a in list {
+                let id = a.get("containerID").and_then(Value::as_str);
+                let ifname = a.get("ifname").and_then(Value::as_str);
+                let (Some(id), Some(ifname)) = (id, ifname) else {
+                    return Err(invalid(format!(
+                        "'cni.dev/valid-attachments' holds {a}: an object with 'containerID' and \
+                         'ifname'"
+                    )));
+                };
+                valid_attachments.push((id.to_string(), ifname.to_string()));
+            }
+        }
+        Some(other) => {
+            return Err(invalid(format!(
+                "'cni.dev/valid-attachments' is {other}: a list"
+            )))
+        }
+    }
     Ok(NetConf {
+        valid_attachments,
         cni_version,
         name,
         switch,
@@ -206,6 +231,10 @@ pub enum Command {
     Del,
     Check,
     Version,
+    /// Spec 1.1: remove what belongs to no valid attachment.
+    Gc,
+    /// Spec 1.1: whether ADD would work now.
+    Status,
 }
 
 /// The variables of the environment a command needs.
@@ -231,10 +260,12 @@ pub fn env(get: impl Fn(&str) -> Option<String>) -> Result<Env> {
         Some("DEL") => Command::Del,
         Some("CHECK") => Command::Check,
         Some("VERSION") => Command::Version,
+        Some("GC") => Command::Gc,
+        Some("STATUS") => Command::Status,
         Some(other) => {
             return Err(bad_env(format!(
-                "unknown CNI_COMMAND '{other}' (vale-cni does ADD, DEL, CHECK and VERSION)"
-            )))
+            "unknown CNI_COMMAND '{other}' (vale-cni does ADD, DEL, CHECK, VERSION, GC and STATUS)"
+        )))
         }
         None => return Err(bad_env("CNI_COMMAND is not set")),
     };
@@ -245,7 +276,8 @@ pub fn env(get: impl Fn(&str) -> Option<String>) -> Result<Env> {
         ifname: String::new(),
         path: String::new(),
     };
-    if command == Command::Version {
+    e.path = get("CNI_PATH").unwrap_or_default();
+    if matches!(command, Command::Version | Command::Gc | Command::Status) {
         return Ok(e);
     }
     let need = |name: &str| {
@@ -267,7 +299,6 @@ pub fn env(get: impl Fn(&str) -> Option<String>) -> Result<Env> {
             e.netns
         )));
     }
-    e.path = get("CNI_PATH").unwrap_or_default();
     Ok(e)
 }
 

@@ -19,6 +19,8 @@ pub const DECODE_FAILURE: u32 = 6;
 pub const INVALID_CONFIG: u32 = 7;
 /// Transient: valed does not answer (not started yet, restarting).
 pub const TRY_AGAIN_LATER: u32 = 11;
+/// STATUS (spec 1.1): the plugin cannot serve ADD now (no valed answers).
+pub const NOT_AVAILABLE: u32 = 50;
 /// CHECK: the container's network is not what the previous result says.
 pub const NOT_AS_EXPECTED: u32 = 100;
 /// ADD: the container already has an interface of that name, or the switch a port of the

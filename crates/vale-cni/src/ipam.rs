@@ -30,9 +30,32 @@ pub fn find(name: &str, cni_path: &str) -> Result<PathBuf> {
     })
 }
 
+/// Whether IPAM plugin `name` speaks CNI version `version` (its answer to VERSION).
+pub fn speaks(name: &str, version: &str, cni_path: &str) -> Result<bool> {
+    let ask = serde_json::json!({ "cniVersion": version }).to_string();
+    let answer = delegate_as(name, "VERSION", ask.as_bytes(), cni_path)?;
+    Ok(answer
+        .as_ref()
+        .and_then(|v| v["supportedVersions"].as_array())
+        .is_some_and(|l| l.iter().any(|v| v == version)))
+}
+
 /// Runs IPAM plugin `name` for `command` with `stdin`; what it printed on success (a result
 /// for ADD, nothing for DEL and CHECK).
 pub fn delegate(name: &str, command: &str, stdin: &[u8], cni_path: &str) -> Result<Option<Value>> {
+    let printed = delegate_as(name, command, stdin, cni_path)?;
+    if command == "ADD" && printed.is_none() {
+        return Err(CniError::new(
+            error::DECODE_FAILURE,
+            format!("IPAM plugin '{name}' printed no result"),
+        ));
+    }
+    Ok(printed.filter(|_| command == "ADD"))
+}
+
+/// Runs IPAM plugin `name` for `command` with `stdin`; the JSON object it printed on success,
+/// if any.
+fn delegate_as(name: &str, command: &str, stdin: &[u8], cni_path: &str) -> Result<Option<Value>> {
     let exe = find(name, cni_path)?;
     let mut child = Command::new(&exe)
         .env("CNI_COMMAND", command)
@@ -66,17 +89,5 @@ pub fn delegate(name: &str, command: &str, stdin: &[u8], cni_path: &str) -> Resu
         ));
     }
     wrote.map_err(|e| error::io(format!("cannot give IPAM plugin '{name}' its input"), e))?;
-    if command != "ADD" {
-        return Ok(None);
-    }
-    match printed {
-        Some(v) if v.is_object() => Ok(Some(v)),
-        _ => Err(CniError::new(
-            error::DECODE_FAILURE,
-            format!(
-                "IPAM plugin '{name}' printed no result: {:?}",
-                String::from_utf8_lossy(&out.stdout)
-            ),
-        )),
-    }
+    Ok(printed.filter(Value::is_object))
 }

@@ -1,5 +1,5 @@
-//! vale-cni: a CNI plugin (spec 1.0: ADD, DEL, CHECK, VERSION) that puts a container on a
-//! vale switch.
+//! vale-cni: a CNI plugin (spec 1.0: ADD, DEL, CHECK, VERSION; 1.1's GC and STATUS) that
+//! puts a container on a vale switch.
 //!
 //! ADD asks valed for a TAP port on the configured switch (as `vale-ctl attach SWITCH:PORT
 //! --tap NAME` does), moves the TAP device into the container's network namespace under the
@@ -15,7 +15,8 @@
 //! IPAM reservation; a port, a namespace or a valed that is already gone is no error, so DEL
 //! may be repeated. CHECK compares the container's interface (present, its MAC, MTU and
 //! addresses) and the switch's port with the previous result, and asks the IPAM plugin to
-//! check its own.
+//! check its own. GC (spec 1.1) detaches the switch's container ports that no valid
+//! attachment names; STATUS says whether valed answers.
 //!
 //! valed creates the TAP device in its own network namespace, from which the plugin moves it:
 //! valed and the runtime that runs the plugin must share one (the host's, usually).
@@ -44,8 +45,9 @@ use valed::Valed;
 const MAX_STDIN: u64 = 16 << 20;
 
 const ABOUT: &str =
-    "vale-cni: a CNI plugin (spec 1.0) that gives a container a TAP port of a vale \
-switch. The container runtime runs it with CNI_COMMAND (ADD, DEL, CHECK, VERSION), \
+    "vale-cni: a CNI plugin (spec 1.0, and 1.1's GC and STATUS) that gives a container a \
+TAP port of a vale switch. The container runtime runs it with CNI_COMMAND (ADD, DEL, CHECK, \
+VERSION, GC, STATUS), \
 CNI_CONTAINERID, CNI_NETNS, CNI_IFNAME and CNI_PATH set and the network configuration on \
 standard input; see docs/containers.md.";
 
@@ -99,6 +101,8 @@ fn run(stdin: &[u8]) -> Result<Option<Value>> {
         Command::Add => add(&conf, &env, stdin).map(Some),
         Command::Del => del(&conf, &env, stdin).map(|()| None),
         Command::Check => check(&conf, &env, stdin).map(|()| None),
+        Command::Gc => gc(&conf, &env, stdin).map(|()| None),
+        Command::Status => status(&conf, &env, stdin).map(|()| None),
         Command::Version => unreachable!("answered above"),
     }
 }
@@ -343,6 +347,67 @@ fn del(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<()> {
         ipam::delegate(t, "DEL", stdin, &env.path)?;
     }
     Ok(())
+}
+
+/// GC and STATUS are spec 1.1's.
+fn needs_1_1(conf: &NetConf, command: &str) -> Result<()> {
+    if config::at_least(&conf.cni_version, "1.1.0") {
+        return Ok(());
+    }
+    Err(CniError::new(
+        error::INCOMPATIBLE_VERSION,
+        format!("{command} needs cniVersion 1.1.0, not {}", conf.cni_version),
+    ))
+}
+
+/// Delegates `command` to the IPAM plugin, if there is one and it speaks the configuration's
+/// version (one older than spec 1.1 has no GC or STATUS to do).
+fn delegate_1_1(conf: &NetConf, env: &Env, command: &str, stdin: &[u8]) -> Result<()> {
+    let Some(t) = &conf.ipam else {
+        return Ok(());
+    };
+    if ipam::speaks(t, &conf.cni_version, &env.path)? {
+        ipam::delegate(t, command, stdin, &env.path)?;
+    }
+    Ok(())
+}
+
+/// GC: detaches the container ports of the switch (the names [`valed::port_of`] makes) that
+/// no valid attachment names, then lets the IPAM plugin collect its own.
+fn gc(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<()> {
+    needs_1_1(conf, "GC")?;
+    if let Some(v) = Valed::connect(&conf.run_dir)? {
+        let valid: Vec<String> = conf
+            .valid_attachments
+            .iter()
+            .map(|(id, ifname)| format!("{}:{}", conf.switch, valed::port_of(id, ifname)))
+            .collect();
+        for p in v.ports()? {
+            let Some((sw, name)) = p.name.split_once(':') else {
+                continue;
+            };
+            let ours = sw == conf.switch && p.kind == "tap" && valed::is_container_port(name);
+            if ours && !valid.contains(&p.name) {
+                v.detach(&p.name)?;
+            }
+        }
+    }
+    delegate_1_1(conf, env, "GC", stdin)
+}
+
+/// STATUS: ADD works if valed answers (and the IPAM plugin says it works).
+fn status(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<()> {
+    needs_1_1(conf, "STATUS")?;
+    if Valed::connect(&conf.run_dir)?.is_none() {
+        return Err(CniError::new(
+            error::NOT_AVAILABLE,
+            format!(
+                "no valed answers at {}",
+                conf.run_dir.join(vale_abi::control::SOCKET_NAME).display()
+            ),
+        ));
+    }
+    delegate_1_1(conf, env, "STATUS", stdin)
 }
 
 fn not_as_expected(msg: String) -> CniError {

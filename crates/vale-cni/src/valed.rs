@@ -33,6 +33,15 @@ pub fn port_of(container_id: &str, ifname: &str) -> String {
     format!("vc{:013x}", h >> 12)
 }
 
+/// Whether `port` (the part after `valeX:`) is a name [`port_of`] makes.
+pub fn is_container_port(port: &str) -> bool {
+    port.len() == 15
+        && port.starts_with("vc")
+        && port[2..]
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
 /// valed refused a request.
 #[derive(Debug)]
 pub struct Refused {
@@ -171,11 +180,15 @@ impl Valed {
 
     /// Port `name`, if the switch has it.
     pub fn port(&self, name: &str) -> Result<Option<PortInfo>> {
+        Ok(self.ports()?.into_iter().find(|p| p.name == name))
+    }
+
+    /// Every port of every switch.
+    pub fn ports(&self) -> Result<Vec<PortInfo>> {
         match self.ask(&Request::List)? {
-            Ok(Reply::List { switches }) => Ok(switches
-                .into_iter()
-                .flat_map(|s| s.ports)
-                .find(|p| p.name == name)),
+            Ok(Reply::List { switches }) => {
+                Ok(switches.into_iter().flat_map(|s| s.ports).collect())
+            }
             Ok(other) => Err(CniError::new(
                 error::IO_FAILURE,
                 format!("unexpected reply from valed: {other:?}"),
@@ -201,6 +214,10 @@ mod tests {
         // No ambiguity between the id's end and the name's start.
         assert_ne!(port_of("ab", "c"), port_of("a", "bc"));
         assert_eq!(a.len(), 15);
+        assert!(is_container_port(&a));
+        for other in ["vc123", "vcXXXXXXXXXXXXX", "eth0", "ab0123456789abc"] {
+            assert!(!is_container_port(other), "{other}");
+        }
         vale_abi::name::parse_port(&format!("vale0:{a}")).unwrap();
     }
 }

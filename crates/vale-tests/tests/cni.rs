@@ -414,7 +414,19 @@ fn podman_containers_ping_through_vale() {
 
 /// Runs the plugin as a runtime would: `env` (CNI_*), `stdin`; its exit status and output.
 fn plugin(env: &[(&str, &str)], stdin: &str) -> (bool, Value) {
-    let mut c = Command::new(bin("vale-cni"));
+    plugin_in(None, env, stdin)
+}
+
+/// [`plugin`] in network namespace `ns`, if given.
+fn plugin_in(ns: Option<&Netns>, env: &[(&str, &str)], stdin: &str) -> (bool, Value) {
+    let mut c = match ns {
+        None => Command::new(bin("vale-cni")),
+        Some(ns) => {
+            let mut c = Command::new(which("ip").expect("ip"));
+            c.args(["netns", "exec", &ns.name]).arg(bin("vale-cni"));
+            c
+        }
+    };
     c.env_clear()
         .envs(env.iter().copied())
         .stdin(Stdio::piped())
@@ -487,7 +499,7 @@ fn bad_configurations_get_the_specs_codes() {
     assert_eq!(v["cniVersion"], "0.4.0");
     assert_eq!(
         v["supportedVersions"],
-        serde_json::json!(["0.3.0", "0.3.1", "0.4.0", "1.0.0"])
+        serde_json::json!(["0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"])
     );
     // Configurations.
     refused(&add, "{", 6, "not JSON", "1.0.0");
@@ -544,6 +556,15 @@ fn bad_configurations_get_the_specs_codes() {
     del[2] = ("CNI_NETNS", "");
     let (ok, v) = plugin(&del, &no_ipam);
     assert!(ok && v.is_null(), "DEL with nothing to undo: {v}");
+    // GC and STATUS are spec 1.1's; STATUS with no valed: not available.
+    let status = [("CNI_COMMAND", "STATUS"), ("CNI_PATH", REFERENCE_PLUGINS)];
+    refused(&status, &no_ipam, 1, "1.1.0", "1.0.0");
+    let v11 = no_ipam.replace("1.0.0", "1.1.0");
+    refused(&status, &v11, 50, "no valed", "1.1.0");
+    let gc = [("CNI_COMMAND", "GC"), ("CNI_PATH", REFERENCE_PLUGINS)];
+    refused(&gc, &no_ipam, 1, "1.1.0", "1.0.0");
+    let (ok, v) = plugin(&gc, &v11);
+    assert!(ok && v.is_null(), "GC with no valed: {v}");
     // ADD with no valed: try again later.
     if is_root() {
         let ns = Netns::new("cb");
@@ -552,4 +573,65 @@ fn bad_configurations_get_the_specs_codes() {
         here[2] = ("CNI_NETNS", &path);
         refused(&here, &no_ipam, 11, "no valed", "1.0.0");
     }
+}
+
+#[test]
+fn gc_detaches_the_ports_of_attachments_no_longer_valid() {
+    if let Some(why) = missing(&[]) {
+        eprintln!("gc_detaches_the_ports_of_attachments_no_longer_valid skipped: {why}");
+        return;
+    }
+    let w = World::new("gch");
+    let list: Value =
+        serde_json::from_slice(&std::fs::read(w.dir.0.join("conf/vale.conflist")).unwrap())
+            .unwrap();
+    let mut conf = list["plugins"][0].clone();
+    conf["cniVersion"] = list["cniVersion"].clone();
+    conf["name"] = list["name"].clone();
+    let cni_path = w.cni_path();
+    let a = Netns::new("ga");
+    let b = Netns::new("gb");
+    let path = |ns: &Netns| format!("/var/run/netns/{}", ns.name);
+    let (pa, pb) = (path(&a), path(&b));
+    let env = |cmd: &'static str, id: &'static str, netns: &str| {
+        vec![
+            ("CNI_COMMAND", cmd),
+            ("CNI_CONTAINERID", id),
+            ("CNI_NETNS", netns),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", cni_path.as_str()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k, v.to_string()))
+        .collect::<Vec<(&str, String)>>()
+    };
+    let run = |e: Vec<(&str, String)>, stdin: &str| {
+        let e: Vec<(&str, &str)> = e.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        plugin_in(Some(&w.home), &e, stdin)
+    };
+    for (id, p) in [("gc-a", &pa), ("gc-b", &pb)] {
+        let (ok, v) = run(env("ADD", id, p), &conf.to_string());
+        assert!(ok, "ADD {id}: {v}");
+    }
+    assert_eq!(w.ports().len(), 2);
+    // GC with only gc-a valid: gc-b's port and TAP go, gc-a's stay. (The IPAM plugin may
+    // predate GC: its refusal of the version is no error.)
+    let mut gc = conf.clone();
+    gc["cniVersion"] = "1.1.0".into();
+    gc["cni.dev/valid-attachments"] =
+        serde_json::json!([{"containerID": "gc-a", "ifname": "eth0"}]);
+    let (ok, v) = run(env("GC", "", ""), &gc.to_string());
+    assert!(ok, "GC: {v}");
+    assert!(wait_until(T, || w.ports().len() == 1), "{:?}", w.ports());
+    assert!(wait_until(T, || b.ok("ls /sys/class/net").trim() == "lo"));
+    assert!(a.ok("ls /sys/class/net").contains("eth0"));
+    // STATUS: valed answers.
+    let (ok, v) = run(env("STATUS", "", ""), &gc.to_string());
+    assert!(ok, "STATUS: {v}");
+    // DEL of both, gc-b's port already collected.
+    for (id, p) in [("gc-a", &pa), ("gc-b", &pb)] {
+        let (ok, v) = run(env("DEL", id, p), &conf.to_string());
+        assert!(ok, "DEL {id}: {v}");
+    }
+    w.assert_clean("after GC and DEL");
 }

@@ -169,3 +169,26 @@ fn the_environment_is_checked() {
         (INVALID_ENV, "CNI_COMMAND is not set")
     );
 }
+
+#[test]
+fn gc_reads_the_valid_attachments_and_needs_no_container() {
+    let text = conf(r#","cni.dev/valid-attachments":[{"containerID":"a1","ifname":"eth0"}]"#)
+        .replace("1.0.0", "1.1.0");
+    let c = parse(text.as_bytes()).unwrap();
+    assert_eq!(
+        c.valid_attachments,
+        vec![("a1".to_string(), "eth0".to_string())]
+    );
+    for bad in [
+        r#","cni.dev/valid-attachments":{}"#,
+        r#","cni.dev/valid-attachments":[{"containerID":"a1"}]"#,
+    ] {
+        let (code, msg) = code_of(&conf(bad));
+        assert_eq!(code, INVALID_CONFIG, "{bad}");
+        assert!(msg.contains("cni.dev/valid-attachments"), "{msg}");
+    }
+    for cmd in ["GC", "STATUS"] {
+        let e = env(vars(&[("CNI_COMMAND", cmd), ("CNI_PATH", "/p")])).unwrap();
+        assert_eq!(e.path, "/p");
+    }
+}
