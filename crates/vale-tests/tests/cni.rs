@@ -547,7 +547,13 @@ fn bad_configurations_get_the_specs_codes() {
     long[3] = ("CNI_IFNAME", "much-too-long-name");
     refused(&long, &old, 4, "CNI_IFNAME", "0.4.0");
     // A namespace that is not there.
-    refused(&add, &with("ipam", Value::Null), 5, "vale-no-such-namespace", "1.0.0");
+    refused(
+        &add,
+        &with("ipam", Value::Null),
+        5,
+        "vale-no-such-namespace",
+        "1.0.0",
+    );
     // CHECK without the previous result; DEL with no valed (nothing to undo): success.
     let mut check = add;
     check[0] = ("CNI_COMMAND", "CHECK");
