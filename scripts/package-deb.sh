@@ -7,7 +7,8 @@
 # It packages what target/release holds (CARGO_TARGET_DIR is honoured; --from DIR names
 # another directory of built binaries) and compiles nothing itself unless given --build, so
 # the test suite packages the very build it tests.
-# The package holds valed, vale-ctl and vale-pktgen; libvale.so and libvale.a with vale.h,
+# The package holds valed, vale-ctl and vale-pktgen; the CNI plugin vale-cni in /usr/lib/cni
+# (docs/containers.md); libvale.so and libvale.a with vale.h,
 # vale_lookup.h and libvale.pc; for netmap programs, libvale-netmap.so (preload or link),
 # libnetmap.a (compiled here from crates/vale-netmap/c/nmport.c), the netmap headers under
 # /usr/include/vale-netmap and vale-netmap.pc; the systemd unit valed.service (not enabled on install);
@@ -35,7 +36,7 @@ rel="${from:-$target/release}"
 if ((build)); then
     cargo build --release --workspace
 fi
-for f in valed vale-ctl vale-pktgen libvale.so libvale.a libvale_netmap.so; do
+for f in valed vale-ctl vale-pktgen vale-cni libvale.so libvale.a libvale_netmap.so; do
     if [ ! -f "$rel/$f" ]; then
         echo "package-deb.sh: $rel/$f is missing: run cargo build --release --workspace (or --build)" >&2
         exit 1
@@ -56,13 +57,16 @@ root="$stage/root"
 lib="$root/usr/lib/$multiarch"
 install -d "$root/DEBIAN" "$root/usr/bin" "$lib/pkgconfig" "$root/usr/include" \
     "$root/usr/lib/systemd/system" "$root/etc/default" "$root/etc/vale" "$root/usr/share/doc/vale" \
-    "$root/usr/share/man/man1" "$root/usr/share/man/man8"
+    "$root/usr/share/man/man1" "$root/usr/share/man/man8" "$root/usr/lib/cni"
 
 # The release profile keeps line tables for the benchmarks' profiles; the package does not.
 for b in valed vale-ctl vale-pktgen; do
     install -m 755 "$rel/$b" "$root/usr/bin/$b"
     strip --strip-unneeded "$root/usr/bin/$b"
 done
+# Where containernetworking-plugins puts the reference plugins: runtimes look there.
+install -m 755 "$rel/vale-cni" "$root/usr/lib/cni/vale-cni"
+strip --strip-unneeded "$root/usr/lib/cni/vale-cni"
 install -m 644 "$rel/libvale.so" "$lib/libvale.so"
 strip --strip-unneeded "$lib/libvale.so"
 install -m 644 "$rel/libvale.a" "$lib/libvale.a"
@@ -100,7 +104,7 @@ fi
 gzip -9n "$root"/usr/share/man/man*/*
 
 # Depends: the newest glibc symbol version any shipped object needs, and libgcc_s (unwinding).
-elves=("$root"/usr/bin/* "$lib/libvale.so" "$lib/libvale-netmap.so")
+elves=("$root"/usr/bin/* "$root/usr/lib/cni/vale-cni" "$lib/libvale.so" "$lib/libvale-netmap.so")
 glibc=$(objdump -T "${elves[@]}" | grep -o 'GLIBC_[0-9.]*' | sed 's/GLIBC_//' | sort -uV | tail -1)
 size=$(du -sk --exclude=DEBIAN "$root" | cut -f1)
 cat >"$root/DEBIAN/control" <<CONTROL

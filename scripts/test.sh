@@ -138,6 +138,32 @@ if ! command -v prometheus >/dev/null 2>&1; then
         echo "test.sh: the Prometheus test needs root to install prometheus; it will be skipped" >&2
     fi
 fi
+# The CNI tests (tests/cni.rs): podman with its CNI backend and runc, the reference plugins
+# (host-local), and cnitool, built from its Go module into the target dir (only if missing).
+# The tests give podman a configuration, storage and state of their own; the package's
+# services are not needed.
+if ! command -v podman >/dev/null 2>&1 || ! command -v runc >/dev/null 2>&1 ||
+    [ ! -x /usr/lib/cni/host-local ]; then
+    if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            podman runc containernetworking-plugins
+    else
+        echo "test.sh: the CNI tests need root to install podman, runc and" \
+            "containernetworking-plugins; they will be skipped" >&2
+    fi
+fi
+cnitool_dir="$(pwd)/${CARGO_TARGET_DIR:-target}/cnitool"
+case "${CARGO_TARGET_DIR:-}" in /*) cnitool_dir="$CARGO_TARGET_DIR/cnitool" ;; esac
+if [ ! -x "$cnitool_dir/cnitool" ]; then
+    if command -v go >/dev/null 2>&1; then
+        GOBIN="$cnitool_dir" go install github.com/containernetworking/cni/cnitool@v1.2.3 ||
+            echo "test.sh: cannot build cnitool (no Go module proxy?); the cnitool test will" \
+                "be skipped" >&2
+    else
+        echo "test.sh: no go to build cnitool; the cnitool test will be skipped" >&2
+    fi
+fi
 if ! command -v cargo >/dev/null 2>&1; then
     echo "test.sh: cargo (Rust 1.89 or newer) is needed: see README.md" >&2
     exit 1

@@ -230,6 +230,7 @@ fn debian_package_installs_and_runs_from_its_paths() {
         "./usr/bin/valed".to_string(),
         "./usr/bin/vale-ctl".into(),
         "./usr/bin/vale-pktgen".into(),
+        "./usr/lib/cni/vale-cni".into(),
         format!("./usr/lib/{ma}/libvale.so"),
         format!("./usr/lib/{ma}/libvale.a"),
         format!("./usr/lib/{ma}/pkgconfig/libvale.pc"),
@@ -480,6 +481,7 @@ fn debian_package_installs_and_runs_from_its_paths() {
     dpkg(&dest, &["--purge", "vale"]);
     for f in [
         "usr/bin/valed",
+        "usr/lib/cni/vale-cni",
         "etc/default/valed",
         "etc/vale/valed.toml",
         "usr/include/vale.h",
