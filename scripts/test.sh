@@ -78,25 +78,31 @@ if ! dpdk_ok; then
         echo "test.sh: the DPDK tests need root to install dpdk-dev; they will be skipped" >&2
     fi
 fi
+# install_quiet PACKAGE... -- UNIT...: installs packages whose system services the tests do not
+# use (they start daemons of their own): the services are kept from starting at install
+# (policy-rc.d), and where a booted systemd started them anyway, the UNITs are stopped and
+# disabled.
+install_quiet() {
+    local pkgs=()
+    while [ "$1" != -- ]; do pkgs+=("$1"); shift; done
+    shift
+    apt-get update -qq
+    local policy=/usr/sbin/policy-rc.d own_policy=
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && own_policy=1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${pkgs[@]}"
+    if [ -n "$own_policy" ]; then rm -f "$policy"; fi
+    if [ -d /run/systemd/system ]; then
+        systemctl disable --now "$@" >/dev/null 2>&1 || true
+    fi
+}
 # The Open vSwitch interop tests (tests/tunnel_ovs.rs) run ovsdb-server and ovs-vswitchd of
 # their own in network namespaces, with their own database and sockets: the package's system
-# service is not needed, so it is kept from starting at install (policy-rc.d) and stopped and
-# disabled where a booted systemd started it anyway.
+# service is not needed (install_quiet).
 if ! command -v ovs-vswitchd >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ]; then
-        apt-get update -qq
-        policy=/usr/sbin/policy-rc.d
-        own_policy=
-        if [ ! -e "$policy" ]; then
-            printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && own_policy=1
-        fi
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-            openvswitch-switch
-        if [ -n "$own_policy" ]; then rm -f "$policy"; fi
-        if [ -d /run/systemd/system ]; then
-            systemctl disable --now openvswitch-switch ovs-vswitchd ovsdb-server \
-                >/dev/null 2>&1 || true
-        fi
+        install_quiet openvswitch-switch -- openvswitch-switch ovs-vswitchd ovsdb-server
     else
         echo "test.sh: the Open vSwitch tests need root to install openvswitch-switch;" \
             "they will be skipped" >&2
@@ -104,36 +110,22 @@ if ! command -v ovs-vswitchd >/dev/null 2>&1; then
 fi
 # The libvirt tests (tests/libvirt.rs) run a libvirtd and virtlogd of their own in mount and
 # PID namespaces of their own, with their own configuration: the package's system services are
-# not needed, so they are kept from starting at install (policy-rc.d) and stopped and disabled
-# where a booted systemd started them anyway.
+# not needed (install_quiet).
 if ! command -v virsh >/dev/null 2>&1 || [ ! -x /usr/sbin/libvirtd ]; then
     if [ "$(id -u)" = 0 ]; then
-        apt-get update -qq
-        policy=/usr/sbin/policy-rc.d
-        own_policy=
-        if [ ! -e "$policy" ]; then
-            printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && own_policy=1
-        fi
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-            libvirt-daemon-system libvirt-clients
-        if [ -n "$own_policy" ]; then rm -f "$policy"; fi
-        if [ -d /run/systemd/system ]; then
-            systemctl disable --now libvirtd libvirtd.socket libvirtd-ro.socket \
-                libvirtd-admin.socket virtlogd virtlogd.socket virtlogd-admin.socket \
-                virtlockd virtlockd.socket virtlockd-admin.socket libvirt-guests \
-                >/dev/null 2>&1 || true
-        fi
+        install_quiet libvirt-daemon-system libvirt-clients -- libvirtd libvirtd.socket \
+            libvirtd-ro.socket libvirtd-admin.socket virtlogd virtlogd.socket \
+            virtlogd-admin.socket virtlockd virtlockd.socket virtlockd-admin.socket libvirt-guests
     else
         echo "test.sh: the libvirt tests need root to install libvirt-daemon-system;" \
             "they will be skipped" >&2
     fi
 fi
 # The metrics test: a real Prometheus server scrapes valed --metrics (run with a temporary
-# configuration and storage; the package's own service is not needed).
+# configuration and storage; the package's own service is not needed: install_quiet).
 if ! command -v prometheus >/dev/null 2>&1; then
     if [ "$(id -u)" = 0 ]; then
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus
+        install_quiet prometheus -- prometheus
     else
         echo "test.sh: the Prometheus test needs root to install prometheus; it will be skipped" >&2
     fi
