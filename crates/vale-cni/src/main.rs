@@ -190,17 +190,15 @@ fn plug(
             s.up(i)?;
             s.link(i)
         };
-        let info = link::socket()
-            .and_then(|mut s| set(&mut s))
-            .map_err(|e| {
-                error::io(
-                    format!(
-                        "cannot make {tap} interface {} (mtu {:?})",
-                        env.ifname, conf.mtu
-                    ),
-                    e,
-                )
-            })?;
+        let info = link::socket().and_then(|mut s| set(&mut s)).map_err(|e| {
+            error::io(
+                format!(
+                    "cannot make {tap} interface {} (mtu {:?})",
+                    env.ifname, conf.mtu
+                ),
+                e,
+            )
+        })?;
         Ok(info.mac.map(|m| link::mac_text(&m)).unwrap_or_default())
     })?;
     for (knob, value) in &conf.knobs {

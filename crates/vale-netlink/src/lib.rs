@@ -570,10 +570,7 @@ mod tests {
         let (ty, seq, index, attrs) = &msgs[0];
         assert_eq!((*ty, *seq, *index), (libc::RTM_NEWLINK, 9, 3));
         assert_eq!(
-            attrs
-                .iter()
-                .map(|(t, d)| (*t, d.len()))
-                .collect::<Vec<_>>(),
+            attrs.iter().map(|(t, d)| (*t, d.len())).collect::<Vec<_>>(),
             vec![
                 (libc::IFLA_IFNAME, 5),
                 (libc::IFLA_LINKINFO, 12),

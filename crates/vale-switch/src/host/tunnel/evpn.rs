@@ -48,8 +48,8 @@ use std::sync::{Mutex, Once};
 use std::time::{Duration, Instant};
 
 use vale_netlink::{
-    error_of, for_each_attr, for_each_msg, ifinfomsg, index_of, ip_of, ndmsg, u32_at, Msg,
-    Socket, ACK, CREATE, DUMP, EXCL, REPLACE,
+    error_of, for_each_attr, for_each_msg, ifinfomsg, index_of, ip_of, ndmsg, u32_at, Msg, Socket,
+    ACK, CREATE, DUMP, EXCL, REPLACE,
 };
 
 use super::path::Path;
