@@ -179,7 +179,7 @@ fn plug(
             ),
         )
     })?;
-    link::Socket::open()
+    link::socket()
         .and_then(|mut s| s.move_to(index, ns))
         .map_err(|e| error::io(format!("cannot move {tap} into {}", env.netns), e))?;
     let mac = in_netns(ns, &env.netns, || {
@@ -190,17 +190,15 @@ fn plug(
             s.up(i)?;
             s.link(i)
         };
-        let info = link::Socket::open()
-            .and_then(|mut s| set(&mut s))
-            .map_err(|e| {
-                error::io(
-                    format!(
-                        "cannot make {tap} interface {} (mtu {:?})",
-                        env.ifname, conf.mtu
-                    ),
-                    e,
-                )
-            })?;
+        let info = link::socket().and_then(|mut s| set(&mut s)).map_err(|e| {
+            error::io(
+                format!(
+                    "cannot make {tap} interface {} (mtu {:?})",
+                    env.ifname, conf.mtu
+                ),
+                e,
+            )
+        })?;
         Ok(info.mac.map(|m| link::mac_text(&m)).unwrap_or_default())
     })?;
     for (knob, value) in &conf.knobs {
@@ -220,7 +218,7 @@ fn plug(
     let got = ipam::delegate(t, "ADD", stdin, &env.path)?.expect("ADD prints a result");
     let (ips, routes) = addressing(&got)?;
     in_netns(ns, &env.netns, || {
-        let mut s = link::Socket::open().map_err(|e| error::io("netlink", e))?;
+        let mut s = link::socket().map_err(|e| error::io("netlink", e))?;
         let i = link::index_of(&env.ifname)
             .ok_or_else(|| CniError::new(error::IO_FAILURE, format!("{} went away", env.ifname)))?;
         for ip in &ips {
@@ -482,7 +480,7 @@ fn check(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<()> {
         let i = link::index_of(&env.ifname).ok_or_else(|| {
             not_as_expected(format!("no interface {} in {}", env.ifname, env.netns))
         })?;
-        let mut s = link::Socket::open().map_err(|e| error::io("netlink", e))?;
+        let mut s = link::socket().map_err(|e| error::io("netlink", e))?;
         let info = s
             .link(i)
             .map_err(|e| error::io(format!("interface {}", env.ifname), e))?;

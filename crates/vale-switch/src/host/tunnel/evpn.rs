@@ -30,8 +30,9 @@
 //! port's slots, local MACs beyond [`MAX_LOCAL`] are refused and counted. A lost notification
 //! (the socket's buffer overran) makes the thread dump the FDB again.
 //!
-//! Netlink is spoken by hand over an `AF_NETLINK` socket (the few messages below): the
-//! `rtnetlink` family of crates needs an async runtime, which valed's port threads do not have.
+//! Netlink is spoken through vale-netlink (rtnetlink requests over a blocking socket, shared
+//! with the CNI plugin; the few messages below): the `rtnetlink` family of crates needs an
+//! async runtime, which valed's port threads do not have.
 //!
 //! The device names depend on the VNI only: zebra maps one VNI to one vxlan device per
 //! namespace, so a second EVPN port for a VNI is refused. Devices are removed when the port
@@ -41,10 +42,15 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsRawFd;
 use std::sync::{Mutex, Once};
 use std::time::{Duration, Instant};
+
+use vale_netlink::{
+    error_of, for_each_attr, for_each_msg, ifinfomsg, index_of, ip_of, ndmsg, u32_at, Msg, Socket,
+    ACK, CREATE, DUMP, EXCL, REPLACE,
+};
 
 use super::path::Path;
 use super::{Config, MAX_REMOTES};
@@ -67,6 +73,11 @@ const DUMP_EVERY: Duration = Duration::from_secs(1);
 const DUMP_LIMIT: Duration = Duration::from_secs(2);
 /// How often the port's thread looks at the netlink socket.
 const POLL_EVERY: Duration = Duration::from_millis(1);
+/// The longest a netlink request waits for each answer.
+const NL_TIMEOUT: Duration = Duration::from_secs(1);
+/// The receive buffer of the netlink sockets: a burst of notifications (zebra installing a
+/// large table) fits; past it the socket overruns and the FDB is dumped again.
+const NL_BUFFER: usize = 4 << 20;
 
 // Netlink constants libc lacks.
 const IFLA_VXLAN_ID: u16 = 1;
@@ -157,7 +168,7 @@ static LIVE: Mutex<Vec<Names>> = Mutex::new(Vec::new());
 
 extern "C" fn remove_at_exit() {
     let live = std::mem::take(&mut *LIVE.lock().unwrap_or_else(|e| e.into_inner()));
-    if let Ok(mut s) = Socket::open(0) {
+    if let Ok(mut s) = open_socket(0) {
         for n in &live {
             remove(&mut s, n);
         }
@@ -191,11 +202,7 @@ pub fn src_mac(pieces: &[&[u8]]) -> u64 {
 
 /// `02:00:00:00:00:01`.
 pub fn mac_text(k: u64) -> String {
-    let b = octets(k);
-    format!(
-        "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-        b[0], b[1], b[2], b[3], b[4], b[5]
-    )
+    vale_netlink::mac_text(&octets(k))
 }
 
 /// The EVPN side of a port: its placeholders, netlink sockets and tables.
@@ -293,9 +300,9 @@ impl Evpn {
         let fail = |what: &str, e: io::Error| {
             super::super::Error::of_io(format!("vxlan evpn: {what}: {e}"), &e)
         };
-        let mut req = Socket::open(0).map_err(|e| fail("netlink socket", e))?;
+        let mut req = open_socket(0).map_err(|e| fail("netlink socket", e))?;
         // Subscribed before the devices exist: nothing zebra writes can be missed.
-        let events = Socket::open(1 << (libc::RTNLGRP_NEIGH - 1))
+        let events = open_socket(1 << (libc::RTNLGRP_NEIGH - 1))
             .map_err(|e| fail("netlink socket for neighbour notifications", e))?;
         events
             .nonblocking()
@@ -379,16 +386,12 @@ impl Evpn {
 
     /// Reads the vxlan placeholder's FDB whole.
     fn dump(&mut self, path: &mut Path, table: &LearningBridge, now_s: u32) {
-        let mut m = Msg::new(
-            libc::RTM_GETNEIGH,
-            (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16,
-        );
+        let mut m = Msg::new(libc::RTM_GETNEIGH, DUMP);
         m.put(&ndmsg(libc::AF_BRIDGE as u8, self.vx_index, 0, 0));
-        let seq = self.req.next_seq();
-        if self.req.send(m.finish(seq)).is_err() {
+        let Ok(seq) = self.req.send(m) else {
             self.counters.nl_errors += 1;
             return;
-        }
+        };
         let mut buf = std::mem::take(&mut self.buf);
         // Bounded: a dump ends with NLMSG_DONE; a silent kernel times the socket out, and
         // the whole dump may take the port's thread for at most DUMP_LIMIT.
@@ -552,10 +555,7 @@ impl Evpn {
                 };
                 if l.written || !aged {
                     budget -= 1;
-                    let mut m = Msg::new(
-                        ty,
-                        (libc::NLM_F_REQUEST | libc::NLM_F_CREATE | libc::NLM_F_REPLACE) as u16,
-                    );
+                    let mut m = Msg::new(ty, libc::NLM_F_REQUEST as u16 | CREATE | REPLACE);
                     m.put(&ndmsg(
                         libc::AF_BRIDGE as u8,
                         self.port_index,
@@ -563,8 +563,7 @@ impl Evpn {
                         libc::NTF_MASTER,
                     ));
                     m.attr(libc::NDA_LLADDR, &octets(*mac));
-                    let seq = self.req.next_seq();
-                    if self.req.send(m.finish(seq)).is_err() {
+                    if self.req.send(m).is_err() {
                         self.counters.nl_errors += 1;
                     }
                 }
@@ -581,7 +580,7 @@ impl Evpn {
         // Refusals of those writes (no acknowledgement is asked for: only errors come back).
         for _ in 0..READS_PER_POLL {
             let mut buf = std::mem::take(&mut self.buf);
-            let r = self.req.recv_now(&mut buf);
+            let r = self.req.recv(&mut buf, false);
             if let Ok(n) = r {
                 for_each_msg(&buf[..n], |ty, _, body| {
                     if ty == libc::NLMSG_ERROR as u16 && error_of(body) != 0 {
@@ -598,7 +597,7 @@ impl Evpn {
 
     /// The netlink socket zebra's changes arrive on (the port's thread wakes on it).
     pub fn fd(&self) -> std::os::fd::RawFd {
-        self.events.fd.as_raw_fd()
+        self.events.as_raw_fd()
     }
 
     /// `list`'s view: counters, the VTEPs with their traffic (`counters`, by slot), and the
@@ -654,32 +653,18 @@ impl Drop for Evpn {
     }
 }
 
+/// A netlink socket of valed's namespace bound to multicast `groups`, with a one-second
+/// receive timeout and a large receive buffer.
+fn open_socket(groups: u32) -> io::Result<Socket> {
+    let s = Socket::open(groups, NL_TIMEOUT)?;
+    s.receive_buffer(NL_BUFFER);
+    Ok(s)
+}
+
 /// Deletes the placeholders `n` (those that exist).
 fn remove(s: &mut Socket, n: &Names) {
     for name in n.all() {
-        let mut m = Msg::new(
-            libc::RTM_DELLINK,
-            (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16,
-        );
-        m.put(&ifinfomsg(libc::AF_UNSPEC as u8, 0, 0, 0));
-        m.attr(libc::IFLA_IFNAME, &cstr(name));
-        let _ = s.request(m);
-    }
-}
-
-fn cstr(s: &str) -> Vec<u8> {
-    let mut v = s.as_bytes().to_vec();
-    v.push(0);
-    v
-}
-
-fn index_of(name: &str) -> io::Result<i32> {
-    let c =
-        std::ffi::CString::new(name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-    // SAFETY: a NUL-terminated name.
-    match unsafe { libc::if_nametoindex(c.as_ptr()) } {
-        0 => Err(io::Error::last_os_error()),
-        i => Ok(i as i32),
+        let _ = s.delete_link(name);
     }
 }
 
@@ -692,12 +677,10 @@ fn no_ipv6(name: &str) {
 /// Makes the bridge, the veth pair and the vxlan device of `n`, up. Their indexes (vxlan, the
 /// veth end in the bridge).
 fn create(s: &mut Socket, n: &Names, cfg: &Config) -> io::Result<(i32, i32)> {
-    let new =
-        (libc::NLM_F_REQUEST | libc::NLM_F_ACK | libc::NLM_F_CREATE | libc::NLM_F_EXCL) as u16;
     let link = |name: &str, kind: &str| {
-        let mut m = Msg::new(libc::RTM_NEWLINK, new);
+        let mut m = Msg::new(libc::RTM_NEWLINK, ACK | CREATE | EXCL);
         m.put(&ifinfomsg(libc::AF_UNSPEC as u8, 0, 0, 0));
-        m.attr(libc::IFLA_IFNAME, &cstr(name));
+        m.attr_str(libc::IFLA_IFNAME, name);
         let info = m.nest(libc::IFLA_LINKINFO);
         m.attr(libc::IFLA_INFO_KIND, kind.as_bytes());
         (m, info)
@@ -712,7 +695,7 @@ fn create(s: &mut Socket, n: &Names, cfg: &Config) -> io::Result<(i32, i32)> {
     let data = m.nest(libc::IFLA_INFO_DATA);
     let peer = m.nest(VETH_INFO_PEER);
     m.put(&ifinfomsg(libc::AF_UNSPEC as u8, 0, 0, 0));
-    m.attr(libc::IFLA_IFNAME, &cstr(&n.peer));
+    m.attr_str(libc::IFLA_IFNAME, &n.peer);
     m.end(peer);
     m.end(data);
     m.end(info);
@@ -742,10 +725,7 @@ fn create(s: &mut Socket, n: &Names, cfg: &Config) -> io::Result<(i32, i32)> {
     let port = index_of(&n.port)?;
 
     // No learning on the bridge port either (as FRR's recipe has it).
-    let mut m = Msg::new(
-        libc::RTM_SETLINK,
-        (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16,
-    );
+    let mut m = Msg::new(libc::RTM_SETLINK, ACK);
     m.put(&ifinfomsg(libc::AF_BRIDGE as u8, vx, 0, 0));
     let p = m.nest(libc::IFLA_PROTINFO | libc::NLA_F_NESTED as u16);
     m.attr(IFLA_BRPORT_LEARNING, &[0]);
@@ -753,13 +733,7 @@ fn create(s: &mut Socket, n: &Names, cfg: &Config) -> io::Result<(i32, i32)> {
     s.request(m)?;
 
     for name in [&n.peer, &n.port, &n.vxlan, &n.bridge] {
-        let mut m = Msg::new(
-            libc::RTM_SETLINK,
-            (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16,
-        );
-        let up = libc::IFF_UP as u32;
-        m.put(&ifinfomsg(libc::AF_UNSPEC as u8, index_of(name)?, up, up));
-        s.request(m)?;
+        s.up(index_of(name)?)?;
     }
     Ok((vx, port))
 }
@@ -771,121 +745,6 @@ pub fn placeholder_port(dstport: u16) -> u16 {
     } else {
         dstport + 1
     }
-}
-
-// Netlink messages.
-
-/// A netlink message being built: header, fixed part, attributes.
-struct Msg(Vec<u8>);
-
-impl Msg {
-    fn new(ty: u16, flags: u16) -> Msg {
-        let mut b = vec![0u8; 16];
-        b[4..6].copy_from_slice(&ty.to_ne_bytes());
-        b[6..8].copy_from_slice(&flags.to_ne_bytes());
-        Msg(b)
-    }
-
-    fn align(&mut self) {
-        while !self.0.len().is_multiple_of(4) {
-            self.0.push(0);
-        }
-    }
-
-    fn put(&mut self, bytes: &[u8]) {
-        self.0.extend_from_slice(bytes);
-        self.align();
-    }
-
-    fn attr(&mut self, ty: u16, data: &[u8]) {
-        self.0
-            .extend_from_slice(&((4 + data.len()) as u16).to_ne_bytes());
-        self.0.extend_from_slice(&ty.to_ne_bytes());
-        self.put(data);
-    }
-
-    /// Opens a nested attribute; [`Msg::end`] closes it.
-    fn nest(&mut self, ty: u16) -> usize {
-        let at = self.0.len();
-        self.attr(ty, &[]);
-        at
-    }
-
-    fn end(&mut self, at: usize) {
-        let len = (self.0.len() - at) as u16;
-        self.0[at..at + 2].copy_from_slice(&len.to_ne_bytes());
-    }
-
-    fn finish(mut self, seq: u32) -> Vec<u8> {
-        let len = self.0.len() as u32;
-        self.0[0..4].copy_from_slice(&len.to_ne_bytes());
-        self.0[8..12].copy_from_slice(&seq.to_ne_bytes());
-        self.0
-    }
-}
-
-fn ifinfomsg(family: u8, index: i32, flags: u32, change: u32) -> [u8; 16] {
-    let mut b = [0u8; 16];
-    b[0] = family;
-    b[4..8].copy_from_slice(&index.to_ne_bytes());
-    b[8..12].copy_from_slice(&flags.to_ne_bytes());
-    b[12..16].copy_from_slice(&change.to_ne_bytes());
-    b
-}
-
-fn ndmsg(family: u8, ifindex: i32, state: u16, flags: u8) -> [u8; 12] {
-    let mut b = [0u8; 12];
-    b[0] = family;
-    b[4..8].copy_from_slice(&ifindex.to_ne_bytes());
-    b[8..10].copy_from_slice(&state.to_ne_bytes());
-    b[10] = flags;
-    b
-}
-
-fn u16_at(b: &[u8], at: usize) -> u16 {
-    u16::from_ne_bytes([b[at], b[at + 1]])
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    u32::from_ne_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
-}
-
-/// Calls `f(type, seq, body)` for each whole message of `buf`; a malformed length ends it.
-fn for_each_msg(buf: &[u8], mut f: impl FnMut(u16, u32, &[u8])) {
-    let mut at = 0;
-    while at + 16 <= buf.len() {
-        let len = u32_at(buf, at) as usize;
-        if len < 16 || at + len > buf.len() {
-            return;
-        }
-        f(
-            u16_at(buf, at + 4),
-            u32_at(buf, at + 8),
-            &buf[at + 16..at + len],
-        );
-        at += (len + 3) & !3;
-    }
-}
-
-/// Calls `f(type, data)` for each attribute of `buf`.
-fn for_each_attr(buf: &[u8], mut f: impl FnMut(u16, &[u8])) {
-    let mut at = 0;
-    while at + 4 <= buf.len() {
-        let len = u16_at(buf, at) as usize;
-        if len < 4 || at + len > buf.len() {
-            return;
-        }
-        f(u16_at(buf, at + 2) & 0x3fff, &buf[at + 4..at + len]);
-        at += (len + 3) & !3;
-    }
-}
-
-/// The (negative) errno of an NLMSG_ERROR body; 0 is an acknowledgement.
-fn error_of(body: &[u8]) -> i32 {
-    if body.len() < 4 {
-        return -libc::EPROTO;
-    }
-    u32_at(body, 0) as i32
 }
 
 /// An AF_BRIDGE neighbour (FDB) message.
@@ -915,169 +774,10 @@ impl Neigh {
         };
         for_each_attr(&body[12..], |t, d| match (t, d.len()) {
             (libc::NDA_LLADDR, 6) => n.mac = Some([d[0], d[1], d[2], d[3], d[4], d[5]]),
-            (libc::NDA_DST, 4) => n.dst = Some(Ipv4Addr::new(d[0], d[1], d[2], d[3]).into()),
-            (libc::NDA_DST, 16) => {
-                let mut a = [0u8; 16];
-                a.copy_from_slice(d);
-                n.dst = Some(Ipv6Addr::from(a).into());
-            }
+            (libc::NDA_DST, _) => n.dst = ip_of(d).or(n.dst),
             _ => {}
         });
         Some(n)
-    }
-}
-
-/// A NETLINK_ROUTE socket.
-struct Socket {
-    fd: OwnedFd,
-    seq: u32,
-}
-
-impl Socket {
-    /// Bound to multicast `groups`; blocking, with a one-second receive timeout.
-    fn open(groups: u32) -> io::Result<Socket> {
-        // SAFETY: plain socket call.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a descriptor just opened and owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: all-zero is a valid sockaddr_nl; the family and groups are then set.
-        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        sa.nl_family = libc::AF_NETLINK as u16;
-        sa.nl_groups = groups;
-        // SAFETY: a sockaddr_nl of its size.
-        if unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                &sa as *const _ as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_nl>() as u32,
-            )
-        } < 0
-        {
-            return Err(io::Error::last_os_error());
-        }
-        let tv = libc::timeval {
-            tv_sec: 1,
-            tv_usec: 0,
-        };
-        let big: libc::c_int = 4 << 20;
-        // SAFETY: options of their sizes on our socket.
-        unsafe {
-            libc::setsockopt(
-                fd.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVTIMEO,
-                &tv as *const _ as *const libc::c_void,
-                std::mem::size_of::<libc::timeval>() as u32,
-            );
-            // A burst of notifications (zebra installing a large table) fits; past it the
-            // socket overruns and the FDB is dumped again. Beyond rmem_max only with
-            // CAP_NET_ADMIN (FORCE); else as much as rmem_max allows.
-            for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
-                if libc::setsockopt(
-                    fd.as_raw_fd(),
-                    libc::SOL_SOCKET,
-                    opt,
-                    &big as *const _ as *const libc::c_void,
-                    std::mem::size_of::<libc::c_int>() as u32,
-                ) == 0
-                {
-                    break;
-                }
-            }
-        }
-        Ok(Socket { fd, seq: 0 })
-    }
-
-    fn nonblocking(&self) -> io::Result<()> {
-        // SAFETY: fcntl on our own descriptor.
-        let r = unsafe {
-            let fl = libc::fcntl(self.fd.as_raw_fd(), libc::F_GETFL);
-            libc::fcntl(self.fd.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK)
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
-    }
-
-    fn next_seq(&mut self) -> u32 {
-        self.seq = self.seq.wrapping_add(1);
-        self.seq
-    }
-
-    fn send(&self, msg: Vec<u8>) -> io::Result<()> {
-        // SAFETY: sends `msg.len()` bytes of `msg` to the kernel (the unbound destination).
-        let r = unsafe {
-            libc::send(
-                self.fd.as_raw_fd(),
-                msg.as_ptr() as *const libc::c_void,
-                msg.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
-    }
-
-    /// One datagram into `buf` (waiting up to the timeout if `wait`).
-    fn recv(&self, buf: &mut [u8], wait: bool) -> io::Result<usize> {
-        let flags = if wait { 0 } else { libc::MSG_DONTWAIT };
-        loop {
-            // SAFETY: receives at most `buf.len()` bytes into `buf`.
-            let r = unsafe {
-                libc::recv(
-                    self.fd.as_raw_fd(),
-                    buf.as_mut_ptr() as *mut libc::c_void,
-                    buf.len(),
-                    flags,
-                )
-            };
-            if r >= 0 {
-                return Ok(r as usize);
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
-    }
-
-    fn recv_now(&self, buf: &mut [u8]) -> io::Result<usize> {
-        self.recv(buf, false)
-    }
-
-    /// Sends `m` and waits for its acknowledgement.
-    fn request(&mut self, m: Msg) -> io::Result<()> {
-        let seq = self.next_seq();
-        self.send(m.finish(seq))?;
-        let mut buf = vec![0u8; 8192];
-        // Bounded: each read waits at most the socket's timeout.
-        for _ in 0..16 {
-            let n = self.recv(&mut buf, true)?;
-            let mut res = None;
-            for_each_msg(&buf[..n], |ty, s, body| {
-                if ty == libc::NLMSG_ERROR as u16 && s == seq {
-                    res = Some(error_of(body));
-                }
-            });
-            match res {
-                Some(0) => return Ok(()),
-                Some(e) => return Err(io::Error::from_raw_os_error(-e)),
-                None => {}
-            }
-        }
-        Err(io::Error::from(io::ErrorKind::TimedOut))
     }
 }
 
