@@ -67,6 +67,8 @@ pub(super) struct DirectBatch<'p> {
 
 impl DirectBatch<'_> {
     /// Finishes frame `i`'s offload work in software, into `seg_store`.
+    #[cold]
+    #[inline(never)]
     fn resolve(&mut self, i: usize) {
         let p = &mut *self.pipe;
         let (fs, fc) = (p.held[i].first, p.held[i].count);
@@ -94,28 +96,37 @@ impl DirectBatch<'_> {
     }
 }
 
+impl DirectBatch<'_> {
+    /// The next of the segments the resolver left in `seg_store` (there is one).
+    #[cold]
+    #[inline(never)]
+    fn next_segment(&mut self) -> OutFrame<'_> {
+        let p = &mut *self.pipe;
+        let (s, l) = p.seg_spans[self.seg_next];
+        self.seg_next += 1;
+        self.last_was_seg = true;
+        p.iov.clear();
+        p.iov.push(libc::iovec {
+            iov_base: ptr::null_mut(),
+            iov_len: 0,
+        });
+        p.iov.push(libc::iovec {
+            iov_base: p.seg_store[s as usize..].as_mut_ptr().cast(),
+            iov_len: l as usize,
+        });
+        OutFrame {
+            iov: &mut p.iov,
+            offload: Offload::default(),
+            len: l,
+        }
+    }
+}
+
 impl OutFrames for DirectBatch<'_> {
     fn next_frame(&mut self) -> Option<OutFrame<'_>> {
-        loop {
+        let i = loop {
             if self.seg_next < self.pipe.seg_spans.len() {
-                let p = &mut *self.pipe;
-                let (s, l) = p.seg_spans[self.seg_next];
-                self.seg_next += 1;
-                self.last_was_seg = true;
-                p.iov.clear();
-                p.iov.push(libc::iovec {
-                    iov_base: ptr::null_mut(),
-                    iov_len: 0,
-                });
-                p.iov.push(libc::iovec {
-                    iov_base: p.seg_store[s as usize..].as_mut_ptr().cast(),
-                    iov_len: l as usize,
-                });
-                return Some(OutFrame {
-                    iov: &mut p.iov,
-                    offload: Offload::default(),
-                    len: l,
-                });
+                return Some(self.next_segment());
             }
             if self.a == NIL && self.b == NIL {
                 return None;
@@ -127,28 +138,41 @@ impl OutFrames for DirectBatch<'_> {
                 self.resolve(i);
                 continue;
             }
-            self.last_was_seg = false;
-            let p = &mut *self.pipe;
-            let f = p.held[i];
-            let (fs, fc) = (f.first, f.count);
-            p.iov.clear();
-            // The sink's header goes first.
-            p.iov.push(libc::iovec {
-                iov_base: ptr::null_mut(),
-                iov_len: 0,
-            });
-            for g in &p.frags[fs as usize..(fs + fc) as usize] {
+            break i;
+        };
+        self.last_was_seg = false;
+        let p = &mut *self.pipe;
+        let f = p.held[i];
+        let (fs, fc) = (f.first as usize, f.count as usize);
+        // The sink's header goes first.
+        let hdr = libc::iovec {
+            iov_base: ptr::null_mut(),
+            iov_len: 0,
+        };
+        p.iov.clear();
+        if let [g] = p.frags[fs..fs + fc] {
+            // The common case, a frame in one piece: one step, no loop.
+            p.iov.extend_from_slice(&[
+                hdr,
+                libc::iovec {
+                    iov_base: g.ptr as *mut libc::c_void,
+                    iov_len: g.len as usize,
+                },
+            ]);
+        } else {
+            p.iov.push(hdr);
+            for g in &p.frags[fs..fs + fc] {
                 p.iov.push(libc::iovec {
                     iov_base: g.ptr as *mut libc::c_void,
                     iov_len: g.len as usize,
                 });
             }
-            return Some(OutFrame {
-                iov: &mut p.iov,
-                offload: Offload::from_word(f.offload),
-                len: f.len,
-            });
         }
+        Some(OutFrame {
+            iov: &mut p.iov,
+            offload: Offload::from_word(f.offload),
+            len: f.len,
+        })
     }
 
     /// A frame lies in its sender's buffer for the whole batch; a segment in `seg_store`,
