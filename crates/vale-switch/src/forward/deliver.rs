@@ -454,6 +454,14 @@ pub(super) unsafe fn copy_frame(frags: &[Frag], dst: &[*mut u8], bsize: usize, r
         }
         return;
     }
+    if let ([f], [_, ..]) = (frags, dst) {
+        if f.len as usize <= bsize {
+            // One piece into one buffer, not to be read past its length (a guest's frame):
+            // short ones without a call.
+            crate::copy::copy_bytes(dst[0], f.ptr, f.len as usize);
+            return;
+        }
+    }
     let mut di = 0;
     let mut doff = 0;
     for f in frags {

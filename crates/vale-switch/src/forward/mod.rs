@@ -147,12 +147,14 @@ pub(crate) fn recycle(mut list: Vec<&[u8]>) -> Vec<&'static [u8]> {
         .collect()
 }
 
-/// How many frames lists `a` and `b` hold.
-fn count_lists(next: &[u16], mut a: u16, mut b: u16) -> u64 {
+/// How many frames lists `a` and `b` hold (each walked on its own: they share no frame).
+fn count_lists(next: &[u16], a: u16, b: u16) -> u64 {
     let mut n = 0;
-    while a != NIL || b != NIL {
-        take_next(next, &mut a, &mut b);
-        n += 1;
+    for mut i in [a, b] {
+        while i != NIL {
+            i = next[i as usize];
+            n += 1;
+        }
     }
     n
 }

@@ -79,10 +79,9 @@ use vale_abi::eventfd;
 
 use super::guard::{self, Guarded};
 use super::socket::SocketName;
-use super::virtq::{
-    copy_bytes, guest_piece, read_guest, write_guest, Desc, One, Popped, Virtq, VirtqError,
-};
+use super::virtq::{guest_piece, read_guest, write_guest, Desc, One, Popped, Virtq, VirtqError};
 use super::{DevError, Device, Driver, Egress, HostState, Steps};
+use crate::copy::copy_bytes;
 use crate::epoll;
 use crate::forward::Pipeline;
 use crate::kind::{Delivered, DirectSink, OutFrames};
