@@ -342,28 +342,45 @@ impl Steps {
         let mut done = EgressDone::default();
         let mut paused = paused;
         while head != tail && sent + (dropped as usize) < burst {
-            // A frame: its slots up to the first without MOREFRAG (the switch publishes whole
-            // frames only).
-            pieces.clear();
-            let mut s = head;
-            let mut off = Offload::default();
-            loop {
-                // SAFETY: valed's own region; the deliverer filled these slots and published
-                // them with release before `tail`, which we loaded with acquire.
-                let slot = unsafe { *reg.slot(ring, s) };
-                if pieces.is_empty() && slot.flags & NS_OFFLOAD != 0 {
-                    off = Offload::from_word(slot.ptr);
-                }
-                let len = (slot.len as u32).min(l.params.buf_size) as usize;
-                // SAFETY: buffer of our own region, len clamped to its size.
-                pieces.push(unsafe { std::slice::from_raw_parts(reg.buf(slot.buf_idx), len) });
-                s = (s + 1) & mask;
-                if slot.flags & NS_MOREFRAG == 0 || s == tail {
-                    break;
+            // SAFETY: valed's own region; the deliverer filled these slots and published
+            // them with release before `tail`, which we loaded with acquire.
+            let first = unsafe { *reg.slot(ring, head) };
+            let mut s = (head + 1) & mask;
+            let off = if first.flags & NS_OFFLOAD != 0 {
+                Offload::from_word(first.ptr)
+            } else {
+                Offload::default()
+            };
+            // SAFETY: buffer of our own region, len clamped to its size.
+            let piece = unsafe {
+                std::slice::from_raw_parts(
+                    reg.buf(first.buf_idx),
+                    (first.len as u32).min(l.params.buf_size) as usize,
+                )
+            };
+            let one = first.flags & NS_MOREFRAG == 0 || s == tail;
+            if !one {
+                // A frame of several slots: up to the first without MOREFRAG (the switch
+                // publishes whole frames only).
+                pieces.clear();
+                pieces.push(piece);
+                loop {
+                    // SAFETY: as above.
+                    let slot = unsafe { *reg.slot(ring, s) };
+                    let len = (slot.len as u32).min(l.params.buf_size) as usize;
+                    // SAFETY: as above.
+                    pieces.push(unsafe { std::slice::from_raw_parts(reg.buf(slot.buf_idx), len) });
+                    s = (s + 1) & mask;
+                    if slot.flags & NS_MOREFRAG == 0 || s == tail {
+                        break;
+                    }
                 }
             }
             let result = if paused {
                 Err(DevError::Frame(io::Error::from_raw_os_error(libc::ENODEV)))
+            } else if one {
+                // The common case, a frame in one slot: no list of pieces.
+                dev.send(&[piece], off)
             } else {
                 dev.send(&pieces, off)
             };
