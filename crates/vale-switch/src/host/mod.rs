@@ -325,8 +325,14 @@ impl Steps {
 
     /// Egress: up to `burst` frames the switch delivered to the port, out through `dev`.
     /// `paused`: the device is away, frames are dropped unsent (senders see rx_drops grow,
-    /// not a stall).
-    pub fn egress(&mut self, dev: &mut dyn Egress, burst: usize, paused: bool) -> EgressDone {
+    /// not a stall). Generic over the device, so that a kind that calls it with its own type
+    /// (vhost-user) gets its `send` inlined per frame; `dyn Egress` works too.
+    pub fn egress<E: Egress + ?Sized>(
+        &mut self,
+        dev: &mut E,
+        burst: usize,
+        paused: bool,
+    ) -> EgressDone {
         let port = self.port.clone();
         let att = port.attachment.as_ref().expect("host ports are attached");
         let reg = &att.region;
@@ -380,7 +386,7 @@ impl Steps {
                 Err(DevError::Frame(io::Error::from_raw_os_error(libc::ENODEV)))
             } else if one {
                 // The common case, a frame in one slot: no list of pieces.
-                dev.send(&[piece], off)
+                dev.send_one(piece, off)
             } else {
                 dev.send(&pieces, off)
             };

@@ -23,7 +23,7 @@ impl GuestRx<'_, '_> {
     /// forwarding thread's direct delivery and the rx ring's egress call this for frames in
     /// one piece, nearly all of them).
     #[inline(always)]
-    pub(super) fn send_one(&mut self, piece: &[u8], off: Offload) -> Result<bool, DevError> {
+    pub(super) fn put_one(&mut self, piece: &[u8], off: Offload) -> Result<bool, DevError> {
         if piece.len() > self.max_frame && off.gso_type == offload::GSO_NONE {
             return Err(over_mtu());
         }
@@ -182,9 +182,10 @@ fn over_mtu() -> DevError {
 const RX_HEADER_PLAIN: [u8; HDR_LEN] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0];
 
 impl Egress for GuestRx<'_, '_> {
+    #[inline]
     fn send(&mut self, pieces: &[&[u8]], off: Offload) -> Result<bool, DevError> {
         if let [piece] = pieces {
-            return self.send_one(piece, off);
+            return self.put_one(piece, off);
         }
         let flen: usize = pieces.iter().map(|p| p.len()).sum();
         if flen > self.max_frame && off.gso_type == offload::GSO_NONE {
@@ -205,6 +206,11 @@ impl Egress for GuestRx<'_, '_> {
             Some(sent) => Ok(sent),
             None => self.send_chains(pieces, off, total),
         }
+    }
+
+    #[inline(always)]
+    fn send_one(&mut self, piece: &[u8], off: Offload) -> Result<bool, DevError> {
+        self.put_one(piece, off)
     }
 
     fn flush(&mut self) -> Result<(), DevError> {
@@ -309,7 +315,7 @@ impl Net {
                         let piece = unsafe {
                             std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len)
                         };
-                        out.send_one(piece, f.offload)
+                        out.put_one(piece, f.offload)
                     }
                     _ => {
                         pieces.clear();
