@@ -114,6 +114,10 @@ impl Pipeline {
         mut a: u16,
         mut b: u16,
     ) {
+        if a == NIL {
+            // One list (a batch that is all flooded): as `a`, walked without a merge.
+            (a, b) = (b, NIL);
+        }
         let stats = dst.stats();
         let Some(att) = &dst.attachment else {
             add(&stats.rx_drops, count_lists(&self.next, a, b));
