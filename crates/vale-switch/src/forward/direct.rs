@@ -122,8 +122,10 @@ impl DirectBatch<'_> {
     }
 }
 
-impl OutFrames for DirectBatch<'_> {
-    fn next_frame(&mut self) -> Option<OutFrame<'_>> {
+impl<'p> DirectBatch<'p> {
+    /// Any next frame: what the common case in `next_frame` does not take.
+    #[inline(never)]
+    fn next_any(&mut self) -> Option<OutFrame<'_>> {
         let i = loop {
             if self.seg_next < self.pipe.seg_spans.len() {
                 return Some(self.next_segment());
@@ -173,6 +175,48 @@ impl OutFrames for DirectBatch<'_> {
             offload: Offload::from_word(f.offload),
             len: f.len,
         })
+    }
+}
+
+impl OutFrames for DirectBatch<'_> {
+    fn next_frame(&mut self) -> Option<OutFrame<'_>> {
+        // The common case, in few registers: one list left (a lone list is `a`, see
+        // `Pipeline::deliver`), no segments waiting, a frame in one piece without offload
+        // work. Anything else goes the general way.
+        if self.b == NIL && self.a != NIL && self.seg_next >= self.pipe.seg_spans.len() {
+            let p = &*self.pipe;
+            let i = self.a as usize;
+            let one = match (p.held.get(i), p.next.get(i)) {
+                (Some(&f), Some(&next)) if f.count == 1 && f.offload == 0 => {
+                    p.frags.get(f.first as usize).map(|&g| (g, f.len, next))
+                }
+                _ => None,
+            };
+            if let Some((g, len, next)) = one {
+                self.before = (self.a, self.b);
+                self.a = next;
+                self.last_was_seg = false;
+                let p = &mut *self.pipe;
+                p.iov.clear();
+                // The sink's header goes first.
+                p.iov.extend_from_slice(&[
+                    libc::iovec {
+                        iov_base: ptr::null_mut(),
+                        iov_len: 0,
+                    },
+                    libc::iovec {
+                        iov_base: g.ptr as *mut libc::c_void,
+                        iov_len: g.len as usize,
+                    },
+                ]);
+                return Some(OutFrame {
+                    iov: &mut p.iov,
+                    offload: Offload::default(),
+                    len,
+                });
+            }
+        }
+        self.next_any()
     }
 
     /// A frame lies in its sender's buffer for the whole batch; a segment in `seg_store`,
