@@ -36,10 +36,10 @@
 //!
 //! Counted with callgrind (`bench/instructions.py --paths vhost-user`, testpmd's virtio_user
 //! front ends, AMD EPYC, 2 vCPUs; docs/benchmarks.md has the runs and what each change
-//! bought): a 60-byte frame delivered without drops costs all of valed about 420-430 instructions,
-//! down from about 985 (600 before the rx side's one-piece path, `copy_bytes` and the generic
-//! egress); a frame taken from the sender and dropped at a receiver without buffers about 195,
-//! down from about 530.
+//! bought): a 60-byte frame delivered without drops costs all of valed about 420-430
+//! instructions, down from about 985 (600 before the rx side's one-piece path, `copy_bytes`
+//! and the generic egress); a frame taken from the sender and dropped at a receiver without
+//! buffers about 195, down from about 530.
 //!
 //! # Files
 //!
