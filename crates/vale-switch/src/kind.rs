@@ -311,6 +311,12 @@ pub const HOST_PARAMS: PortParams = PortParams {
 pub trait Egress {
     /// Writes one frame: Ok(false) when there is no room now (the frame stays for later).
     fn send(&mut self, pieces: &[&[u8]], off: Offload) -> Result<bool, DevError>;
+    /// [`Egress::send`] of a frame in one piece, the common case: a device may take it
+    /// without a list.
+    #[inline]
+    fn send_one(&mut self, piece: &[u8], off: Offload) -> Result<bool, DevError> {
+        self.send(&[piece], off)
+    }
     /// Ends a burst of `send`s (before the ring's slots go back to the switch).
     fn flush(&mut self) -> Result<(), DevError>;
 }

@@ -27,6 +27,7 @@
 
 mod access;
 mod capture;
+mod copy;
 mod engine;
 pub mod epoll;
 mod error;

@@ -18,15 +18,18 @@ impl Pipeline {
         let mut flood_head = NIL;
         let mut flood_tail = NIL;
         let mut flooded = 0u64;
-        for (i, f) in self.frames.iter().enumerate() {
-            let i = i as u16;
-            self.next[i as usize] = NIL;
+        // A link for each frame of the batch (`next` has one for the largest), indexed
+        // without a look at `next`'s length in the loop.
+        let next = &mut self.next[..self.frames.len()];
+        for (k, f) in self.frames.iter().enumerate() {
+            next[k] = NIL;
+            let i = k as u16;
             let d = f.dst;
             if d == DEST_FLOOD {
                 if flood_head == NIL {
                     flood_head = i;
                 } else {
-                    self.next[flood_tail as usize] = i;
+                    next[flood_tail as usize] = i;
                 }
                 flood_tail = i;
                 flooded += 1;
@@ -46,7 +49,7 @@ impl Pipeline {
                 // Few lists a batch (a module that picks rings picks few): a linear search.
                 match self.chosen.iter_mut().find(|c| (c.0, c.1) == (d, f.ring)) {
                     Some(c) => {
-                        self.next[c.3 as usize] = i;
+                        next[c.3 as usize] = i;
                         c.3 = i;
                     }
                     None => self.chosen.push((d, f.ring, i, i)),
@@ -58,7 +61,7 @@ impl Pipeline {
                 self.dst_head[d] = i;
                 self.active.push(d as u16);
             } else {
-                self.next[self.dst_tail[d] as usize] = i;
+                next[self.dst_tail[d] as usize] = i;
             }
             self.dst_tail[d] = i;
         }
@@ -111,6 +114,10 @@ impl Pipeline {
         mut a: u16,
         mut b: u16,
     ) {
+        if a == NIL {
+            // One list (a batch that is all flooded): as `a`, walked without a merge.
+            (a, b) = (b, NIL);
+        }
         let stats = dst.stats();
         let Some(att) = &dst.attachment else {
             add(&stats.rx_drops, count_lists(&self.next, a, b));
@@ -453,6 +460,14 @@ pub(super) unsafe fn copy_frame(frags: &[Frag], dst: &[*mut u8], bsize: usize, r
             ptr::copy_nonoverlapping(f.ptr, *d, (f.len as usize + 63) & !63);
         }
         return;
+    }
+    if let ([f], [_, ..]) = (frags, dst) {
+        if f.len as usize <= bsize {
+            // One piece into one buffer, not to be read past its length (a guest's frame):
+            // short ones without a call.
+            crate::copy::copy_bytes(dst[0], f.ptr, f.len as usize);
+            return;
+        }
     }
     let mut di = 0;
     let mut doff = 0;

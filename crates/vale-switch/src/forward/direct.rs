@@ -67,6 +67,8 @@ pub(super) struct DirectBatch<'p> {
 
 impl DirectBatch<'_> {
     /// Finishes frame `i`'s offload work in software, into `seg_store`.
+    #[cold]
+    #[inline(never)]
     fn resolve(&mut self, i: usize) {
         let p = &mut *self.pipe;
         let (fs, fc) = (p.held[i].first, p.held[i].count);
@@ -94,28 +96,39 @@ impl DirectBatch<'_> {
     }
 }
 
-impl OutFrames for DirectBatch<'_> {
-    fn next_frame(&mut self) -> Option<OutFrame<'_>> {
-        loop {
+impl DirectBatch<'_> {
+    /// The next of the segments the resolver left in `seg_store` (there is one).
+    #[cold]
+    #[inline(never)]
+    fn next_segment(&mut self) -> OutFrame<'_> {
+        let p = &mut *self.pipe;
+        let (s, l) = p.seg_spans[self.seg_next];
+        self.seg_next += 1;
+        self.last_was_seg = true;
+        p.iov.clear();
+        p.iov.push(libc::iovec {
+            iov_base: ptr::null_mut(),
+            iov_len: 0,
+        });
+        p.iov.push(libc::iovec {
+            iov_base: p.seg_store[s as usize..].as_mut_ptr().cast(),
+            iov_len: l as usize,
+        });
+        OutFrame {
+            iov: &mut p.iov,
+            offload: Offload::default(),
+            len: l,
+        }
+    }
+}
+
+impl<'p> DirectBatch<'p> {
+    /// Any next frame: what the common case in `next_frame` does not take.
+    #[inline(never)]
+    fn next_any(&mut self) -> Option<OutFrame<'_>> {
+        let i = loop {
             if self.seg_next < self.pipe.seg_spans.len() {
-                let p = &mut *self.pipe;
-                let (s, l) = p.seg_spans[self.seg_next];
-                self.seg_next += 1;
-                self.last_was_seg = true;
-                p.iov.clear();
-                p.iov.push(libc::iovec {
-                    iov_base: ptr::null_mut(),
-                    iov_len: 0,
-                });
-                p.iov.push(libc::iovec {
-                    iov_base: p.seg_store[s as usize..].as_mut_ptr().cast(),
-                    iov_len: l as usize,
-                });
-                return Some(OutFrame {
-                    iov: &mut p.iov,
-                    offload: Offload::default(),
-                    len: l,
-                });
+                return Some(self.next_segment());
             }
             if self.a == NIL && self.b == NIL {
                 return None;
@@ -127,28 +140,83 @@ impl OutFrames for DirectBatch<'_> {
                 self.resolve(i);
                 continue;
             }
-            self.last_was_seg = false;
-            let p = &mut *self.pipe;
-            let f = p.held[i];
-            let (fs, fc) = (f.first, f.count);
-            p.iov.clear();
-            // The sink's header goes first.
-            p.iov.push(libc::iovec {
-                iov_base: ptr::null_mut(),
-                iov_len: 0,
-            });
-            for g in &p.frags[fs as usize..(fs + fc) as usize] {
+            break i;
+        };
+        self.last_was_seg = false;
+        let p = &mut *self.pipe;
+        let f = p.held[i];
+        let (fs, fc) = (f.first as usize, f.count as usize);
+        // The sink's header goes first.
+        let hdr = libc::iovec {
+            iov_base: ptr::null_mut(),
+            iov_len: 0,
+        };
+        p.iov.clear();
+        if let [g] = p.frags[fs..fs + fc] {
+            // The common case, a frame in one piece: one step, no loop.
+            p.iov.extend_from_slice(&[
+                hdr,
+                libc::iovec {
+                    iov_base: g.ptr as *mut libc::c_void,
+                    iov_len: g.len as usize,
+                },
+            ]);
+        } else {
+            p.iov.push(hdr);
+            for g in &p.frags[fs..fs + fc] {
                 p.iov.push(libc::iovec {
                     iov_base: g.ptr as *mut libc::c_void,
                     iov_len: g.len as usize,
                 });
             }
-            return Some(OutFrame {
-                iov: &mut p.iov,
-                offload: Offload::from_word(f.offload),
-                len: f.len,
-            });
         }
+        Some(OutFrame {
+            iov: &mut p.iov,
+            offload: Offload::from_word(f.offload),
+            len: f.len,
+        })
+    }
+}
+
+impl OutFrames for DirectBatch<'_> {
+    fn next_frame(&mut self) -> Option<OutFrame<'_>> {
+        // The common case, in few registers: one list left (a lone list is `a`, see
+        // `Pipeline::deliver`), no segments waiting, a frame in one piece without offload
+        // work. Anything else goes the general way.
+        if self.b == NIL && self.a != NIL && self.seg_next >= self.pipe.seg_spans.len() {
+            let p = &*self.pipe;
+            let i = self.a as usize;
+            let one = match (p.held.get(i), p.next.get(i)) {
+                (Some(&f), Some(&next)) if f.count == 1 && f.offload == 0 => {
+                    p.frags.get(f.first as usize).map(|&g| (g, f.len, next))
+                }
+                _ => None,
+            };
+            if let Some((g, len, next)) = one {
+                self.before = (self.a, self.b);
+                self.a = next;
+                self.last_was_seg = false;
+                let p = &mut *self.pipe;
+                p.iov.clear();
+                // The sink's header goes first.
+                p.iov.extend_from_slice(&[
+                    libc::iovec {
+                        iov_base: ptr::null_mut(),
+                        iov_len: 0,
+                    },
+                    libc::iovec {
+                        iov_base: g.ptr as *mut libc::c_void,
+                        iov_len: g.len as usize,
+                    },
+                ]);
+                return Some(OutFrame {
+                    iov: &mut p.iov,
+                    offload: Offload::default(),
+                    len,
+                });
+            }
+        }
+        self.next_any()
     }
 
     /// A frame lies in its sender's buffer for the whole batch; a segment in `seg_store`,

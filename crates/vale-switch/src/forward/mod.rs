@@ -147,20 +147,28 @@ pub(crate) fn recycle(mut list: Vec<&[u8]>) -> Vec<&'static [u8]> {
         .collect()
 }
 
-/// How many frames lists `a` and `b` hold.
-fn count_lists(next: &[u16], mut a: u16, mut b: u16) -> u64 {
+/// How many frames lists `a` and `b` hold (each walked on its own: they share no frame).
+fn count_lists(next: &[u16], a: u16, b: u16) -> u64 {
     let mut n = 0;
-    while a != NIL || b != NIL {
-        take_next(next, &mut a, &mut b);
-        n += 1;
+    for mut i in [a, b] {
+        while i != NIL {
+            i = next[i as usize];
+            n += 1;
+        }
     }
     n
 }
 
-/// Pops the lower-numbered head of two frame lists (they never share a frame).
+/// Pops the lower-numbered head of two frame lists (they never share a frame). One list
+/// alone, the common case, is best given as `a` (see [`Pipeline::deliver`]): a plain walk.
 #[inline(always)]
 fn take_next(next: &[u16], a: &mut u16, b: &mut u16) -> u16 {
-    let from_a = *b == NIL || (*a != NIL && *a < *b);
+    if *b == NIL {
+        let i = *a;
+        *a = next[i as usize];
+        return i;
+    }
+    let from_a = *a != NIL && *a < *b;
     let list = if from_a { a } else { b };
     let i = *list;
     *list = next[i as usize];

@@ -325,8 +325,14 @@ impl Steps {
 
     /// Egress: up to `burst` frames the switch delivered to the port, out through `dev`.
     /// `paused`: the device is away, frames are dropped unsent (senders see rx_drops grow,
-    /// not a stall).
-    pub fn egress(&mut self, dev: &mut dyn Egress, burst: usize, paused: bool) -> EgressDone {
+    /// not a stall). Generic over the device, so that a kind that calls it with its own type
+    /// (vhost-user) gets its `send` inlined per frame; `dyn Egress` works too.
+    pub fn egress<E: Egress + ?Sized>(
+        &mut self,
+        dev: &mut E,
+        burst: usize,
+        paused: bool,
+    ) -> EgressDone {
         let port = self.port.clone();
         let att = port.attachment.as_ref().expect("host ports are attached");
         let reg = &att.region;
@@ -342,28 +348,45 @@ impl Steps {
         let mut done = EgressDone::default();
         let mut paused = paused;
         while head != tail && sent + (dropped as usize) < burst {
-            // A frame: its slots up to the first without MOREFRAG (the switch publishes whole
-            // frames only).
-            pieces.clear();
-            let mut s = head;
-            let mut off = Offload::default();
-            loop {
-                // SAFETY: valed's own region; the deliverer filled these slots and published
-                // them with release before `tail`, which we loaded with acquire.
-                let slot = unsafe { *reg.slot(ring, s) };
-                if pieces.is_empty() && slot.flags & NS_OFFLOAD != 0 {
-                    off = Offload::from_word(slot.ptr);
-                }
-                let len = (slot.len as u32).min(l.params.buf_size) as usize;
-                // SAFETY: buffer of our own region, len clamped to its size.
-                pieces.push(unsafe { std::slice::from_raw_parts(reg.buf(slot.buf_idx), len) });
-                s = (s + 1) & mask;
-                if slot.flags & NS_MOREFRAG == 0 || s == tail {
-                    break;
+            // SAFETY: valed's own region; the deliverer filled these slots and published
+            // them with release before `tail`, which we loaded with acquire.
+            let first = unsafe { *reg.slot(ring, head) };
+            let mut s = (head + 1) & mask;
+            let off = if first.flags & NS_OFFLOAD != 0 {
+                Offload::from_word(first.ptr)
+            } else {
+                Offload::default()
+            };
+            // SAFETY: buffer of our own region, len clamped to its size.
+            let piece = unsafe {
+                std::slice::from_raw_parts(
+                    reg.buf(first.buf_idx),
+                    (first.len as u32).min(l.params.buf_size) as usize,
+                )
+            };
+            let one = first.flags & NS_MOREFRAG == 0 || s == tail;
+            if !one {
+                // A frame of several slots: up to the first without MOREFRAG (the switch
+                // publishes whole frames only).
+                pieces.clear();
+                pieces.push(piece);
+                loop {
+                    // SAFETY: as above.
+                    let slot = unsafe { *reg.slot(ring, s) };
+                    let len = (slot.len as u32).min(l.params.buf_size) as usize;
+                    // SAFETY: as above.
+                    pieces.push(unsafe { std::slice::from_raw_parts(reg.buf(slot.buf_idx), len) });
+                    s = (s + 1) & mask;
+                    if slot.flags & NS_MOREFRAG == 0 || s == tail {
+                        break;
+                    }
                 }
             }
             let result = if paused {
                 Err(DevError::Frame(io::Error::from_raw_os_error(libc::ENODEV)))
+            } else if one {
+                // The common case, a frame in one slot: no list of pieces.
+                dev.send_one(piece, off)
             } else {
                 dev.send(&pieces, off)
             };

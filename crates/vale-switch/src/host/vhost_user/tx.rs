@@ -84,13 +84,46 @@ impl TxScratch {
             return self.add_frame(mem, acked, batch);
         };
         let len = d.len as usize - HDR_LEN;
-        let mut hdr = [0u8; HDR_LEN];
-        // SAFETY: the descriptor's bytes lie in one mapped region (`Virtq::range`), which `mem`
-        // keeps mapped until the batch is forwarded.
-        unsafe { std::ptr::copy_nonoverlapping(p, hdr.as_mut_ptr(), HDR_LEN) };
         if len < 14 {
             return Err(Bad::Runt(len));
         }
+        // SAFETY: the descriptor's bytes lie in one mapped region (`Virtq::range`), which `mem`
+        // keeps mapped until the batch is forwarded; its first two are the header's flags
+        // and gso type, each read once.
+        let (flags, gso_type) = unsafe {
+            (
+                std::ptr::read_volatile(p),
+                std::ptr::read_volatile(p.add(1)),
+            )
+        };
+        if flags & offload::F_NEEDS_CSUM != 0 || gso_type != offload::GSO_NONE {
+            return Self::add_one_offload(p, len, acked, batch);
+        }
+        // The common case: no checksum asked for, no segmentation (what `Acked::offload`
+        // would find the same).
+        if len > acked.max_frame {
+            return Err(Bad::OverMtu(len, acked.max_frame - MTU_OVERHEAD));
+        }
+        // SAFETY: as above; the `len` bytes after the header are in the same region.
+        if !unsafe { batch.push_frame(p.add(HDR_LEN), len as u32, None) } {
+            return Err(Bad::Scattered);
+        }
+        Ok(())
+    }
+
+    /// [`TxScratch::add_one`] of a frame whose header asks for offload work: the header read
+    /// whole and checked. `p`: the header, in one mapped region with the `len` bytes of the
+    /// frame after it.
+    #[inline(never)]
+    fn add_one_offload(
+        p: *mut u8,
+        len: usize,
+        acked: &Acked,
+        batch: &mut Pipeline,
+    ) -> Result<(), Bad> {
+        let mut hdr = [0u8; HDR_LEN];
+        // SAFETY: see `add_one`: the header lies in one mapped region of guest memory.
+        unsafe { std::ptr::copy_nonoverlapping(p, hdr.as_mut_ptr(), HDR_LEN) };
         let off = acked.offload(&hdr, len)?;
         if len > acked.max_frame && off.is_none_or(|o| o.gso_type == offload::GSO_NONE) {
             return Err(Bad::OverMtu(len, acked.max_frame - MTU_OVERHEAD));
