@@ -23,7 +23,7 @@ use super::merge::{self, Held, MAX_MERGED_LEN};
 use super::wire::{Bad, Proto, HDR_LEN, MAX_UDP_PAYLOAD, MIN_INNER};
 use super::{sock, Config, MAX_REMOTES};
 use crate::lookup::{is_group, LearningBridge};
-use crate::offload::{Offload, Resolver, GSO_ECN, GSO_NONE};
+use crate::offload::{FrameSink, Offload, Resolver, GSO_ECN, GSO_NONE};
 
 /// Messages of one `sendmmsg` (a flooded frame takes one per remote).
 const TX_BATCH: usize = 256;
@@ -227,6 +227,77 @@ struct Chunk {
     seg: usize,
     count: usize,
     bytes: usize,
+}
+
+/// Where the segmenter writes the frames of one frame with offload work: each into the arena
+/// behind room for its tunnel header, joining the send being filled or starting one (the
+/// batch sent first when the arena or the batch is full).
+struct Encap<'a> {
+    path: &'a mut Path,
+    sock: &'a OwnedFd,
+    /// The frame's destinations, and the messages they take.
+    known: Option<usize>,
+    count: usize,
+    /// Where the frame being written starts (its tunnel header), and whether it is refused
+    /// (beyond a UDP datagram: written, then forgotten).
+    at: usize,
+    refused: bool,
+}
+
+impl FrameSink for Encap<'_> {
+    fn frame_buf(&mut self, n: usize) -> &mut [u8] {
+        let p = &mut *self.path;
+        let total = HDR_LEN + n;
+        self.refused = total > MAX_UDP_PAYLOAD;
+        if self.refused {
+            p.close_chunk(self.known);
+            if p.arena_used + total > ARENA {
+                p.flush(self.sock);
+            }
+            self.at = p.arena_used;
+            return &mut p.arena[self.at + HDR_LEN..self.at + total];
+        }
+        if let Some(c) = p.chunk {
+            if !(p.gso && gso::joins(c.seg, c.count, c.bytes, total)) {
+                p.close_chunk(self.known);
+            }
+        }
+        if p.chunk.is_none() {
+            if p.arena_used + MAX_UDP_PAYLOAD > ARENA
+                || p.tx_sets == TX_BATCH
+                || p.tx_msg_count + self.count > TX_BATCH
+            {
+                p.flush(self.sock);
+            }
+            p.chunk = Some(Chunk {
+                start: p.arena_used,
+                seg: total,
+                count: 0,
+                bytes: 0,
+            });
+        }
+        self.at = p.arena_used;
+        &mut p.arena[self.at + HDR_LEN..self.at + total]
+    }
+
+    fn done(&mut self, n: usize) {
+        let p = &mut *self.path;
+        if self.refused {
+            p.counters.too_big += 1;
+            return;
+        }
+        let total = HDR_LEN + n;
+        let at = self.at;
+        p.arena[at..at + HDR_LEN].copy_from_slice(&p.hdr[..]);
+        p.arena_used = at + total;
+        let c = p.chunk.as_mut().expect("frame_buf started a send");
+        c.count += 1;
+        c.bytes += total;
+        if total < c.seg {
+            // A shorter one ends it.
+            p.close_chunk(self.known);
+        }
+    }
 }
 
 // SAFETY: the raw pointers in the messages point into this struct's own boxed arrays (or, only
@@ -557,7 +628,7 @@ impl Path {
     }
 
     /// Finishes the offload work of the frame in `pieces` with the switch's segmenter, each
-    /// resulting frame encapsulated into the arena ([`Path::push_segment`]).
+    /// resulting frame written straight into the arena behind its tunnel header ([`Encap`]).
     fn queue_offload(
         &mut self,
         sock: &OwnedFd,
@@ -570,10 +641,16 @@ impl Path {
             .resolver
             .take()
             .expect("the resolver is put back after every frame");
+        let mut encap = Encap {
+            path: self,
+            sock,
+            known,
+            count,
+            at: 0,
+            refused: false,
+        };
         // The port's ring is valed's own memory: nobody writes the frame meanwhile.
-        let r = resolver.resolve(pieces, off, false, |f| {
-            self.push_segment(sock, f, known, count)
-        });
+        let r = resolver.resolve_to(pieces, off, false, &mut encap);
         self.resolver = Some(resolver);
         self.close_chunk(known);
         match r {
@@ -590,50 +667,6 @@ impl Path {
                     format!("offload work refused: {e}"),
                 ))
             }
-        }
-    }
-
-    /// Appends inner frame `f`, behind the tunnel header, to the send being filled, or starts
-    /// a new one (sending the batch first when the arena or the batch is full).
-    fn push_segment(&mut self, sock: &OwnedFd, f: &[u8], known: Option<usize>, count: usize) {
-        let n = HDR_LEN + f.len();
-        if n > MAX_UDP_PAYLOAD {
-            self.close_chunk(known);
-            self.counters.too_big += 1;
-            return;
-        }
-        if let Some(c) = self.chunk {
-            if !(self.gso && gso::joins(c.seg, c.count, c.bytes, n)) {
-                self.close_chunk(known);
-            }
-        }
-        let at = self.arena_used;
-        let c = match &mut self.chunk {
-            Some(c) => c,
-            None => {
-                if at + MAX_UDP_PAYLOAD > ARENA
-                    || self.tx_sets == TX_BATCH
-                    || self.tx_msg_count + count > TX_BATCH
-                {
-                    self.flush(sock);
-                }
-                self.chunk.insert(Chunk {
-                    start: self.arena_used,
-                    seg: n,
-                    count: 0,
-                    bytes: 0,
-                })
-            }
-        };
-        let at = c.start + c.bytes;
-        c.count += 1;
-        c.bytes += n;
-        let short = n < c.seg;
-        self.arena[at..at + HDR_LEN].copy_from_slice(&self.hdr[..]);
-        self.arena[at + HDR_LEN..at + n].copy_from_slice(f);
-        self.arena_used = at + n;
-        if short {
-            self.close_chunk(known);
         }
     }
 
