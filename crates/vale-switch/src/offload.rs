@@ -6,7 +6,12 @@
 //! (TSO/GSO) or have its L4 checksum left for later (`NEEDS_CSUM`). Between two ports that
 //! accept offloads it crosses the switch as it is, with its header in [`Offload`]. Toward any
 //! other port the switch finishes the work first ([`Resolver::resolve`]): it splits the segment
-//! into frames of at most `gso_size` payload bytes and computes the checksums.
+//! into frames of at most `gso_size` payload bytes and computes the checksums. It reads the
+//! frame's headers once and copies each segment's payload from the frame's pieces (ring
+//! slots) straight to where the segment goes: its own buffer, or one a [`FrameSink`] hands
+//! out (a tunnel port's send buffer, behind room for the encapsulation), so that the payload
+//! is copied once. A frame whose writer may change it meanwhile (a guest's) is copied aside
+//! first.
 //!
 //! Everything here is untrusted input (a container writes these frames): a header that does
 //! not add up is an [`OffloadError`] and the frame is dropped, never a panic.

@@ -4,7 +4,9 @@
 //!
 //! A frame with offload work (a partial checksum, a TCP or UDP segment of up to 64 KiB from a
 //! TAP or vhost-user port) is finished by the switch's own [`Resolver`] into a scratch arena
-//! beside the batch, as `[tunnel header + inner frame] × N`, and goes into the same batch as
+//! beside the batch, as `[tunnel header + inner frame] × N`: each inner frame written straight
+//! behind room for its header ([`Encap`]), its payload read from the ring slots where the
+//! frame lies (one copy in user space). It goes into the same batch as
 //! one message per remote with a `UDP_SEGMENT` control message ([`gso`]): the order of the
 //! frames of a burst is kept, and a 64 KiB segment crosses the kernel's UDP send path once or
 //! twice, not forty times. Frames without offload work are sent from where they lie in the
@@ -166,7 +168,7 @@ pub struct Path {
     tx_gso: Box<[u16]>,
     /// Per set: its `UDP_SEGMENT` control message.
     tx_cmsg: Box<[Cmsg]>,
-    /// The switch's segmenter (taken out while it calls back into the path).
+    /// The switch's segmenter (taken out while it writes into the path's arena).
     resolver: Option<Box<Resolver>>,
     /// Where frames with offload work are finished, encapsulated; `arena_used` bytes queued.
     arena: Box<[u8]>,
