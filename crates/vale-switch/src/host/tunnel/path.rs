@@ -1352,6 +1352,17 @@ mod tests {
         bad[16] = 0xff;
         assert!(p.queue(&sock, &table, &[&bad], off).is_err());
         assert_eq!(p.counters.bad_offload, 1);
+        // A segment beyond a UDP datagram (65,549 bytes and the header) is counted too big and
+        // not sent; the next frame goes as before.
+        let (big, mut off) = tso_frame(65_495);
+        off.gso_size = 65_495;
+        p.queue(&sock, &table, &[&big[..9472], &big[9472..]], off)
+            .unwrap();
+        let (f, off) = tso_frame(10_000);
+        p.queue(&sock, &table, &[&f], off).unwrap();
+        p.flush(&sock);
+        assert_eq!((p.counters.too_big, p.counters.tso_frames), (1, 2));
+        assert_eq!(p.remotes[0].counters.tx_frames, 10);
     }
 
     /// What sending a 64 KiB TCP segment through the ring path costs in user space: 2,000 of
