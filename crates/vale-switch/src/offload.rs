@@ -6,7 +6,12 @@
 //! (TSO/GSO) or have its L4 checksum left for later (`NEEDS_CSUM`). Between two ports that
 //! accept offloads it crosses the switch as it is, with its header in [`Offload`]. Toward any
 //! other port the switch finishes the work first ([`Resolver::resolve`]): it splits the segment
-//! into frames of at most `gso_size` payload bytes and computes the checksums.
+//! into frames of at most `gso_size` payload bytes and computes the checksums. It reads the
+//! frame's headers once and copies each segment's payload from the frame's pieces (ring
+//! slots) straight to where the segment goes: its own buffer, or one a [`FrameSink`] hands
+//! out (a tunnel port's send buffer, behind room for the encapsulation), so that the payload
+//! is copied once. A frame whose writer may change it meanwhile (a guest's) is copied aside
+//! first.
 //!
 //! Everything here is untrusted input (a container writes these frames): a header that does
 //! not add up is an [`OffloadError`] and the frame is dropped, never a panic.
@@ -217,11 +222,37 @@ impl std::fmt::Display for OffloadError {
 
 impl std::error::Error for OffloadError {}
 
+/// Where [`Resolver::resolve_to`] writes the frames it makes: each straight into a buffer the
+/// sink hands out (behind room for an encapsulation, say), so that nothing is copied again.
+pub trait FrameSink {
+    /// A buffer of at least `n` bytes for the next frame, which is written whole before
+    /// [`FrameSink::done`].
+    fn frame_buf(&mut self, n: usize) -> &mut [u8];
+    /// The frame of `n` bytes at the start of the last buffer is complete.
+    fn done(&mut self, n: usize);
+}
+
+/// [`Resolver::resolve`]'s sink: each frame made in the resolver's own buffer, then shown.
+struct Emit<'a, F> {
+    out: &'a mut [u8],
+    emit: F,
+}
+
+impl<F: FnMut(&[u8])> FrameSink for Emit<'_, F> {
+    fn frame_buf(&mut self, n: usize) -> &mut [u8] {
+        &mut self.out[..n]
+    }
+
+    fn done(&mut self, n: usize) {
+        (self.emit)(&self.out[..n]);
+    }
+}
+
 /// Scratch space reused across calls (allocated once, never on the hot path).
 pub struct Resolver {
-    /// The frame made contiguous when it comes in several pieces.
+    /// The frame copied aside when its writer may change it (`copy`).
     lin: Box<[u8]>,
-    /// The frame being emitted.
+    /// The frame being emitted ([`Resolver::resolve`]).
     out: Box<[u8]>,
 }
 
@@ -271,24 +302,24 @@ impl Resolver {
         copy: bool,
         emit: impl FnMut(&[u8]),
     ) -> Result<usize, OffloadError> {
-        let len = frame.iter().map(|p| p.len()).sum::<usize>();
-        if len > MAX_FRAME {
-            return Err(OffloadError::TooLong);
-        }
-        // Fields, not methods, so that `src` may borrow `lin` while `out` is written.
-        let src: &[u8] = match frame {
-            [one] if !copy => one,
-            _ => {
-                let mut at = 0;
-                for p in frame {
-                    self.lin[at..at + p.len()].copy_from_slice(p);
-                    at += p.len();
-                }
-                &self.lin[..len]
-            }
+        // Fields apart, so that `lin` may be read while `out` is written.
+        let mut sink = Emit {
+            out: &mut self.out,
+            emit,
         };
-        let plan = plan(&src[..len.min(MAX_HDR)], len, off)?;
-        Ok(execute(src, &mut self.out, &plan, emit))
+        resolve_in(&mut self.lin, frame, off, copy, &mut sink)
+    }
+
+    /// [`Resolver::resolve`], each resulting frame written straight into the buffer `sink`
+    /// hands out for it: the payload is copied once, from the frame's pieces to there.
+    pub fn resolve_to(
+        &mut self,
+        frame: &[&[u8]],
+        off: Offload,
+        copy: bool,
+        sink: &mut impl FrameSink,
+    ) -> Result<usize, OffloadError> {
+        resolve_in(&mut self.lin, frame, off, copy, sink)
     }
 
     /// The number of frames [`Resolver::resolve`] would emit for the same arguments, or its
@@ -312,6 +343,84 @@ impl Resolver {
             }
         }
         plan(&head[..n], len, off).map(|p| p.count)
+    }
+}
+
+/// [`Resolver::resolve_to`] with the resolver's `lin` buffer: the headers are read from the
+/// first piece (or gathered from the first pieces), the payload copied from the pieces
+/// straight into the sink's buffers.
+fn resolve_in(
+    lin: &mut [u8],
+    frame: &[&[u8]],
+    off: Offload,
+    copy: bool,
+    sink: &mut impl FrameSink,
+) -> Result<usize, OffloadError> {
+    let len = frame.iter().map(|p| p.len()).sum::<usize>();
+    if len > MAX_FRAME {
+        return Err(OffloadError::TooLong);
+    }
+    let one: [&[u8]; 1];
+    let src: &[&[u8]] = if copy {
+        let mut at = 0;
+        for p in frame {
+            lin[at..at + p.len()].copy_from_slice(p);
+            at += p.len();
+        }
+        one = [&lin[..len]];
+        &one
+    } else {
+        frame
+    };
+    let n = len.min(MAX_HDR);
+    let mut gathered = [0u8; MAX_HDR];
+    let head: &[u8] = match src.first() {
+        Some(p) if p.len() >= n => &p[..n],
+        _ => {
+            Cursor::new(src, 0).read(&mut gathered[..n]);
+            &gathered[..n]
+        }
+    };
+    let plan = plan(head, len, off)?;
+    Ok(execute(src, head, &plan, sink))
+}
+
+/// Reads the bytes of a frame given in pieces, in order.
+struct Cursor<'a> {
+    pieces: &'a [&'a [u8]],
+    /// The piece being read, and the offset in it.
+    k: usize,
+    at: usize,
+}
+
+impl<'a> Cursor<'a> {
+    /// At byte `from` of the frame.
+    fn new(pieces: &'a [&'a [u8]], mut from: usize) -> Cursor<'a> {
+        let mut k = 0;
+        while k < pieces.len() && from >= pieces[k].len() {
+            from -= pieces[k].len();
+            k += 1;
+        }
+        Cursor {
+            pieces,
+            k,
+            at: from,
+        }
+    }
+
+    /// Copies the next `dst.len()` bytes into `dst` (the frame holds them: its length was
+    /// checked).
+    fn read(&mut self, mut dst: &mut [u8]) {
+        while !dst.is_empty() {
+            let p = &self.pieces[self.k][self.at..];
+            let take = p.len().min(dst.len());
+            dst[..take].copy_from_slice(&p[..take]);
+            dst = &mut dst[take..];
+            self.at += take;
+            if self.at == self.pieces[self.k].len() {
+                (self.k, self.at) = (self.k + 1, 0);
+            }
+        }
     }
 }
 
@@ -496,43 +605,50 @@ fn plan(head: &[u8], len: usize, off: Offload) -> Result<Plan, OffloadError> {
     })
 }
 
-/// Carries out a plan that `plan` accepted for `src`; cannot fail.
-fn execute(src: &[u8], out: &mut [u8], plan: &Plan, mut emit: impl FnMut(&[u8])) -> usize {
+/// Carries out a plan that `plan` accepted for the frame in pieces `src`, whose first bytes
+/// are `head`, each resulting frame written into a buffer of `sink`; cannot fail.
+fn execute(src: &[&[u8]], head: &[u8], plan: &Plan, sink: &mut impl FrameSink) -> usize {
     let len = plan.len;
     let s = match &plan.work {
         Work::Nothing => {
-            emit(src);
+            Cursor::new(src, 0).read(&mut sink.frame_buf(len)[..len]);
+            sink.done(len);
             return 1;
         }
         &Work::Csum { start, field } => {
             // The field holds the pseudo-header sum: summing it with the rest gives the whole.
             // Like Linux's skb_checksum_help, a result of 0 is sent as 0xffff (the same in
             // ones' complement, and required for UDP where 0 means "no checksum").
-            let out = &mut out[..len];
-            out.copy_from_slice(src);
+            let out = &mut sink.frame_buf(len)[..len];
+            Cursor::new(src, 0).read(out);
             let c = !sum(&out[start..]);
             put16(out, field, if c == 0 { 0xffff } else { c });
-            emit(out);
+            sink.done(len);
             return 1;
         }
         Work::Segment(s) => s,
     };
-    let hdr = &src[..s.hdr_len];
-    let payload = &src[s.hdr_len..len];
-    let ip_id = if s.v4 { be16(src, s.l3 + 4) } else { 0 };
+    let hdr = &head[..s.hdr_len];
+    let payload = len - s.hdr_len;
+    let ip_id = if s.v4 { be16(head, s.l3 + 4) } else { 0 };
     let (seq, tcp_flags) = if s.proto == IPPROTO_TCP {
-        let seq = [src[s.l4 + 4], src[s.l4 + 5], src[s.l4 + 6], src[s.l4 + 7]];
-        (u32::from_be_bytes(seq), src[s.l4 + 13])
+        let seq = [
+            head[s.l4 + 4],
+            head[s.l4 + 5],
+            head[s.l4 + 6],
+            head[s.l4 + 7],
+        ];
+        (u32::from_be_bytes(seq), head[s.l4 + 13])
     } else {
         (0, 0)
     };
+    let mut cur = Cursor::new(src, s.hdr_len);
     for i in 0..plan.count {
         let from = i * s.seg;
-        let chunk = &payload[from..(from + s.seg).min(payload.len())];
-        let n = s.hdr_len + chunk.len();
-        let o = &mut out[..n];
+        let n = s.hdr_len + s.seg.min(payload - from);
+        let o = &mut sink.frame_buf(n)[..n];
         o[..s.hdr_len].copy_from_slice(hdr);
-        o[s.hdr_len..].copy_from_slice(chunk);
+        cur.read(&mut o[s.hdr_len..]);
 
         // IP: lengths (and the IPv4 id and header checksum).
         let pseudo = if s.v4 {
@@ -569,7 +685,7 @@ fn execute(src: &[u8], out: &mut [u8], plan: &Plan, mut emit: impl FnMut(&[u8]))
         put16(o, field, 0);
         let c = !add(pseudo, sum(&o[s.l4..]));
         put16(o, field, if c == 0 { 0xffff } else { c });
-        emit(o);
+        sink.done(n);
     }
     plan.count
 }

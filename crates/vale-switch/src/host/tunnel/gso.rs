@@ -3,8 +3,8 @@
 //! segment size, and the split of a merged buffer back into packets.
 //!
 //! Egress: a TCP segment of up to 64 KiB that a TAP or vhost-user port left to offload is
-//! segmented in user space ([`crate::offload::Resolver`], the switch's own segmenter) into a
-//! contiguous scratch buffer as `[tunnel header + inner segment] × N`, all of one size but the
+//! segmented in user space ([`crate::offload::Resolver`], the switch's own segmenter) straight
+//! into a contiguous scratch buffer as `[tunnel header + inner segment] × N`, all of one size but the
 //! last, and handed to the kernel as one datagram with a `UDP_SEGMENT` control message
 //! (`gso_size` = one encapsulated segment): one trip through the UDP and IP send path for the
 //! lot, the kernel (or the NIC) cutting it into N datagrams at the end. The kernel refuses such
