@@ -183,8 +183,8 @@ impl Conn {
     /// when the client hung up.
     #[allow(clippy::type_complexity)]
     fn recv(&self) -> Result<Option<(Result<Msg, String>, Option<OwnedFd>)>, Gone> {
-        // One byte more than a message, to tell a longer one.
-        let mut buf = [0u8; MSG_LEN + 1];
+        // MSG_TRUNC: the length of a longer message is its own, not the buffer's.
+        let mut buf = [0u8; MSG_LEN];
         // Room for a few descriptors: all are taken (and closed unless used).
         let mut ctl = [0u64; 8];
         let mut iov = libc::iovec {
@@ -202,7 +202,7 @@ impl Conn {
             libc::recvmsg(
                 self.sock.as_raw_fd(),
                 &mut mh,
-                libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC,
+                libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC | libc::MSG_TRUNC,
             )
         };
         if n < 0 {
@@ -224,22 +224,13 @@ impl Conn {
                 None,
             )));
         }
-        if n as usize != MSG_LEN || mh.msg_flags & libc::MSG_TRUNC != 0 {
+        if n as usize != MSG_LEN {
             return Ok(Some((
-                Err(format!(
-                    "a message of {}{n} bytes (memif's are {MSG_LEN})",
-                    if n as usize > MSG_LEN {
-                        "more than "
-                    } else {
-                        ""
-                    }
-                )),
+                Err(format!("a message of {n} bytes (memif's are {MSG_LEN})")),
                 None,
             )));
         }
-        let mut b = [0u8; MSG_LEN];
-        b.copy_from_slice(&buf[..MSG_LEN]);
-        Ok(Some((Ok(Msg::from_bytes(&b)), fd)))
+        Ok(Some((Ok(Msg::from_bytes(&buf)), fd)))
     }
 
     fn ack(&self) -> Result<(), Refused> {
