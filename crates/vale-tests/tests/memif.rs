@@ -1050,3 +1050,121 @@ fn hostile_memif_client_beside_a_checked_stream() {
     let mut v = s.v;
     assert!(v.alive(), "valed died; its log:\n{}", v.log());
 }
+
+#[test]
+fn testpmd_memif_client_two_queue_pairs() {
+    both_ways(2);
+}
+
+/// A txonly testpmd killed (SIGKILL) while it sends; a new one on the same socket is served
+/// and accounted for like the first; valed lives on.
+#[test]
+fn testpmd_memif_client_killed_then_replaced() {
+    if let Some(why) = skip() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let _serial = serial();
+    let s = Setup::new();
+    let v = &s.v;
+    let b = s.sink("vale0:b", MAC_B);
+    let mut tp = s.txonly_to_b(1);
+    tp.command("start");
+    let at = s.cnf().tx_packets;
+    assert!(
+        wait_until_every(SLOW, Duration::from_millis(20), || s.cnf().tx_packets
+            > at + FROM_TESTPMD),
+        "testpmd did not start again: {}",
+        tp.output()
+    );
+    tp.kill();
+    s.wait_down("testpmd was killed");
+    s.wait_landed_at_b((PortCounters::default(), PortCounters::default()));
+    let tp = s.txonly_to_b(1);
+    tp.quit(Instant::now() + SLOW);
+    s.wait_down("testpmd quit");
+    assert_eq!(s.cnf().bad_input, 0, "{:?}", s.cnf());
+    let bc = v.counters("vale0:b");
+    let br = stop_pktgen(b, "vale-pktgen rx b");
+    assert_eq!(
+        (num(&br, "packets"), num(&br, "drops")),
+        (bc.rx_packets, bc.rx_drops),
+        "{br}"
+    );
+    let mut v = s.v;
+    assert!(v.alive(), "valed died; its log:\n{}", v.log());
+}
+
+/// Nanoseconds valed's threads have spent on a CPU (schedstat, exact).
+fn valed_cpu_ns(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("valed's threads")
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// An interrupt-mode client (it asks for interrupts and waits on its eventfds): connected and
+/// idle, valed spends no CPU on it; its frames wake valed through the C2S eventfd, valed's
+/// wake it through the S2C eventfd.
+#[test]
+fn idle_interrupt_mode_client_costs_valed_nothing() {
+    use client::*;
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::Ordering::*;
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: vale host ports need root");
+        return;
+    }
+    let _serial = serial();
+    let s = Setup::new();
+    let v = &s.v;
+    let b = v.open("vale0:b");
+    let mac_b = [2, 0, 0, 0, 0xe0, 0x0b];
+    let mac_k = [2, 0, 0, 0, 0xe0, 0x01];
+    send_waiting(&b, &test_frame(60, mac_b, BROADCAST, 0));
+    wait_tx_drained(&b, 0);
+    let mut k = connect(&s.sock).expect("served");
+    // Interrupts toward the client: MASK_INT cleared on its S2C ring.
+    k.mem.word(1, 4).store(0, Release);
+    k.give(SLOTS, |s| (0, k.mem.buf_off(1, s), BUF as u32));
+    assert!(wait_until(T, || s.state() == "up"));
+    // Idle, valed asks for interrupts on the C2S ring.
+    assert!(
+        wait_until(T, || k.mem.word(0, 4).load(Acquire) & 1 == 0),
+        "valed did not clear MASK_INT on the idle C2S ring"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let t0 = valed_cpu_ns(v.pid());
+    let wall = Instant::now();
+    std::thread::sleep(Duration::from_secs(5));
+    let used = valed_cpu_ns(v.pid()) - t0;
+    let share = used as f64 / wall.elapsed().as_nanos() as f64 * 100.0;
+    eprintln!(
+        "valed with an idle interrupt-mode memif client: {used} ns on CPU in 5 s ({share:.3}%)"
+    );
+    assert!(
+        share < 0.05,
+        "valed used {share:.3}% of a CPU with an idle client"
+    );
+    // A frame from the client wakes valed (the eventfd), and reaches b.
+    k.queue(&test_frame(60, mac_k, mac_b, 1));
+    k.publish();
+    assert_eq!(recv_n(&b, 1), vec![test_frame(60, mac_k, mac_b, 1)]);
+    // One to the client: its S2C eventfd is written.
+    send_waiting(&b, &test_frame(60, mac_b, mac_k, 2));
+    wait_tx_drained(&b, 0);
+    let mut p = libc::pollfd {
+        fd: k.irq[1].as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd.
+    assert_eq!(
+        unsafe { libc::poll(&mut p, 1, 10_000) },
+        1,
+        "no interrupt from valed"
+    );
+    assert_eq!(k.take(), vec![test_frame(60, mac_b, mac_k, 2)]);
+}
