@@ -377,3 +377,142 @@ pub enum Put {
     /// The client broke the ring: the connection ends.
     Broken(String),
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::FromRawFd;
+
+    const LOG2: u8 = 4;
+    const SIZE: u64 = 64 * 1024;
+
+    /// An anonymous mapping as region 0, a ring of 16 at its start, buffers of 2 KiB after.
+    fn setup() -> (Regions, Ring) {
+        // SAFETY: a fresh anonymous mapping, owned by the Mapping.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                SIZE as usize,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let regions = Regions {
+            guard: Guarded::default(),
+            maps: vec![Mapping {
+                base: p.cast(),
+                size: SIZE,
+            }],
+        };
+        // SAFETY: a fresh eventfd of ours.
+        let irq = unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_NONBLOCK)) };
+        let ring = Ring::new(p.cast(), LOG2, irq);
+        (regions, ring)
+    }
+
+    fn set(ring: &Ring, slot: u16, flags: u16, region: u16, offset: u32, length: u32) {
+        // SAFETY: inside the test's ring.
+        unsafe {
+            std::ptr::write_volatile(
+                (ring.base.add(wire::ring::DESC) as *mut Desc).add((slot & ring.mask) as usize),
+                Desc {
+                    flags,
+                    region,
+                    length,
+                    offset,
+                    metadata: 0,
+                },
+            )
+        };
+    }
+
+    #[test]
+    fn c2s_descriptors_outside_the_regions_cost_their_frame_only() {
+        let (regions, mut ring) = setup();
+        let buf = 4096u32;
+        set(&ring, 0, 0, 0, buf, 60); // good
+        set(&ring, 1, 0, 1, buf, 60); // region 1 does not exist
+        set(&ring, 2, 0, 0, SIZE as u32 - 10, 60); // past the region's end
+        set(&ring, 3, 0, 0, u32::MAX, 60); // offset overflow
+        set(&ring, 4, DESC_FLAG_NEXT, 0, buf, 30); // a good chain of two
+        set(&ring, 5, 0, 0, buf + 2048, 30);
+        set(&ring, 6, 0, 0, buf, 10); // a runt
+        set(&ring, 7, DESC_FLAG_NEXT, 0, buf, 60); // a chain cut at the head
+        ring.word(wire::ring::HEAD).store(8, Release);
+        let mut batch = Pipeline::new(std::time::Instant::now());
+        batch.start_batch();
+        let mut pieces = Vec::new();
+        let g = ring
+            .gather(&regions, &mut batch, 256, &mut pieces)
+            .ok()
+            .unwrap();
+        assert_eq!((g.frames, g.bad), (2, 5));
+        assert_eq!(batch.batch_len(), 2);
+        ring.release();
+        assert_eq!(ring.word(wire::ring::TAIL).load(Relaxed), 8);
+    }
+
+    #[test]
+    fn a_head_more_than_a_ring_ahead_breaks_the_ring() {
+        let (regions, mut ring) = setup();
+        ring.word(wire::ring::HEAD).store(17, Release);
+        let mut batch = Pipeline::new(std::time::Instant::now());
+        let mut pieces = Vec::new();
+        let e = ring
+            .gather(&regions, &mut batch, 256, &mut pieces)
+            .err()
+            .unwrap();
+        assert!(e.contains("ring head 17 is 17 slots past"), "{e}");
+        let mut bufs = Vec::new();
+        assert!(matches!(
+            ring.put(&regions, &[&[0u8; 60]], &mut bufs),
+            Err(Put::Broken(_))
+        ));
+    }
+
+    #[test]
+    fn s2c_frames_fill_the_clients_buffers_and_bad_ones_break_the_ring() {
+        let (regions, mut ring) = setup();
+        let mut bufs = Vec::new();
+        let frame = [7u8; 100];
+        // No buffers given yet: no room.
+        assert!(matches!(
+            ring.put(&regions, &[&frame], &mut bufs),
+            Ok(false)
+        ));
+        // Buffers of 64 bytes: the frame takes two, chained.
+        for s in 0..16 {
+            set(&ring, s, 0, 0, 4096 + 64 * s as u32, 64);
+        }
+        ring.word(wire::ring::HEAD).store(16, Release);
+        assert!(matches!(
+            ring.put(&regions, &[&frame[..40], &frame[40..]], &mut bufs),
+            Ok(true)
+        ));
+        ring.publish();
+        assert_eq!(ring.word(wire::ring::TAIL).load(Relaxed), 2);
+        let d0 = ring.desc(0);
+        let d1 = ring.desc(1);
+        assert_eq!(({ d0.flags }, { d0.length }), (DESC_FLAG_NEXT, 64));
+        assert_eq!(({ d1.flags }, { d1.length }), (0, 36));
+        // SAFETY: inside the test's region.
+        let copied = unsafe { std::slice::from_raw_parts(regions.maps[0].base.add(4096), 100) };
+        assert_eq!(copied, &frame[..]);
+        // Longer than every buffer together: too long, dropped.
+        let big = [0u8; 16 * 64 + 1];
+        ring.word(wire::ring::HEAD).store(18, Release);
+        assert!(matches!(
+            ring.put(&regions, &[&big], &mut bufs),
+            Err(Put::TooLong)
+        ));
+        // A buffer outside the region.
+        set(&ring, 2, 0, 0, SIZE as u32 - 8, 64);
+        assert!(matches!(
+            ring.put(&regions, &[&frame], &mut bufs),
+            Err(Put::Broken(e)) if e.contains("outside the client's regions")
+        ));
+    }
+}
