@@ -994,7 +994,15 @@ fn hostile_memif_client_beside_a_checked_stream() {
     refused_with("head beyond the ring", &k.sock, "ring head");
     drop(k);
     s.wait_down("a head beyond the ring");
-    // Dies (its socket closed, memory gone) while frames flow to it.
+    // Shrinks its region under valed: caught, and the connection ends.
+    let k = connect(path).expect("served again");
+    assert!(wait_until(T, || s.state() == "up"));
+    // SAFETY: plain syscall on the test's memfd.
+    assert_eq!(unsafe { libc::ftruncate(k.mem.fd.as_raw_fd(), 0) }, 0);
+    refused_with("region shrunk", &k.sock, "shrank a region");
+    drop(k);
+    s.wait_down("a shrunk region");
+    // Dies (its socket closed, memory gone).
     let k = connect(path).expect("served again");
     drop(k);
     s.wait_down("the client closed");
