@@ -46,16 +46,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::socket::SocketName;
-use super::{DevError, Device, Driver, Egress, HostState, Steps};
+use super::{Device, DirectSink, Driver, HostState, Steps};
 use crate::epoll;
-use crate::offload::{Caps, Offload};
+use crate::offload::Caps;
 
 mod ring;
 mod session;
+mod sink;
 mod wire;
 
-use ring::{Put, Ring};
+use ring::Ring;
 use session::{Conn, Live, Served};
+use sink::{Out, Shared, Sink};
 
 /// Queue pairs a client may have (rings each way).
 pub const MAX_PAIRS: usize = 16;
@@ -129,6 +131,7 @@ pub struct Memif {
     listener: OwnedFd,
     /// Removed when the port's thread ends, if still valed's socket.
     _name: SocketName,
+    sink: Arc<Sink>,
 }
 
 impl Memif {
@@ -145,6 +148,7 @@ impl Memif {
             id,
             listener,
             _name: name,
+            sink: Arc::new(Sink::new().map_err(|e| format!("memif port: {e}"))?),
         })
     }
 }
@@ -156,6 +160,9 @@ impl Device for Memif {
     fn caps(&self) -> Caps {
         Caps::NONE
     }
+    fn direct(&self) -> Option<Arc<dyn DirectSink>> {
+        Some(self.sink.clone())
+    }
     fn driver(self: Box<Self>) -> Box<dyn Driver> {
         self
     }
@@ -166,6 +173,7 @@ const TOKEN_IRQ: u64 = 1;
 const TOKEN_LISTEN: u64 = 2;
 const TOKEN_CTRL: u64 = 3;
 const TOKEN_RING: u64 = 4;
+const TOKEN_WAKE: u64 = 5;
 
 impl Driver for Memif {
     fn start(
@@ -177,6 +185,7 @@ impl Driver for Memif {
         epoll::add(&ep, state.stop.as_raw_fd(), TOKEN_STOP)?;
         epoll::add(&ep, steps.irq_fd(), TOKEN_IRQ)?;
         epoll::add(&ep, self.listener.as_raw_fd(), TOKEN_LISTEN)?;
+        epoll::add(&ep, self.sink.wake.as_raw_fd(), TOKEN_WAKE)?;
         state.set_up(steps.port_name(), false, &"no memif client yet");
         let mut srv = Server {
             steps,
@@ -186,7 +195,6 @@ impl Driver for Memif {
             conn: None,
             live: None,
             pieces: Vec::with_capacity(64),
-            bufs: Vec::with_capacity(64),
             masked: true,
             hits_seen: super::guard::hits(),
             reported: false,
@@ -206,10 +214,9 @@ struct Server {
     /// The control connection of the moment.
     conn: Option<Conn>,
     /// Its memory and rings, once connected.
-    live: Option<Live>,
-    /// The data path's lists, kept between turns.
+    live: Option<Linked>,
+    /// The data path's list of a chain's pieces, kept between turns.
     pieces: Vec<(*const u8, u32)>,
-    bufs: Vec<(*mut u8, u32)>,
     /// valed polls the C2S rings (MASK_INT set in them).
     masked: bool,
     /// [`super::guard::hits`] when last looked at.
@@ -218,8 +225,15 @@ struct Server {
     reported: bool,
 }
 
-// SAFETY: the raw pointers in the scratch lists only live within one turn.
+// SAFETY: the raw pointers in the scratch list only live within one turn.
 unsafe impl Send for Server {}
+
+/// A connected client's rings: the C2S rings, this thread's alone; the memory and the S2C
+/// rings, shared with the switch's threads (see `sink.rs`).
+struct Linked {
+    c2s: Vec<Ring>,
+    shared: Arc<Shared>,
+}
 
 impl Server {
     fn run(&mut self) {
@@ -291,6 +305,12 @@ impl Server {
                 TOKEN_IRQ => self.steps.drain_irq(),
                 TOKEN_LISTEN => self.accept(),
                 TOKEN_CTRL => self.serve(),
+                TOKEN_WAKE => {
+                    vale_abi::eventfd::drain(&self.me.sink.wake);
+                    if let Some(why) = self.me.sink.broken() {
+                        self.close(Some(why));
+                    }
+                }
                 _ => {}
             }
         }
@@ -363,11 +383,23 @@ impl Server {
     }
 
     fn connected(&mut self, live: Live) {
-        for r in &live.c2s {
+        let linked = Linked {
+            c2s: live.c2s,
+            shared: Arc::new(Shared {
+                regions: live.regions,
+                s2c: live.s2c.into_iter().map(std::sync::Mutex::new).collect(),
+            }),
+        };
+        let (n_c2s, n_s2c, slots) = (
+            linked.c2s.len(),
+            linked.shared.s2c.len(),
+            linked.c2s[0].size,
+        );
+        for r in &linked.c2s {
             // Polling until the first idle turn.
             r.want_irq(false);
             if let Err(e) = epoll::add_edge(&self.ep, r.irq.as_raw_fd(), TOKEN_RING) {
-                self.live = Some(live);
+                self.live = Some(linked);
                 self.close(Some(format!("cannot watch a ring's eventfd: {e}")));
                 return;
             }
@@ -376,11 +408,7 @@ impl Server {
         self.reported = false;
         let shown = format!(
             "client '{}' interface '{}', {} C2S and {} S2C rings of {} descriptors",
-            live.client,
-            live.if_name,
-            live.c2s.len(),
-            live.s2c.len(),
-            live.c2s[0].size
+            live.client, live.if_name, n_c2s, n_s2c, slots
         );
         tracing::info!(port = %self.steps.port_name(), "memif client connected: {shown}");
         *self
@@ -388,7 +416,8 @@ impl Server {
             .negotiated
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = shown;
-        self.live = Some(live);
+        self.me.sink.set(Some(linked.shared.clone()));
+        self.live = Some(linked);
         self.state.set_up(self.steps.port_name(), true, &"");
     }
 
@@ -396,6 +425,8 @@ impl Server {
     /// already), or None (it left).
     fn close(&mut self, why: Option<String>) {
         let port = self.steps.port_name().to_string();
+        // The switch's threads let go of the client's memory as they end their batch.
+        self.me.sink.set(None);
         if let Some(live) = self.live.take() {
             for r in &live.c2s {
                 epoll::del(&self.ep, r.irq.as_raw_fd());
@@ -431,7 +462,11 @@ impl Server {
             return;
         }
         self.hits_seen = hits;
-        if self.live.as_ref().is_some_and(|l| l.regions.guard.hit()) {
+        if self
+            .live
+            .as_ref()
+            .is_some_and(|l| l.shared.regions.guard.hit())
+        {
             self.close(Some("the client shrank a region under valed".into()));
         }
     }
@@ -443,7 +478,7 @@ impl Server {
         };
         let (mut moved, mut bad, mut why, mut broken) = (0, 0, None, None);
         for (q, ring) in live.c2s.iter_mut().enumerate() {
-            let regions = &live.regions;
+            let regions = &live.shared.regions;
             let pieces = &mut self.pieces;
             let r = self.steps.ingress_direct(q as u32, |batch, limit| {
                 ring.gather(regions, batch, limit.min(BURST), pieces)
@@ -477,82 +512,18 @@ impl Server {
         moved
     }
 
-    /// The switch's frames to the client; how many, and whether they wait for room.
+    /// The frames that waited in the port's rx ring, to the client; how many, and whether
+    /// they wait for room.
     fn egress(&mut self) -> (usize, bool) {
         let paused = self.live.is_none();
-        let mut out = Out {
-            live: self.live.as_mut(),
-            bufs: &mut self.bufs,
-            dirty: 0,
-            broken: None,
-        };
+        let shared = self.live.as_ref().map(|l| l.shared.clone());
+        let mut out = Out::new(shared.as_deref());
         let done = self.steps.egress(&mut out, EGRESS_BURST, paused);
         let broken = out.broken.take();
-        self.bufs.clear();
+        drop(out);
         if broken.is_some() {
             self.close(broken);
         }
         (done.moved, done.blocked)
     }
-}
-
-/// The S2C rings, as the egress step's device.
-struct Out<'a> {
-    live: Option<&'a mut Live>,
-    bufs: &'a mut Vec<(*mut u8, u32)>,
-    /// Rings written since the last flush (a bit each).
-    dirty: u32,
-    broken: Option<String>,
-}
-
-impl Egress for Out<'_> {
-    fn send(&mut self, pieces: &[&[u8]], _off: Offload) -> Result<bool, DevError> {
-        let Some(live) = self.live.as_deref_mut() else {
-            return Err(DevError::Frame(io::Error::from_raw_os_error(libc::ENODEV)));
-        };
-        let q = ring_of(pieces, live.s2c.len());
-        match live.s2c[q].put(&live.regions, pieces, self.bufs) {
-            Ok(true) => {
-                self.dirty |= 1 << q;
-                Ok(true)
-            }
-            Ok(false) => Ok(false),
-            Err(Put::TooLong) => Err(DevError::Frame(io::Error::from_raw_os_error(
-                libc::EMSGSIZE,
-            ))),
-            Err(Put::Broken(e)) => {
-                self.broken.get_or_insert(format!("S2C ring {q}: {e}"));
-                Err(DevError::Down {
-                    err: io::Error::from_raw_os_error(libc::EPROTO),
-                    pause: true,
-                })
-            }
-        }
-    }
-
-    fn flush(&mut self) -> Result<(), DevError> {
-        if let Some(live) = self.live.as_deref_mut() {
-            for (q, r) in live.s2c.iter_mut().enumerate() {
-                if self.dirty & (1 << q) != 0 {
-                    r.publish();
-                }
-            }
-        }
-        self.dirty = 0;
-        Ok(())
-    }
-}
-
-/// The S2C ring of a frame: by its MAC addresses, so that a flow keeps one ring (and its
-/// order).
-fn ring_of(pieces: &[&[u8]], rings: usize) -> usize {
-    if rings <= 1 {
-        return 0;
-    }
-    let h = pieces.first().map_or(0, |p| {
-        p.iter()
-            .take(12)
-            .fold(0u32, |h, &b| h.wrapping_mul(31).wrapping_add(b as u32))
-    });
-    (h.wrapping_mul(0x9e37_79b9) >> 16) as usize % rings
 }

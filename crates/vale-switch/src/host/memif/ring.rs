@@ -73,6 +73,8 @@ pub struct Ring {
     cursor: u16,
     /// C2S: where the last pass stopped (the cursor once its batch is forwarded).
     next: u16,
+    /// S2C: the client's buffers of the frame being written (kept: no allocation once grown).
+    bufs: Vec<(*mut u8, u32)>,
 }
 
 // SAFETY: the ring is shared memory reached through volatile and atomic accesses only.
@@ -126,6 +128,7 @@ impl Ring {
             irq,
             cursor: 0,
             next: 0,
+            bufs: Vec::new(),
         }
     }
 
@@ -298,18 +301,32 @@ impl Ring {
         self.word(wire::ring::HEAD).load(Acquire) != self.cursor
     }
 
-    /// S2C: writes the frame `pieces` into the client's buffers from valed's cursor on; false
-    /// when the client gave too few buffers for it now. Published at [`Ring::publish`].
-    pub fn put(
+    /// S2C: writes the frame of `len` bytes in `pieces` into the client's buffers from
+    /// valed's cursor on; false when the client gave too few buffers for it now. Published at
+    /// [`Ring::publish`].
+    pub fn put<'p>(
         &mut self,
         regions: &Regions,
-        pieces: &[&[u8]],
-        bufs: &mut Vec<(*mut u8, u32)>,
+        len: u64,
+        pieces: impl Iterator<Item = &'p [u8]>,
     ) -> Result<bool, Put> {
         let free = self.ahead().map_err(Put::Broken)?;
-        let need: u64 = pieces.iter().map(|p| p.len() as u64).sum();
         // The client's buffers for it, checked before any byte is written.
+        let mut bufs = std::mem::take(&mut self.bufs);
         bufs.clear();
+        let r = self.fill(regions, len, pieces, free, &mut bufs);
+        self.bufs = bufs;
+        r
+    }
+
+    fn fill<'p>(
+        &mut self,
+        regions: &Regions,
+        need: u64,
+        pieces: impl Iterator<Item = &'p [u8]>,
+        free: u32,
+        bufs: &mut Vec<(*mut u8, u32)>,
+    ) -> Result<bool, Put> {
         let mut room = 0u64;
         while room < need {
             if bufs.len() as u32 == free {
@@ -333,11 +350,11 @@ impl Ring {
         if bufs.is_empty() {
             return Err(Put::TooLong);
         }
-        // Copy the pieces into the buffers.
+        // Copy the pieces into the buffers (no more than `need` bytes in all).
         let (mut b, mut at) = (0usize, 0u32);
         for piece in pieces {
-            let mut src = *piece;
-            while !src.is_empty() {
+            let mut src = piece;
+            while !src.is_empty() && b < bufs.len() {
                 let (dst, cap) = bufs[b];
                 let n = ((cap - at) as usize).min(src.len());
                 // SAFETY: inside the client's buffer (checked above: `cap` bytes at `dst`);
@@ -466,9 +483,8 @@ mod tests {
             .err()
             .unwrap();
         assert!(e.contains("ring head 17 is 17 slots past"), "{e}");
-        let mut bufs = Vec::new();
         assert!(matches!(
-            ring.put(&regions, &[&[0u8; 60]], &mut bufs),
+            ring.put(&regions, 60, [&[0u8; 60][..]].into_iter()),
             Err(Put::Broken(_))
         ));
     }
@@ -476,11 +492,10 @@ mod tests {
     #[test]
     fn s2c_frames_fill_the_clients_buffers_and_bad_ones_break_the_ring() {
         let (regions, mut ring) = setup();
-        let mut bufs = Vec::new();
         let frame = [7u8; 100];
         // No buffers given yet: no room.
         assert!(matches!(
-            ring.put(&regions, &[&frame], &mut bufs),
+            ring.put(&regions, 100, [&frame[..]].into_iter()),
             Ok(false)
         ));
         // Buffers of 64 bytes: the frame takes two, chained.
@@ -489,7 +504,7 @@ mod tests {
         }
         ring.word(wire::ring::HEAD).store(16, Release);
         assert!(matches!(
-            ring.put(&regions, &[&frame[..40], &frame[40..]], &mut bufs),
+            ring.put(&regions, 100, [&frame[..40], &frame[40..]].into_iter()),
             Ok(true)
         ));
         ring.publish();
@@ -505,13 +520,13 @@ mod tests {
         let big = [0u8; 16 * 64 + 1];
         ring.word(wire::ring::HEAD).store(18, Release);
         assert!(matches!(
-            ring.put(&regions, &[&big], &mut bufs),
+            ring.put(&regions, big.len() as u64, [&big[..]].into_iter()),
             Err(Put::TooLong)
         ));
         // A buffer outside the region.
         set(&ring, 2, 0, 0, SIZE as u32 - 8, 64);
         assert!(matches!(
-            ring.put(&regions, &[&frame], &mut bufs),
+            ring.put(&regions, 100, [&frame[..]].into_iter()),
             Err(Put::Broken(e)) if e.contains("outside the client's regions")
         ));
     }
