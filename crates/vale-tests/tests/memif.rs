@@ -761,7 +761,9 @@ fn hostile_memif_client_beside_a_checked_stream() {
     send(&k, INIT, &init_body(0x200, 0, 1), None);
     refused_with("IP mode", &k, "only ethernet");
     // Regions and rings out of range or without their descriptors.
-    let setup = |tag: &str, msgs: Vec<(u16, Vec<u8>, Option<i32>)>| -> std::os::fd::OwnedFd {
+    /// A message: type, body, descriptor.
+    type Step = (u16, Vec<u8>, Option<i32>);
+    let setup = |tag: &str, msgs: Vec<Step>| -> std::os::fd::OwnedFd {
         let k = dial(path);
         send(&k, INIT, &init, None);
         expect(&k, ACK);
@@ -780,7 +782,7 @@ fn hostile_memif_client_beside_a_checked_stream() {
         k
     };
     let region = (ADD_REGION, region_body(0, SIZE as u64), Some(memfd));
-    let cases: Vec<(&str, Vec<(u16, Vec<u8>, Option<i32>)>, &str)> = vec![
+    let cases: Vec<(&str, Vec<Step>, &str)> = vec![
         (
             "region without fd",
             vec![(ADD_REGION, region_body(0, 4096), None)],

@@ -16,17 +16,19 @@
 //! descriptor, a message out of turn cost the connection (bad_input, one log line), never
 //! valed or another port.
 //!
-//! # The port's thread
+//! # The port's thread, and the forwarding threads
 //!
-//! One thread per port serves everything: the listening socket, the one connection at a time
-//! (a second client is told DISCONNECT "already connected"; one that does not finish its
-//! handshake within [`session::HANDSHAKE_TIME`] is let go), and the data path of all its
-//! queue pairs. Each turn it takes what the client published on every C2S ring straight
-//! into the pipeline (the frames stay in the client's buffers until the switch has copied
-//! them to their destinations: one copy, [`Steps::ingress_direct`], one source ring per
-//! C2S ring so that each keeps its order), and writes what the switch delivered to the port
-//! into the S2C rings (a frame's ring chosen by its MAC addresses, so a flow stays in
-//! order; [`Steps::egress`]).
+//! One thread per port serves the listening socket, the one connection at a time (a second
+//! client is told DISCONNECT "already connected"; one that does not finish its handshake
+//! within [`session::HANDSHAKE_TIME`] is let go), and the C2S rings of all its queue pairs.
+//! Each turn it takes what the client published on every C2S ring straight into the pipeline
+//! (the frames stay in the client's buffers until the switch has copied them to their
+//! destinations: one copy, [`Steps::ingress_direct`], one source ring per C2S ring so that
+//! each keeps its order). Frames toward the client are written into the buffers it gave on
+//! its S2C rings by the switch's forwarding threads themselves (`sink.rs`, a
+//! [`DirectSink`]: one copy from the sender's buffer; a frame's S2C ring chosen by its MAC
+//! addresses, so a flow stays in order); only when a ring is full do they wait in the
+//! port's rx ring, which this thread then empties into the client ([`Steps::egress`]).
 //!
 //! While frames flow the thread polls and sets `MASK_INT` on the C2S rings (the client
 //! then writes no eventfd). Idle, it clears `MASK_INT`, looks at the rings once more and
