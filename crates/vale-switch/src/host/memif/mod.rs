@@ -230,6 +230,14 @@ struct Server {
 // SAFETY: the raw pointers in the scratch list only live within one turn.
 unsafe impl Send for Server {}
 
+impl Drop for Server {
+    fn drop(&mut self) {
+        // The port is gone: the switch's threads let go of the client's memory with the batch
+        // at hand, though the sink itself may live a little longer.
+        self.me.sink.set(None);
+    }
+}
+
 /// A connected client's rings: the C2S rings, this thread's alone; the memory and the S2C
 /// rings, shared with the switch's threads (see `sink.rs`).
 struct Linked {
