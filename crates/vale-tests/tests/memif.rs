@@ -569,11 +569,16 @@ mod client {
 
     /// The right handshake up to CONNECT; the connected client.
     pub fn connect(path: &Path) -> Result<Client, String> {
+        connect_id(path, 0)
+    }
+
+    /// The same, asking for interface `id`.
+    pub fn connect_id(path: &Path, id: u32) -> Result<Client, String> {
         let sock = dial(path);
         let mem = Mem::new();
         let irq = [eventfd(), eventfd()];
         let steps: Vec<(u16, Vec<u8>, Option<RawFd>)> = vec![
-            (INIT, init_body(0x200, 0, 0), None),
+            (INIT, init_body(0x200, id, 0), None),
             (
                 ADD_REGION,
                 region_body(0, SIZE as u64),
@@ -594,7 +599,14 @@ mod client {
             assert!(send(&sock, t, &b, fd));
             match recv(&sock) {
                 Some((ACK, _)) => {}
-                Some((DISCONNECT, _)) | None => return Err(format!("refused at message {t}")),
+                Some((DISCONNECT, body)) => {
+                    let why = String::from_utf8_lossy(&body[4..100]);
+                    return Err(format!(
+                        "refused at message {t}: {}",
+                        why.trim_end_matches('\0')
+                    ));
+                }
+                None => return Err(format!("hung up at message {t}")),
                 Some(o) => panic!("unexpected reply {o:?}"),
             }
         }
@@ -1177,4 +1189,46 @@ fn idle_interrupt_mode_client_costs_valed_nothing() {
         "no interrupt from valed"
     );
     assert_eq!(k.take(), vec![test_frame(60, mac_b, mac_k, 2)]);
+}
+
+/// A memif port (with its id) is saved in valed's configuration and served again after a
+/// restart: a client asking for that id is, one asking for another is refused.
+#[test]
+fn a_memif_port_is_saved_and_served_again_after_a_restart() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: vale host ports need root");
+        return;
+    }
+    let _serial = serial();
+    let cfg_dir = TempDir::new("memif-cfg");
+    let cfg = cfg_dir.0.join("valed.toml");
+    let cfg_s = cfg.to_str().unwrap();
+    let sock = cfg_dir.0.join("cnf.sock");
+    let mut v = Valed::start_with(&["--config", cfg_s]);
+    v.ctl_ok(&[
+        "attach",
+        "vale0:cnf",
+        "--memif",
+        sock.to_str().unwrap(),
+        "--id",
+        "7",
+    ]);
+    let out = v.ctl_ok(&["save"]);
+    assert!(out.contains("1 ports") || out.contains("1 port"), "{out}");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(text.contains("memif") && text.contains('7'), "{text}");
+    v.restart_with(&["--config", cfg_s]);
+    let state = || v.port("vale0:cnf").map(|p| p.state).unwrap_or_default();
+    assert!(
+        wait_until(T, || state() == "down"),
+        "vale0:cnf not back: {}",
+        v.log()
+    );
+    let k = client::dial(&sock);
+    client::send(&k, client::INIT, &client::init_body(0x200, 0, 0), None);
+    assert!(client::refused(&k).contains("ID not found: 0 (this port is id 7)"));
+    let _c = client::connect_id(&sock, 7).expect("id 7 is served after the restart");
+    assert!(wait_until(T, || state() == "up"), "{}", v.log());
+    v.ctl_ok(&["detach", "vale0:cnf"]);
+    assert!(!sock.exists(), "{} is left after detach", sock.display());
 }

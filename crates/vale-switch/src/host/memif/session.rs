@@ -174,8 +174,8 @@ impl Conn {
         Served::Pending
     }
 
+    /// The client broke the protocol: the port's thread says why and closes.
     fn refuse(&self, why: String) -> Served {
-        self.say_disconnect(&why);
         Served::Closed(Some(why))
     }
 
