@@ -317,6 +317,7 @@ impl Server {
                 TOKEN_CTRL => self.serve(),
                 TOKEN_WAKE => {
                     vale_abi::eventfd::drain(&self.me.sink.wake);
+                    self.kick_for_sink();
                     if let Some(why) = self.me.sink.broken() {
                         self.close(Some(why));
                     }
@@ -325,6 +326,14 @@ impl Server {
             }
         }
         true
+    }
+
+    /// Sends the interrupts the switch's threads left to this thread (see `sink.rs`).
+    fn kick_for_sink(&mut self) {
+        let want = self.me.sink.kicks.swap(0, Relaxed);
+        if let (true, Some(l)) = (want != 0, self.live.as_ref()) {
+            sink::kick(&l.shared, want);
+        }
     }
 
     /// Sets or clears MASK_INT on the C2S rings (valed polls them, or sleeps on them).

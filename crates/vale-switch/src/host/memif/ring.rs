@@ -162,12 +162,23 @@ impl Ring {
         self.word(wire::ring::FLAGS).load(Relaxed) & RING_FLAG_MASK_INT == 0
     }
 
-    /// Interrupts the client (its eventfd; valed set it non-blocking at ADD_RING).
+    /// Interrupts the client through its eventfd, made non-blocking again first if the
+    /// client cleared that (the flag is the shared file's): a client that fills the counter
+    /// and clears the flag between the two can hold only the port's own thread, never a
+    /// thread of the switch (those leave interrupts to it).
     pub fn kick(&self) {
+        let fd = self.irq.as_raw_fd();
+        // SAFETY: plain fcntl on a descriptor we hold.
+        unsafe {
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            if fl >= 0 && fl & libc::O_NONBLOCK == 0 {
+                libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+            }
+        }
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a local to the client's eventfd; a failure (the counter
         // full: the client does not read it) only costs the client its interrupt.
-        unsafe { libc::write(self.irq.as_raw_fd(), &one as *const u64 as *const _, 8) };
+        unsafe { libc::write(fd, &one as *const u64 as *const _, 8) };
     }
 
     #[inline]
@@ -379,11 +390,13 @@ impl Ring {
 
     /// S2C: hands the frames put since the last call to the client, and interrupts it unless
     /// it polls.
-    pub fn publish(&mut self) {
+    ///
+    /// Returns whether the client wants an interrupt for them, which the caller sends (the
+    /// port's own thread only, see `sink.rs`).
+    #[must_use]
+    pub fn publish(&mut self) -> bool {
         self.word(wire::ring::TAIL).store(self.cursor, Release);
-        if self.client_wants_irq() {
-            self.kick();
-        }
+        self.client_wants_irq()
     }
 }
 
@@ -507,7 +520,7 @@ mod tests {
             ring.put(&regions, 100, [&frame[..40], &frame[40..]].into_iter()),
             Ok(true)
         ));
-        ring.publish();
+        assert!(ring.publish(), "the client asked for interrupts (flags 0)");
         assert_eq!(ring.word(wire::ring::TAIL).load(Relaxed), 2);
         let d0 = ring.desc(0);
         let d1 = ring.desc(1);

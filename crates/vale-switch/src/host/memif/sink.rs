@@ -12,7 +12,7 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::ring::{Put, Regions, Ring};
@@ -68,12 +68,19 @@ impl<'a> Held<'a> {
         self.rings[q].get_or_insert_with(|| lock(&shared.s2c[q]))
     }
 
-    /// Hands what was written to the client (and interrupts it unless it polls).
-    fn publish(&mut self) {
-        for r in self.rings.iter_mut().flatten() {
-            r.publish();
+    /// Hands what was written to the client; the rings (a bit each) whose client wants an
+    /// interrupt.
+    fn publish(&mut self) -> u32 {
+        let mut want = 0;
+        for (q, r) in self.rings.iter_mut().enumerate() {
+            if let Some(r) = r {
+                if r.publish() {
+                    want |= 1 << q;
+                }
+            }
         }
         self.rings = Default::default();
+        want
     }
 }
 
@@ -84,7 +91,11 @@ pub struct Sink {
     /// connection).
     broken: Mutex<Option<String>>,
     pub broken_flag: AtomicBool,
-    /// Wakes the port's thread for that.
+    /// S2C rings (a bit each) whose client wants an interrupt that the port's thread is to
+    /// send: the switch's threads never write a client's eventfd (a client may make it
+    /// blocking), they leave it to the port's thread.
+    pub kicks: AtomicU32,
+    /// Wakes the port's thread for these.
     pub wake: OwnedFd,
 }
 
@@ -94,6 +105,7 @@ impl Sink {
             cur: Mutex::new(None),
             broken: Mutex::new(None),
             broken_flag: AtomicBool::new(false),
+            kicks: AtomicU32::new(0),
             wake: eventfd::new()?,
         })
     }
@@ -167,7 +179,10 @@ impl DirectSink for Sink {
                 }
             }
         }
-        held.publish();
+        let want = held.publish();
+        if want != 0 && self.kicks.fetch_or(want, Relaxed) & want != want {
+            eventfd::signal(&self.wake);
+        }
         if let Some(why) = broken {
             self.report(why);
         }
@@ -218,8 +233,22 @@ impl Egress for Out<'_> {
 
     fn flush(&mut self) -> Result<(), DevError> {
         if let Some(h) = self.held.as_mut() {
-            h.publish();
+            // The port's own thread: it interrupts the client itself.
+            let want = h.publish();
+            kick(h.shared, want);
         }
         Ok(())
+    }
+}
+
+/// Interrupts the client on the S2C rings in `want` (a bit each): the port's thread only.
+pub fn kick(shared: &Shared, want: u32) {
+    let mut bits = want;
+    while bits != 0 {
+        let q = bits.trailing_zeros() as usize;
+        bits &= bits - 1;
+        if let Some(r) = shared.s2c.get(q) {
+            lock(r).kick();
+        }
     }
 }
