@@ -34,8 +34,10 @@
 //! then writes no eventfd). Idle, it clears `MASK_INT`, looks at the rings once more and
 //! sleeps in `epoll_wait` on the C2S eventfds (edge-triggered, never read: the client owns
 //! them and may make them blocking), the port's rx interrupt line, the sockets and its stop
-//! line: an idle client costs valed nothing. Toward the client it writes the S2C ring's
-//! eventfd after publishing unless the client set `MASK_INT` (a polling client).
+//! line: an idle client costs valed nothing. Toward the client this thread writes the S2C
+//! ring's eventfd after frames were published unless the client set `MASK_INT` (a polling
+//! client); the switch's threads that wrote them leave that write to it, since a client may
+//! make its eventfd blocking and must not hold a thread of the switch.
 //!
 //! A client that hangs up, dies or says DISCONNECT ends its connection: the port goes down,
 //! its mappings and descriptors are let go, what the switch sends to the port is dropped
