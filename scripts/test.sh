@@ -67,13 +67,17 @@ if ! command -v qemu-system-x86_64 >/dev/null 2>&1 || ! guest_ok; then
     fi
 fi
 # The DPDK tests: testpmd (in dpdk-dev) with its virtio_user and ring mempool drivers, as a
-# vhost-user front end without a VM.
-dpdk_ok() { command -v dpdk-testpmd >/dev/null 2>&1 && compgen -G "/usr/lib/*/dpdk/pmds-*/librte_net_virtio.so*" >/dev/null; }
+# vhost-user front end without a VM, and its memif driver, as a memif client.
+dpdk_ok() {
+    command -v dpdk-testpmd >/dev/null 2>&1 &&
+        compgen -G "/usr/lib/*/dpdk/pmds-*/librte_net_virtio.so*" >/dev/null &&
+        compgen -G "/usr/lib/*/dpdk/pmds-*/librte_net_memif.so*" >/dev/null
+}
 if ! dpdk_ok; then
     if [ "$(id -u)" = 0 ]; then
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-            dpdk-dev librte-net-virtio23 librte-mempool-ring23
+            dpdk-dev librte-net-virtio23 librte-net-memif23 librte-mempool-ring23
     else
         echo "test.sh: the DPDK tests need root to install dpdk-dev; they will be skipped" >&2
     fi

@@ -78,6 +78,7 @@ vale-ctl set vale0:a learn-limit 16  a port with at most 16 stations behind it\n
 vale-ctl attach vale0:h1 --tap vtap1 valed creates TAP vtap1; its frames join vale0\n  \
 vale-ctl attach vale0:eth --iface veth0      veth0's frames join vale0 (AF_XDP)\n  \
 vale-ctl attach vale0:vm1 --vhost-user /run/vale/vm1.sock   a VM's virtio-net (QEMU)\n  \
+vale-ctl attach vale0:cnf --memif /run/vale/cnf.sock   a DPDK/VPP memif client\n  \
 vale-ctl detach vale0:eth            veth0 goes back to the kernel\n  \
 vale-ctl destroy vale0:a             remove one port (taken from its client, if held)\n  \
 vale-ctl rm vale0                    remove switch vale0 and all its ports\n  \
@@ -187,7 +188,8 @@ the table had no room but other ports' live entries (the frames are still\n     
 forwarded)\n\n\
 Under a switch's table, a line per port whose device negotiated something: for a\n\
 vhost-user port with a guest, the virtio features the guest acked and the offloads\n\
-frames to it may carry (the rest the switch does in software).\n\n\
+frames to it may carry (the rest the switch does in software); for a memif port with a\n\
+client, the client's name and its rings.\n\n\
 With no switches, prints nothing. With --json, prints a JSON array of switches (name, \
 lookup, batch, ports), each port with the fields above (name, kind, device, mode, state, \
 persistent, owner_pid, owner_uid, tx_rings, rx_rings, slots, buf_size, moderation_us, learn_limit, \
@@ -246,7 +248,7 @@ to the kernel. The port goes too, unless it is persistent ('vale-ctl create')."
         long_about = "Writes the running configuration to the file valed was started with \
 (valed --config FILE), atomically (a new file renamed over the old one): every switch with \
 its batch and lookup module (its arguments and, for flow, its rules), and its persistent and \
-device ports (TAP, NIC, vhost-user: their devices and arguments) with their knobs \
+device ports (TAP, NIC, vhost-user, memif: their devices and arguments) with their knobs \
 (moderation, learn-limit) and owners. Ports a client opened and holds are the client's and \
 are not saved. valed applies the file when it starts again, and re-adopts TAP devices (a \
 TAP attached with --persist and moved into a network namespace is found there again) and \

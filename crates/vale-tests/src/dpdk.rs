@@ -117,12 +117,6 @@ pub struct PortStats {
 
 impl Testpmd {
     pub fn start(cfg: &TestpmdConfig) -> Testpmd {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let prefix = format!(
-            "vale-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        );
         let mut vdev = format!(
             "net_virtio_user0,path={},queues=1,queue_size=1024,mac={}",
             cfg.path.display(),
@@ -131,7 +125,19 @@ impl Testpmd {
         if cfg.server {
             vdev.push_str(",server=1");
         }
-        let mode = match cfg.mode {
+        Testpmd::start_vdev(&vdev, cfg.mode, &cfg.peer, &[])
+    }
+
+    /// A testpmd on port `vdev` (any `--vdev` argument: `net_memif0,...`), forwarding in
+    /// `mode` (txonly frames to `peer`), with `extra` testpmd options (`--rxq=2`).
+    pub fn start_vdev(vdev: &str, mode: Mode, peer: &str, extra: &[&str]) -> Testpmd {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let prefix = format!(
+            "vale-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        let mode = match mode {
             Mode::TxOnly => "txonly",
             Mode::RxOnly => "rxonly",
         };
@@ -153,9 +159,10 @@ impl Testpmd {
             "--single-file-segments",
         ])
         .args(["--log-level=lib.eal:error", "--file-prefix", &prefix])
-        .args(["--vdev", &vdev, "--", "-i", "--auto-start"])
+        .args(["--vdev", vdev, "--", "-i", "--auto-start"])
         .args(["--total-num-mbufs=16384", &format!("--forward-mode={mode}")])
-        .arg(format!("--eth-peer=0,{}", cfg.peer))
+        .arg(format!("--eth-peer=0,{peer}"))
+        .args(extra)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());

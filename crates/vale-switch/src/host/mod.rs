@@ -17,6 +17,7 @@
 //! the kinds.
 
 mod guard;
+mod memif;
 mod nic;
 mod socket;
 mod tap;
@@ -51,6 +52,7 @@ pub const KINDS: &[Kind] = &[
     tap::KIND,
     nic::KIND,
     vhost_user::KIND,
+    memif::KIND,
     tunnel::VXLAN,
     tunnel::GENEVE,
 ];

@@ -43,13 +43,20 @@ impl Drop for SocketName {
 /// Anything else at `path` is refused and left as it is; the message names the path, what is
 /// there and the errno.
 pub fn listen(path: &Path) -> Result<(UnixListener, SocketName), super::Error> {
+    let (fd, name) = listen_as(path, libc::SOCK_STREAM)?;
+    Ok((UnixListener::from(fd), name))
+}
+
+/// The same for a socket of type `ty` (`SOCK_SEQPACKET` for memif), as a non-blocking
+/// descriptor; a stale socket is one of that type nobody listens at.
+pub fn listen_as(path: &Path, ty: i32) -> Result<(OwnedFd, SocketName), super::Error> {
     let shown = path.display();
     let fail = |e: io::Error, why: &str| {
         super::Error::of_io(format!("cannot listen at '{shown}': {e}{why}"), &e)
     };
     // A stale socket is removed once; a name that comes back busy then is refused.
     for _ in 0..2 {
-        match UnixListener::bind(path) {
+        match bind(path, ty) {
             Ok(l) => {
                 let m = std::fs::symlink_metadata(path).map_err(|e| fail(e, ""))?;
                 let name = SocketName {
@@ -84,7 +91,7 @@ pub fn listen(path: &Path) -> Result<(UnixListener, SocketName), super::Error> {
                 &format!(" ({what} is there; valed replaces only a stale socket)"),
             ));
         }
-        match probe(path) {
+        match probe(path, ty) {
             Probe::Stale => {
                 // Removed only if it is still the socket looked at.
                 let same = std::fs::symlink_metadata(path)
@@ -127,18 +134,18 @@ enum Probe {
     Other(io::Error),
 }
 
-/// Whether someone listens at the stream socket `path`: a connection that does not wait.
-fn probe(path: &Path) -> Probe {
+/// A non-blocking Unix socket of type `ty` and the address `path`.
+fn socket_for(path: &Path, ty: i32) -> io::Result<(OwnedFd, libc::sockaddr_un)> {
     // SAFETY: socket has no memory preconditions; the descriptor is owned at once.
     let fd = unsafe {
         libc::socket(
             libc::AF_UNIX,
-            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            ty | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
             0,
         )
     };
     if fd < 0 {
-        return Probe::Other(io::Error::last_os_error());
+        return Err(io::Error::last_os_error());
     }
     // SAFETY: a fresh descriptor of ours.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
@@ -146,12 +153,37 @@ fn probe(path: &Path) -> Probe {
     // SAFETY: sockaddr_un is plain data; zeroed is a valid value.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
     if bytes.len() >= addr.sun_path.len() {
-        return Probe::Other(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
+        return Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG));
     }
     addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
     for (d, s) in addr.sun_path.iter_mut().zip(bytes) {
         *d = *s as libc::c_char;
     }
+    Ok((fd, addr))
+}
+
+/// A socket of type `ty` bound at `path` and listening.
+fn bind(path: &Path, ty: i32) -> io::Result<OwnedFd> {
+    let (fd, addr) = socket_for(path, ty)?;
+    let len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+    // SAFETY: `addr` is a live sockaddr_un of the size given.
+    if unsafe { libc::bind(fd.as_raw_fd(), (&raw const addr).cast(), len) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: plain syscall on our descriptor.
+    if unsafe { libc::listen(fd.as_raw_fd(), 128) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// Whether someone listens at the socket `path` of type `ty`: a connection that does not
+/// wait.
+fn probe(path: &Path, ty: i32) -> Probe {
+    let (fd, addr) = match socket_for(path, ty) {
+        Ok(s) => s,
+        Err(e) => return Probe::Other(e),
+    };
     // SAFETY: `addr` is a live sockaddr_un of the size given.
     let r = unsafe {
         libc::connect(

@@ -1,0 +1,1234 @@
+//! memif ports: DPDK's testpmd with its `net_memif` driver in client role on a vale memif
+//! port (valed the server), both ways, every frame accounted for; and a hostile memif client
+//! of the test's own beside a checked stream.
+//!
+//! Needs root and testpmd with its memif driver (`scripts/test.sh` installs dpdk-dev);
+//! skipped, saying why, where they are missing outside CI. The tests of this file run one at a
+//! time: a testpmd busy-polls a CPU.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use vale_abi::control::PortCounters;
+use vale_tests::dpdk::{skip_reason, Mode, Testpmd};
+use vale_tests::*;
+
+/// testpmd's memif port, vale-pktgen's sinks.
+const MAC_CNF: &str = "02:00:00:00:e0:01";
+const MAC_B: &str = "02:00:00:00:e0:0b";
+
+/// Bound of the waits that involve testpmd starting or a queue draining on a loaded machine.
+const SLOW: Duration = Duration::from_secs(60);
+/// Frames vale must have taken from a txonly testpmd before it is stopped.
+const FROM_TESTPMD: u64 = 100_000;
+/// Frames vale-pktgen sends toward an rxonly testpmd.
+const TO_TESTPMD: u64 = 200_000;
+
+struct Setup {
+    v: Valed,
+    sock: PathBuf,
+}
+
+fn skip() -> Option<String> {
+    skip_reason().or_else(|| {
+        let found = [
+            "/usr/lib/x86_64-linux-gnu/dpdk",
+            "/usr/lib64/dpdk",
+            "/usr/lib/dpdk",
+        ]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
+        .flat_map(|p| std::fs::read_dir(p.path()).into_iter().flatten().flatten())
+        .any(|f| {
+            f.file_name()
+                .to_string_lossy()
+                .starts_with("librte_net_memif.so")
+        });
+        match (found, std::env::var_os("CI").is_some()) {
+            (true, _) => None,
+            (false, false) => {
+                Some("DPDK's memif driver (librte-net-memif23) is not installed".into())
+            }
+            (false, true) => panic!("memif tests cannot run under CI: no librte_net_memif"),
+        }
+    })
+}
+
+impl Setup {
+    /// A valed with memif port vale0:cnf.
+    fn new() -> Setup {
+        let v = Valed::start();
+        let sock = v.run_dir().join("cnf.sock");
+        v.ctl_ok(&["attach", "vale0:cnf", "--memif", sock.to_str().unwrap()]);
+        let s = Setup { v, sock };
+        assert_eq!(s.state(), "down", "no client yet");
+        s
+    }
+
+    /// Starts a testpmd memif client on vale0:cnf and waits until vale serves it and it
+    /// forwards.
+    fn testpmd(&self, mode: Mode, peer: &str, queues: usize) -> Testpmd {
+        let vdev = format!(
+            "net_memif0,role=client,socket={},socket-abstract=no,mac={MAC_CNF}",
+            self.sock.display()
+        );
+        let q = [format!("--rxq={queues}"), format!("--txq={queues}")];
+        let extra: Vec<&str> = if queues > 1 {
+            q.iter().map(String::as_str).collect()
+        } else {
+            vec![]
+        };
+        let mut tp = Testpmd::start_vdev(&vdev, mode, peer, &extra);
+        tp.wait_forwarding(Instant::now() + SLOW);
+        assert!(
+            wait_until_every(SLOW, Duration::from_millis(20), || self.state() == "up"),
+            "vale0:cnf is not up with testpmd there; valed's log:\n{}\ntestpmd:\n{}",
+            self.v.log(),
+            tp.output()
+        );
+        let negotiated = self.v.port("vale0:cnf").unwrap().negotiated;
+        let want = format!("{queues} C2S and {queues} S2C rings");
+        assert!(
+            negotiated.as_deref().is_some_and(|n| n.contains(&want)),
+            "vale-ctl list: {negotiated:?}, wanted {want}"
+        );
+        tp
+    }
+
+    fn state(&self) -> String {
+        self.v
+            .port("vale0:cnf")
+            .map(|p| p.state)
+            .unwrap_or_default()
+    }
+
+    fn cnf(&self) -> PortCounters {
+        self.v.counters("vale0:cnf")
+    }
+
+    fn wait_down(&self, why: &str) {
+        assert!(
+            wait_until_every(SLOW, Duration::from_millis(20), || self.state() == "down"),
+            "vale0:cnf is not down after {why}; valed's log:\n{}",
+            self.v.log()
+        );
+    }
+
+    /// A vale-pktgen sink on `port` that announces `mac` and keeps every frame (a deep ring).
+    fn sink(&self, port: &str, mac: &str) -> Kid {
+        let cmd = self.v.pktgen(&[
+            "-i",
+            port,
+            "-f",
+            "rx",
+            "--announce",
+            "-S",
+            mac,
+            "--slots",
+            "4096",
+            "-T",
+            "300",
+            "--json",
+        ]);
+        let k = self
+            .v
+            .spawn_client(cmd, &format!("vale-pktgen rx {port}"), port);
+        assert!(
+            wait_until(T, || self.v.counters(port).tx_packets == 1),
+            "no announcement from {port}"
+        );
+        k
+    }
+
+    /// Waits until every frame cnf forwarded since `before` reached b or is counted as
+    /// dropped there.
+    fn wait_landed_at_b(&self, before: (PortCounters, PortCounters)) {
+        let mut last = (self.cnf(), self.v.counters("vale0:b"));
+        let ok = wait_until(SLOW, || {
+            last = (self.cnf(), self.v.counters("vale0:b"));
+            let (c, b) = &last;
+            let sent = c.tx_packets - before.0.tx_packets - (c.tx_drops - before.0.tx_drops);
+            let landed = b.rx_packets - before.1.rx_packets + b.rx_drops - before.1.rx_drops;
+            sent == landed
+        });
+        assert!(
+            ok,
+            "what cnf forwarded does not add up at b: before {before:?}, now {last:?}"
+        );
+    }
+
+    /// A txonly testpmd toward vale0:b until vale took FROM_TESTPMD frames from it; stopped
+    /// and accounted for: every frame it queued was taken by vale and reached b or is one of
+    /// b's drops. The testpmd, still connected.
+    fn txonly_to_b(&self, queues: usize) -> Testpmd {
+        let before = (self.cnf(), self.v.counters("vale0:b"));
+        let mut tp = self.testpmd(Mode::TxOnly, MAC_B, queues);
+        let flowed = wait_until_every(SLOW, Duration::from_millis(20), || {
+            self.cnf().tx_packets >= before.0.tx_packets + FROM_TESTPMD
+        });
+        assert!(
+            flowed,
+            "vale took only {} frames from testpmd; valed's log:\n{}\ntestpmd:\n{}",
+            self.cnf().tx_packets - before.0.tx_packets,
+            self.v.log(),
+            tp.output()
+        );
+        let deadline = Instant::now() + SLOW;
+        tp.stop(deadline);
+        let s = tp.port_stats(deadline);
+        assert_eq!(s.tx_errors, 0, "{s:?}");
+        let mut c = self.cnf();
+        let taken = wait_until(SLOW, || {
+            c = self.cnf();
+            c.tx_packets + c.bad_input - before.0.tx_packets - before.0.bad_input == s.tx_packets
+        });
+        assert!(
+            taken,
+            "testpmd queued {} frames, vale took {} (forwarded) + {} (bad input)",
+            s.tx_packets,
+            c.tx_packets - before.0.tx_packets,
+            c.bad_input - before.0.bad_input
+        );
+        assert_eq!(c.bad_input, before.0.bad_input, "{c:?}");
+        assert_eq!(c.tx_drops, before.0.tx_drops, "{c:?}");
+        self.wait_landed_at_b(before);
+        tp
+    }
+}
+
+/// Stops vale-pktgen `k` with SIGINT; its JSON report.
+fn stop_pktgen(k: Kid, what: &str) -> serde_json::Value {
+    k.signal(libc::SIGINT);
+    report(&k.finish(T), what)
+}
+
+fn num(r: &serde_json::Value, field: &str) -> u64 {
+    r[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("report field {field} missing or not an integer: {r}"))
+}
+
+/// testpmd txonly -> vale0:cnf -> vale0:b (vale-pktgen rx), then vale-pktgen tx on vale0:a ->
+/// vale0:cnf -> testpmd rxonly, each frame accounted for; `queues` queue pairs.
+fn both_ways(queues: usize) {
+    if let Some(why) = skip() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let _serial = serial();
+    let t0 = Instant::now();
+    let s = Setup::new();
+    let v = &s.v;
+
+    let b = s.sink("vale0:b", MAC_B);
+    let tp = s.txonly_to_b(queues);
+    let bc = v.counters("vale0:b");
+    let r = stop_pktgen(b, "vale-pktgen rx");
+    assert_eq!(
+        (num(&r, "packets"), num(&r, "drops")),
+        (bc.rx_packets, bc.rx_drops),
+        "vale-pktgen's count vs valed's counters of b: {r}"
+    );
+    assert!(bc.rx_packets > 0, "nothing reached b: {bc:?}");
+    eprintln!(
+        "testpmd -> vale: {} frames forwarded; b took {}, {} dropped at b's ring",
+        s.cnf().tx_packets,
+        bc.rx_packets,
+        bc.rx_drops
+    );
+    tp.quit(Instant::now() + SLOW);
+    s.wait_down("testpmd quit");
+
+    // a -> testpmd.
+    v.ctl_ok(&["create", "vale0:a"]);
+    let mut tp = s.testpmd(Mode::RxOnly, MAC_B, queues);
+    let before = s.cnf();
+    let n = TO_TESTPMD.to_string();
+    let tx = v.pktgen(&[
+        "-i", "vale0:a", "-f", "tx", "-n", &n, "-D", MAC_CNF, "--json",
+    ]);
+    let t = report(
+        &Kid::spawn(tx, "vale-pktgen tx").finish(Duration::from_secs(120)),
+        "vale-pktgen tx",
+    );
+    assert_eq!(
+        (num(&t, "packets"), num(&t, "drops")),
+        (TO_TESTPMD, 0),
+        "{t}"
+    );
+    let (mut st, mut c) = (Default::default(), before);
+    let adds_up = wait_until_every(SLOW, Duration::from_millis(100), || {
+        st = tp.port_stats(Instant::now() + SLOW);
+        c = s.cnf();
+        st.rx_packets + c.rx_drops - before.rx_drops == TO_TESTPMD
+    });
+    assert!(
+        adds_up,
+        "a sent {TO_TESTPMD}; testpmd took {}, cnf dropped {}: {st:?} {c:?}",
+        st.rx_packets,
+        c.rx_drops - before.rx_drops
+    );
+    assert_eq!(c.bad_input, before.bad_input, "{c:?}");
+    assert_eq!((st.rx_errors, st.rx_missed), (0, 0), "{st:?}");
+    assert!(st.rx_packets > 0, "nothing reached testpmd: {st:?} {c:?}");
+    eprintln!(
+        "vale -> testpmd: {} frames taken, {} dropped at cnf",
+        st.rx_packets,
+        c.rx_drops - before.rx_drops
+    );
+    tp.stop(Instant::now() + SLOW);
+    tp.quit(Instant::now() + SLOW);
+    s.wait_down("testpmd quit");
+
+    v.ctl_ok(&["detach", "vale0:cnf"]);
+    assert!(
+        !s.sock.exists(),
+        "{} is left after detach",
+        s.sock.display()
+    );
+    eprintln!("test took {:.1?}", t0.elapsed());
+}
+
+#[test]
+fn testpmd_memif_client_both_ways() {
+    both_ways(1);
+}
+
+/// A memif client of the test's own: a memfd region with one ring each way and their
+/// buffers, and a control connection it drives step by step, right or wrong.
+mod client {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+    use std::path::Path;
+    use std::sync::atomic::{AtomicU16, Ordering::*};
+    use std::time::Duration;
+
+    pub const LOG2: u8 = 8;
+    pub const SLOTS: u16 = 1 << LOG2;
+    pub const RING: usize = 128 + 16 * SLOTS as usize;
+    pub const BUF: usize = 2048;
+    /// Region 0: C2S ring 0, S2C ring 0, then a buffer per slot of each.
+    pub const SIZE: usize = 2 * RING + 2 * SLOTS as usize * BUF;
+    const COOKIE: u32 = 0x3E31F20;
+    pub const HELLO: u16 = 2;
+    pub const INIT: u16 = 3;
+    pub const ADD_REGION: u16 = 4;
+    pub const ADD_RING: u16 = 5;
+    pub const CONNECT: u16 = 6;
+    pub const CONNECTED: u16 = 7;
+    pub const DISCONNECT: u16 = 8;
+    pub const ACK: u16 = 1;
+
+    fn check(r: i64, what: &str) -> i64 {
+        assert!(r >= 0, "{what}: {}", std::io::Error::last_os_error());
+        r
+    }
+
+    /// A control connection to `path`; HELLO read.
+    pub fn dial(path: &Path) -> OwnedFd {
+        // SAFETY: plain syscalls on our own descriptors and a local address.
+        unsafe {
+            let fd = check(
+                libc::socket(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0) as i64,
+                "socket",
+            ) as RawFd;
+            let fd = OwnedFd::from_raw_fd(fd);
+            let mut a: libc::sockaddr_un = std::mem::zeroed();
+            a.sun_family = libc::AF_UNIX as _;
+            for (d, s) in a.sun_path.iter_mut().zip(path.to_str().unwrap().bytes()) {
+                *d = s as _;
+            }
+            check(
+                libc::connect(
+                    fd.as_raw_fd(),
+                    (&raw const a).cast(),
+                    std::mem::size_of_val(&a) as _,
+                ) as i64,
+                "connect",
+            );
+            let (t, _) = recv(&fd).expect("HELLO");
+            assert_eq!(t, HELLO);
+            fd
+        }
+    }
+
+    /// Sends raw bytes as one message, with descriptor `pass`.
+    pub fn send_raw(sock: &OwnedFd, bytes: &[u8], pass: Option<RawFd>) -> bool {
+        let mut iov = libc::iovec {
+            iov_base: bytes.as_ptr() as *mut _,
+            iov_len: bytes.len(),
+        };
+        let mut ctl = [0u64; 4];
+        // SAFETY: a msghdr of live local buffers.
+        unsafe {
+            let mut mh: libc::msghdr = std::mem::zeroed();
+            mh.msg_iov = &mut iov;
+            mh.msg_iovlen = 1;
+            if let Some(fd) = pass {
+                mh.msg_control = ctl.as_mut_ptr().cast();
+                mh.msg_controllen = libc::CMSG_SPACE(4) as _;
+                let c = libc::CMSG_FIRSTHDR(&mh);
+                (*c).cmsg_level = libc::SOL_SOCKET;
+                (*c).cmsg_type = libc::SCM_RIGHTS;
+                (*c).cmsg_len = libc::CMSG_LEN(4) as _;
+                std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut RawFd, fd);
+            }
+            libc::sendmsg(
+                sock.as_raw_fd(),
+                &mh,
+                libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT,
+            ) >= 0
+        }
+    }
+
+    /// Sends message `kind` with `body` (the rest zero).
+    pub fn send(sock: &OwnedFd, kind: u16, body: &[u8], pass: Option<RawFd>) -> bool {
+        let mut m = [0u8; 128];
+        m[..2].copy_from_slice(&kind.to_le_bytes());
+        m[2..2 + body.len()].copy_from_slice(body);
+        send_raw(sock, &m, pass)
+    }
+
+    /// The next message (type, body), or None at its end or after 10 s.
+    pub fn recv(sock: &OwnedFd) -> Option<(u16, Vec<u8>)> {
+        let mut p = libc::pollfd {
+            fd: sock.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one live pollfd.
+        if unsafe { libc::poll(&mut p, 1, 10_000) } <= 0 {
+            return None;
+        }
+        let mut b = [0u8; 256];
+        // SAFETY: a live buffer of the size given.
+        let n = unsafe { libc::recv(sock.as_raw_fd(), b.as_mut_ptr().cast(), b.len(), 0) };
+        if n < 2 {
+            return None;
+        }
+        Some((u16::from_le_bytes([b[0], b[1]]), b[2..n as usize].to_vec()))
+    }
+
+    /// Reads until valed's DISCONNECT: its reason ("" if the connection ended without one).
+    pub fn refused(sock: &OwnedFd) -> String {
+        while let Some((t, body)) = recv(sock) {
+            if t == DISCONNECT {
+                let s = &body[4..100];
+                let end = s.iter().position(|&b| b == 0).unwrap_or(s.len());
+                return String::from_utf8_lossy(&s[..end]).into_owned();
+            }
+        }
+        String::new()
+    }
+
+    pub fn expect(sock: &OwnedFd, kind: u16) {
+        let got = recv(sock);
+        assert_eq!(got.as_ref().map(|g| g.0), Some(kind), "{got:?}");
+    }
+
+    pub fn init_body(version: u16, id: u32, mode: u8) -> Vec<u8> {
+        let mut b = vec![0u8; 63];
+        b[0..2].copy_from_slice(&version.to_le_bytes());
+        b[2..6].copy_from_slice(&id.to_le_bytes());
+        b[6] = mode;
+        b[31..36].copy_from_slice(b"tests");
+        b
+    }
+
+    pub fn region_body(index: u16, size: u64) -> Vec<u8> {
+        let mut b = index.to_le_bytes().to_vec();
+        b.extend(size.to_le_bytes());
+        b
+    }
+
+    pub fn ring_body(c2s: bool, index: u16, region: u16, offset: u32, log2: u8) -> Vec<u8> {
+        let mut b = (c2s as u16).to_le_bytes().to_vec();
+        b.extend(index.to_le_bytes());
+        b.extend(region.to_le_bytes());
+        b.extend(offset.to_le_bytes());
+        b.push(log2);
+        b.extend(0u16.to_le_bytes());
+        b
+    }
+
+    pub fn eventfd() -> OwnedFd {
+        // SAFETY: plain syscall; owned at once.
+        unsafe {
+            OwnedFd::from_raw_fd(check(
+                libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) as i64,
+                "eventfd",
+            ) as RawFd)
+        }
+    }
+
+    /// The shared memory: a memfd of SIZE bytes, mapped, rings initialised as DPDK does.
+    pub struct Mem {
+        pub fd: OwnedFd,
+        pub base: *mut u8,
+    }
+
+    impl Mem {
+        pub fn new() -> Mem {
+            // SAFETY: plain syscalls; the mapping is ours for the Mem's life.
+            unsafe {
+                let fd = check(
+                    libc::memfd_create(c"memif-test".as_ptr(), libc::MFD_CLOEXEC) as i64,
+                    "memfd",
+                ) as RawFd;
+                let fd = OwnedFd::from_raw_fd(fd);
+                check(
+                    libc::ftruncate(fd.as_raw_fd(), SIZE as i64) as i64,
+                    "ftruncate",
+                );
+                let p = libc::mmap(
+                    std::ptr::null_mut(),
+                    SIZE,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED,
+                    fd.as_raw_fd(),
+                    0,
+                );
+                assert_ne!(p, libc::MAP_FAILED);
+                let m = Mem { fd, base: p.cast() };
+                for r in 0..2 {
+                    std::ptr::write_volatile(m.base.add(r * RING) as *mut u32, COOKIE);
+                    for s in 0..SLOTS {
+                        m.set_desc(r, s, 0, 0, m.buf_off(r, s), BUF as u32);
+                    }
+                }
+                m
+            }
+        }
+
+        /// Offset of the buffer of slot `s` of ring `r` (0 C2S, 1 S2C).
+        pub fn buf_off(&self, r: usize, s: u16) -> u32 {
+            (2 * RING + (r * SLOTS as usize + (s % SLOTS) as usize) * BUF) as u32
+        }
+
+        pub fn word(&self, r: usize, at: usize) -> &AtomicU16 {
+            // SAFETY: inside the mapping, aligned.
+            unsafe { &*(self.base.add(r * RING + at) as *const AtomicU16) }
+        }
+
+        pub fn set_desc(&self, r: usize, s: u16, flags: u16, region: u16, offset: u32, len: u32) {
+            let mut d = [0u8; 16];
+            d[0..2].copy_from_slice(&flags.to_le_bytes());
+            d[2..4].copy_from_slice(&region.to_le_bytes());
+            d[4..8].copy_from_slice(&len.to_le_bytes());
+            d[8..12].copy_from_slice(&offset.to_le_bytes());
+            let at = r * RING + 128 + (s % SLOTS) as usize * 16;
+            // SAFETY: inside the mapping.
+            unsafe { std::ptr::copy_nonoverlapping(d.as_ptr(), self.base.add(at), 16) };
+        }
+
+        pub fn desc_len(&self, r: usize, s: u16) -> (u16, u32) {
+            let at = r * RING + 128 + (s % SLOTS) as usize * 16;
+            // SAFETY: inside the mapping.
+            unsafe {
+                (
+                    std::ptr::read_volatile(self.base.add(at) as *const u16),
+                    std::ptr::read_volatile(self.base.add(at + 4) as *const u32),
+                )
+            }
+        }
+
+        pub fn write_buf(&self, off: u32, bytes: &[u8]) {
+            assert!(off as usize + bytes.len() <= SIZE);
+            // SAFETY: inside the mapping (asserted).
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    bytes.as_ptr(),
+                    self.base.add(off as usize),
+                    bytes.len(),
+                )
+            };
+        }
+
+        pub fn read_buf(&self, off: u32, len: u32) -> Vec<u8> {
+            let len = (len as usize).min(SIZE.saturating_sub(off as usize));
+            // SAFETY: inside the mapping (clamped).
+            unsafe { std::slice::from_raw_parts(self.base.add(off as usize), len).to_vec() }
+        }
+    }
+
+    impl Drop for Mem {
+        fn drop(&mut self) {
+            // SAFETY: our mapping.
+            unsafe { libc::munmap(self.base.cast(), SIZE) };
+        }
+    }
+
+    /// A connected client: its memory, rings and cursors.
+    pub struct Client {
+        pub sock: OwnedFd,
+        pub mem: Mem,
+        pub irq: [OwnedFd; 2],
+        /// C2S: the next slot to fill. S2C: the next slot to read.
+        pub c2s_head: u16,
+        pub s2c_next: u16,
+    }
+
+    /// The right handshake up to CONNECT; the connected client.
+    pub fn connect(path: &Path) -> Result<Client, String> {
+        connect_id(path, 0)
+    }
+
+    /// The same, asking for interface `id`.
+    pub fn connect_id(path: &Path, id: u32) -> Result<Client, String> {
+        let sock = dial(path);
+        let mem = Mem::new();
+        let irq = [eventfd(), eventfd()];
+        let steps: Vec<(u16, Vec<u8>, Option<RawFd>)> = vec![
+            (INIT, init_body(0x200, id, 0), None),
+            (
+                ADD_REGION,
+                region_body(0, SIZE as u64),
+                Some(mem.fd.as_raw_fd()),
+            ),
+            (
+                ADD_RING,
+                ring_body(true, 0, 0, 0, LOG2),
+                Some(irq[0].as_raw_fd()),
+            ),
+            (
+                ADD_RING,
+                ring_body(false, 0, 0, RING as u32, LOG2),
+                Some(irq[1].as_raw_fd()),
+            ),
+        ];
+        for (t, b, fd) in steps {
+            assert!(send(&sock, t, &b, fd));
+            match recv(&sock) {
+                Some((ACK, _)) => {}
+                Some((DISCONNECT, body)) => {
+                    let why = String::from_utf8_lossy(&body[4..100]);
+                    return Err(format!(
+                        "refused at message {t}: {}",
+                        why.trim_end_matches('\0')
+                    ));
+                }
+                None => return Err(format!("hung up at message {t}")),
+                Some(o) => panic!("unexpected reply {o:?}"),
+            }
+        }
+        assert!(send(&sock, CONNECT, b"tests", None));
+        match recv(&sock) {
+            Some((CONNECTED, _)) => {}
+            o => return Err(format!("no CONNECTED: {o:?}")),
+        }
+        let c = Client {
+            sock,
+            mem,
+            irq,
+            c2s_head: 0,
+            s2c_next: 0,
+        };
+        // Polling: valed need not interrupt us.
+        c.mem.word(1, 4).store(1, Relaxed);
+        Ok(c)
+    }
+
+    impl Client {
+        /// Queues a frame (one descriptor) on C2S; published by `publish`.
+        pub fn queue(&mut self, frame: &[u8]) {
+            let s = self.c2s_head;
+            let off = self.mem.buf_off(0, s);
+            self.mem.write_buf(off, frame);
+            self.mem.set_desc(0, s, 0, 0, off, frame.len() as u32);
+            self.c2s_head = s.wrapping_add(1);
+        }
+
+        /// Queues a raw descriptor on C2S.
+        pub fn queue_desc(&mut self, flags: u16, region: u16, offset: u32, len: u32) {
+            self.mem
+                .set_desc(0, self.c2s_head, flags, region, offset, len);
+            self.c2s_head = self.c2s_head.wrapping_add(1);
+        }
+
+        /// Kicks valed without moving the head (it was set by hand).
+        pub fn publish_raw_head(&self) {
+            let one = 1u64;
+            // SAFETY: 8 bytes to our eventfd.
+            unsafe { libc::write(self.irq[0].as_raw_fd(), (&raw const one).cast(), 8) };
+        }
+
+        pub fn publish(&self) {
+            self.mem.word(0, 6).store(self.c2s_head, Release);
+            let one = 1u64;
+            // SAFETY: 8 bytes to our eventfd.
+            unsafe { libc::write(self.irq[0].as_raw_fd(), (&raw const one).cast(), 8) };
+        }
+
+        /// valed gave every C2S slot back within 10 s.
+        pub fn drained(&self) -> bool {
+            super::wait_until(Duration::from_secs(10), || {
+                self.mem.word(0, 64).load(Acquire) == self.c2s_head
+            })
+        }
+
+        /// Gives valed `n` S2C buffers, each described by `desc(slot)`.
+        pub fn give(&self, n: u16, desc: impl Fn(u16) -> (u16, u32, u32)) {
+            let head = self.mem.word(1, 6).load(Relaxed);
+            for k in 0..n {
+                let s = head.wrapping_add(k);
+                let (region, off, len) = desc(s);
+                self.mem.set_desc(1, s, 0, region, off, len);
+            }
+            self.mem.word(1, 6).store(head.wrapping_add(n), Release);
+        }
+
+        /// The frames valed wrote into S2C since the last call.
+        pub fn take(&mut self) -> Vec<Vec<u8>> {
+            let tail = self.mem.word(1, 64).load(Acquire);
+            let mut out = Vec::new();
+            let mut frame = Vec::new();
+            while self.s2c_next != tail {
+                let s = self.s2c_next;
+                let (flags, len) = self.mem.desc_len(1, s);
+                frame.extend(self.mem.read_buf(self.mem.buf_off(1, s), len));
+                self.s2c_next = s.wrapping_add(1);
+                if flags & 1 == 0 {
+                    out.push(std::mem::take(&mut frame));
+                }
+            }
+            out
+        }
+    }
+}
+
+/// A hostile memif client beside a checked stream: messages and rings broken every way
+/// valed checks (bad sizes, types out of turn, another version or id, regions and rings out
+/// of range, descriptors missing or of the wrong kind, a flood of messages, descriptors
+/// outside the client's memory, a head beyond the ring), each refused with a DISCONNECT that
+/// names it or a counted drop; meanwhile vale-pktgen c -> d loses nothing, valed lives, and a
+/// well-behaved client afterwards exchanges checked frames both ways.
+#[test]
+fn hostile_memif_client_beside_a_checked_stream() {
+    use client::*;
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: vale host ports need root");
+        return;
+    }
+    let _serial = serial();
+    let s = Setup::new();
+    let v = &s.v;
+    let path = s.sock.as_path();
+
+    // The checked stream c -> d, 1000 frames a second.
+    let d = s.sink("vale0:d", "02:00:00:00:e0:0d");
+    v.ctl_ok(&["create", "vale0:c"]);
+    let c = Kid::spawn(
+        v.pktgen(&[
+            "-i",
+            "vale0:c",
+            "-f",
+            "tx",
+            "-R",
+            "1000",
+            "-T",
+            "300",
+            "-D",
+            "02:00:00:00:e0:0d",
+            "--json",
+        ]),
+        "vale-pktgen tx c",
+    );
+    assert!(wait_until(T, || v.counters("vale0:d").rx_packets > 1));
+
+    let bad0 = s.cnf().bad_input;
+    let refusals = std::cell::Cell::new(0u64);
+    let refused_with = |what: &str, sock: &std::os::fd::OwnedFd, want: &str| {
+        let r = refused(sock);
+        assert!(
+            r.contains(want),
+            "{what}: valed said {r:?}, wanted {want:?}"
+        );
+        refusals.set(refusals.get() + 1);
+    };
+    let mem = Mem::new();
+    let ev = eventfd();
+    let memfd = mem.fd.as_raw_fd();
+    use std::os::fd::AsRawFd;
+    let init = init_body(0x200, 0, 0);
+
+    // Messages of the wrong size, type or turn.
+    let k = dial(path);
+    send_raw(&k, &[3u8; 200], None);
+    refused_with("200-byte message", &k, "a message of 200 bytes");
+    let k = dial(path);
+    send_raw(&k, &[3u8, 0, 1], None);
+    refused_with("3-byte message", &k, "3 bytes");
+    let k = dial(path);
+    send(&k, 77, &[], None);
+    refused_with("unknown type", &k, "unexpected message type 77");
+    let k = dial(path);
+    send(&k, CONNECT, &[], None);
+    refused_with("CONNECT first", &k, "before INIT");
+    let k = dial(path);
+    send(&k, INIT, &init_body(0x100, 0, 0), None);
+    refused_with("version 1.0", &k, "version 1.0");
+    let k = dial(path);
+    send(&k, INIT, &init_body(0x200, 9, 0), None);
+    refused_with("id 9", &k, "ID not found: 9");
+    let k = dial(path);
+    send(&k, INIT, &init_body(0x200, 0, 1), None);
+    refused_with("IP mode", &k, "only ethernet");
+    // Regions and rings out of range or without their descriptors.
+    /// A message: type, body, descriptor.
+    type Step = (u16, Vec<u8>, Option<i32>);
+    let setup = |tag: &str, msgs: Vec<Step>| -> std::os::fd::OwnedFd {
+        let k = dial(path);
+        send(&k, INIT, &init, None);
+        expect(&k, ACK);
+        let n = msgs.len();
+        for (i, (t, b, fd)) in msgs.into_iter().enumerate() {
+            send(&k, t, &b, fd);
+            if i + 1 < n {
+                let got = recv(&k);
+                assert_eq!(
+                    got.as_ref().map(|g| g.0),
+                    Some(ACK),
+                    "{tag}: step {i}: {got:?}"
+                );
+            }
+        }
+        k
+    };
+    let region = (ADD_REGION, region_body(0, SIZE as u64), Some(memfd));
+    let cases: Vec<(&str, Vec<Step>, &str)> = vec![
+        (
+            "region without fd",
+            vec![(ADD_REGION, region_body(0, 4096), None)],
+            "missing region fd",
+        ),
+        (
+            "region 1 first",
+            vec![(ADD_REGION, region_body(1, 4096), Some(memfd))],
+            "invalid region index 1",
+        ),
+        (
+            "region past its file",
+            vec![(ADD_REGION, region_body(0, SIZE as u64 + 1), Some(memfd))],
+            "in a file of",
+        ),
+        (
+            "region of 1 TiB",
+            vec![(ADD_REGION, region_body(0, 1 << 40), Some(memfd))],
+            "region 0 of",
+        ),
+        (
+            "region fd an eventfd",
+            vec![(ADD_REGION, region_body(0, 4096), Some(ev.as_raw_fd()))],
+            "not a memory file",
+        ),
+        (
+            "ring without fd",
+            vec![
+                region.clone(),
+                (ADD_RING, ring_body(true, 0, 0, 0, LOG2), None),
+            ],
+            "missing interrupt fd",
+        ),
+        (
+            "ring 99",
+            vec![
+                region.clone(),
+                (
+                    ADD_RING,
+                    ring_body(true, 99, 0, 0, LOG2),
+                    Some(ev.as_raw_fd()),
+                ),
+            ],
+            "invalid ring index C2S 99",
+        ),
+        (
+            "ring in region 3",
+            vec![
+                region.clone(),
+                (
+                    ADD_RING,
+                    ring_body(true, 0, 3, 0, LOG2),
+                    Some(ev.as_raw_fd()),
+                ),
+            ],
+            "region 3, which was not added",
+        ),
+        (
+            "ring past the region",
+            vec![
+                region.clone(),
+                (
+                    ADD_RING,
+                    ring_body(false, 0, 0, SIZE as u32 - 64, LOG2),
+                    Some(ev.as_raw_fd()),
+                ),
+            ],
+            "ring S2C 0 at offset",
+        ),
+        (
+            "ring of 2^20",
+            vec![
+                region.clone(),
+                (ADD_RING, ring_body(true, 0, 0, 0, 20), Some(ev.as_raw_fd())),
+            ],
+            "2^20 descriptors",
+        ),
+        (
+            "ring fd a memfd",
+            vec![
+                region.clone(),
+                (ADD_RING, ring_body(true, 0, 0, 0, LOG2), Some(memfd)),
+            ],
+            "not an eventfd",
+        ),
+        (
+            "no S2C ring",
+            vec![
+                region.clone(),
+                (
+                    ADD_RING,
+                    ring_body(true, 0, 0, 0, LOG2),
+                    Some(ev.as_raw_fd()),
+                ),
+                (CONNECT, vec![], None),
+            ],
+            "S2C rings must be numbered from 0",
+        ),
+        (
+            "ring without cookie",
+            vec![
+                region.clone(),
+                (
+                    ADD_RING,
+                    ring_body(true, 0, 0, 0, LOG2),
+                    Some(ev.as_raw_fd()),
+                ),
+                (
+                    ADD_RING,
+                    ring_body(false, 0, 0, 2 * RING as u32, LOG2),
+                    Some(ev.as_raw_fd()),
+                ),
+                (CONNECT, vec![], None),
+            ],
+            "no memif cookie",
+        ),
+    ];
+    for (tag, msgs, want) in cases {
+        let k = setup(tag, msgs);
+        refused_with(tag, &k, want);
+    }
+    // A flood of messages, not one reply read: valed lets it go.
+    let k = dial(path);
+    let mut sent = 0;
+    while sent < 100_000 && send(&k, HELLO, &[], None) {
+        sent += 1;
+    }
+    // (Its DISCONNECT may be lost: a socket closed with the flood unread resets the
+    // connection.)
+    let r = refused(&k);
+    assert!(
+        r.is_empty() || r.contains("unexpected message type 2"),
+        "flood: {r:?}"
+    );
+    refusals.set(refusals.get() + 1);
+    // A second client while one is connecting is told so (not counted: not its fault).
+    let first = dial(path);
+    let second = dial(path);
+    assert!(refused(&second).contains("already connected"));
+    drop(first);
+    assert_eq!(s.state(), "down");
+
+    // Connected, then broken rings. The good client's frames go to b.
+    let b = v.open("vale0:b");
+    let mac_b = [2, 0, 0, 0, 0xe0, 0x0b];
+    let mac_k = [2, 0, 0, 0, 0xe0, 0x01];
+    send_waiting(&b, &test_frame(60, mac_b, BROADCAST, 0));
+    wait_tx_drained(&b, 0);
+    let mut k = connect(path).expect("a good client is served");
+    assert!(wait_until(T, || s.state() == "up"));
+    let before = s.cnf();
+    // Good frames among bad descriptors: region 5, offset past the region, a length past
+    // it, a runt, a chain that runs past the head.
+    k.queue(&test_frame(60, mac_k, mac_b, 1));
+    k.queue_desc(0, 5, 0, 60);
+    k.queue_desc(0, 0, SIZE as u32 + 10, 60);
+    k.queue_desc(0, 0, SIZE as u32 - 10, 60);
+    k.queue_desc(0, 0, 0, 10);
+    k.queue(&test_frame(1514, mac_k, mac_b, 2));
+    k.queue_desc(1, 0, k.mem.buf_off(0, 7), 60);
+    k.publish();
+    assert!(
+        k.drained(),
+        "valed did not take the C2S ring: {:?}",
+        s.cnf()
+    );
+    let got = recv_n(&b, 2);
+    assert_eq!(got[0], test_frame(60, mac_k, mac_b, 1));
+    assert_eq!(got[1], test_frame(1514, mac_k, mac_b, 2));
+    let after = s.cnf();
+    assert_eq!(after.bad_input - before.bad_input, 5, "{after:?}");
+    assert_eq!(after.tx_packets - before.tx_packets, 2, "{after:?}");
+    // Toward the client: frames from b, into the buffers it gives.
+    k.give(SLOTS, |s| (0, k.mem.buf_off(1, s), BUF as u32));
+    for seq in 0..3 {
+        send_waiting(&b, &test_frame(900, mac_b, mac_k, 10 + seq));
+    }
+    wait_tx_drained(&b, 0);
+    let mut frames = Vec::new();
+    assert!(
+        wait_until(T, || {
+            frames.extend(k.take());
+            frames.len() >= 3
+        }),
+        "{} frames of 3 reached the client: {:?} {:?}\n{}",
+        frames.len(),
+        s.cnf(),
+        v.counters("vale0:b"),
+        v.log()
+    );
+    for (i, f) in frames.iter().enumerate() {
+        assert_eq!(f, &test_frame(900, mac_b, mac_k, 10 + i as u64));
+    }
+    // An S2C buffer outside the region: valed ends the connection.
+    k.give(1, |_| (0, SIZE as u32, BUF as u32));
+    k.give(SLOTS - 1, |_| (0, 0, 0)); // (ignored: the ring is already full)
+    let tail = k.mem.word(1, 64).load(std::sync::atomic::Ordering::Acquire);
+    // The slot valed is to fill next is the bad one.
+    k.mem.set_desc(1, tail, 0, 0, SIZE as u32, BUF as u32);
+    send_waiting(&b, &test_frame(60, mac_b, mac_k, 20));
+    wait_tx_drained(&b, 0);
+    refused_with("S2C buffer outside", &k.sock, "S2C ring 0");
+    drop(k);
+    s.wait_down("a bad S2C descriptor");
+    // A head far beyond the ring.
+    let k = connect(path).expect("served again");
+    k.mem
+        .word(0, 6)
+        .store(SLOTS * 3, std::sync::atomic::Ordering::Release);
+    k.publish_raw_head();
+    refused_with("head beyond the ring", &k.sock, "ring head");
+    drop(k);
+    s.wait_down("a head beyond the ring");
+    // Shrinks its region under valed: caught, and the connection ends.
+    let k = connect(path).expect("served again");
+    assert!(wait_until(T, || s.state() == "up"));
+    // SAFETY: plain syscall on the test's memfd.
+    assert_eq!(unsafe { libc::ftruncate(k.mem.fd.as_raw_fd(), 0) }, 0);
+    refused_with("region shrunk", &k.sock, "shrank a region");
+    drop(k);
+    s.wait_down("a shrunk region");
+    // Dies (its socket closed, memory gone).
+    let k = connect(path).expect("served again");
+    drop(k);
+    s.wait_down("the client closed");
+
+    // Every refusal was counted, once.
+    let c_bad = s.cnf().bad_input - bad0;
+    assert_eq!(
+        c_bad,
+        refusals.get() + 5,
+        "bad_input {c_bad}, refusals {} + 5 frames",
+        refusals.get()
+    );
+
+    // A well-behaved client afterwards: both ways, checked.
+    let mut k = connect(path).expect("a good client after all that");
+    assert!(wait_until(T, || s.state() == "up"));
+    for seq in 0..100 {
+        k.queue(&test_frame(60 + seq as usize, mac_k, mac_b, 100 + seq));
+    }
+    k.publish();
+    assert!(k.drained());
+    let got = recv_n(&b, 100);
+    for (i, f) in got.iter().enumerate() {
+        assert_eq!(f, &test_frame(60 + i, mac_k, mac_b, 100 + i as u64));
+    }
+    k.give(SLOTS, |s| (0, k.mem.buf_off(1, s), BUF as u32));
+    send_waiting(&b, &test_frame(64, mac_b, mac_k, 7));
+    wait_tx_drained(&b, 0);
+    let mut frames = Vec::new();
+    assert!(wait_until(T, || {
+        frames.extend(k.take());
+        !frames.is_empty()
+    }));
+    assert_eq!(frames, vec![test_frame(64, mac_b, mac_k, 7)]);
+    drop(k);
+
+    // The checked stream lost nothing; valed lives.
+    let cr = stop_pktgen(c, "vale-pktgen tx c");
+    let cc = v.counters("vale0:c");
+    assert_eq!(
+        (cc.tx_packets, cc.tx_drops),
+        (num(&cr, "packets"), 0),
+        "{cr}"
+    );
+    let mut dc = v.counters("vale0:d");
+    assert!(wait_until(T, || {
+        dc = v.counters("vale0:d");
+        dc.rx_packets + dc.rx_drops >= cc.tx_packets
+    }));
+    assert_eq!(dc.rx_drops, 0, "the other pair lost frames: {dc:?}");
+    assert!(dc.rx_packets >= cc.tx_packets, "{dc:?} {cc:?}");
+    drop(stop_pktgen(d, "vale-pktgen rx d"));
+    let mut v = s.v;
+    assert!(v.alive(), "valed died; its log:\n{}", v.log());
+}
+
+#[test]
+fn testpmd_memif_client_two_queue_pairs() {
+    both_ways(2);
+}
+
+/// A txonly testpmd killed (SIGKILL) while it sends; a new one on the same socket is served
+/// and accounted for like the first; valed lives on.
+#[test]
+fn testpmd_memif_client_killed_then_replaced() {
+    if let Some(why) = skip() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let _serial = serial();
+    let s = Setup::new();
+    let v = &s.v;
+    let b = s.sink("vale0:b", MAC_B);
+    let mut tp = s.txonly_to_b(1);
+    tp.command("start");
+    let at = s.cnf().tx_packets;
+    assert!(
+        wait_until_every(SLOW, Duration::from_millis(20), || s.cnf().tx_packets
+            > at + FROM_TESTPMD),
+        "testpmd did not start again: {}",
+        tp.output()
+    );
+    tp.kill();
+    s.wait_down("testpmd was killed");
+    s.wait_landed_at_b((PortCounters::default(), PortCounters::default()));
+    let tp = s.txonly_to_b(1);
+    tp.quit(Instant::now() + SLOW);
+    s.wait_down("testpmd quit");
+    assert_eq!(s.cnf().bad_input, 0, "{:?}", s.cnf());
+    let bc = v.counters("vale0:b");
+    let br = stop_pktgen(b, "vale-pktgen rx b");
+    assert_eq!(
+        (num(&br, "packets"), num(&br, "drops")),
+        (bc.rx_packets, bc.rx_drops),
+        "{br}"
+    );
+    let mut v = s.v;
+    assert!(v.alive(), "valed died; its log:\n{}", v.log());
+}
+
+/// Nanoseconds valed's threads have spent on a CPU (schedstat, exact).
+fn valed_cpu_ns(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("valed's threads")
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// An interrupt-mode client (it asks for interrupts and waits on its eventfds): connected and
+/// idle, valed spends no CPU on it; its frames wake valed through the C2S eventfd, valed's
+/// wake it through the S2C eventfd.
+#[test]
+fn idle_interrupt_mode_client_costs_valed_nothing() {
+    use client::*;
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::Ordering::*;
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: vale host ports need root");
+        return;
+    }
+    let _serial = serial();
+    let s = Setup::new();
+    let v = &s.v;
+    let b = v.open("vale0:b");
+    let mac_b = [2, 0, 0, 0, 0xe0, 0x0b];
+    let mac_k = [2, 0, 0, 0, 0xe0, 0x01];
+    send_waiting(&b, &test_frame(60, mac_b, BROADCAST, 0));
+    wait_tx_drained(&b, 0);
+    let mut k = connect(&s.sock).expect("served");
+    // Interrupts toward the client: MASK_INT cleared on its S2C ring.
+    k.mem.word(1, 4).store(0, Release);
+    k.give(SLOTS, |s| (0, k.mem.buf_off(1, s), BUF as u32));
+    assert!(wait_until(T, || s.state() == "up"));
+    // Idle, valed asks for interrupts on the C2S ring.
+    assert!(
+        wait_until(T, || k.mem.word(0, 4).load(Acquire) & 1 == 0),
+        "valed did not clear MASK_INT on the idle C2S ring"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let t0 = valed_cpu_ns(v.pid());
+    let wall = Instant::now();
+    std::thread::sleep(Duration::from_secs(5));
+    let used = valed_cpu_ns(v.pid()) - t0;
+    let share = used as f64 / wall.elapsed().as_nanos() as f64 * 100.0;
+    eprintln!(
+        "valed with an idle interrupt-mode memif client: {used} ns on CPU in 5 s ({share:.3}%)"
+    );
+    assert!(
+        share < 0.05,
+        "valed used {share:.3}% of a CPU with an idle client"
+    );
+    // A frame from the client wakes valed (the eventfd), and reaches b.
+    k.queue(&test_frame(60, mac_k, mac_b, 1));
+    k.publish();
+    assert_eq!(recv_n(&b, 1), vec![test_frame(60, mac_k, mac_b, 1)]);
+    // One to the client: its S2C eventfd is written.
+    send_waiting(&b, &test_frame(60, mac_b, mac_k, 2));
+    wait_tx_drained(&b, 0);
+    let mut p = libc::pollfd {
+        fd: k.irq[1].as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one live pollfd.
+    assert_eq!(
+        unsafe { libc::poll(&mut p, 1, 10_000) },
+        1,
+        "no interrupt from valed"
+    );
+    assert_eq!(k.take(), vec![test_frame(60, mac_b, mac_k, 2)]);
+}
+
+/// A memif port (with its id) is saved in valed's configuration and served again after a
+/// restart: a client asking for that id is, one asking for another is refused.
+#[test]
+fn a_memif_port_is_saved_and_served_again_after_a_restart() {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: vale host ports need root");
+        return;
+    }
+    let _serial = serial();
+    let cfg_dir = TempDir::new("memif-cfg");
+    let cfg = cfg_dir.0.join("valed.toml");
+    let cfg_s = cfg.to_str().unwrap();
+    let sock = cfg_dir.0.join("cnf.sock");
+    let mut v = Valed::start_with(&["--config", cfg_s]);
+    v.ctl_ok(&[
+        "attach",
+        "vale0:cnf",
+        "--memif",
+        sock.to_str().unwrap(),
+        "--id",
+        "7",
+    ]);
+    let out = v.ctl_ok(&["save"]);
+    assert!(out.contains("1 ports") || out.contains("1 port"), "{out}");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    assert!(text.contains("memif") && text.contains('7'), "{text}");
+    v.restart_with(&["--config", cfg_s]);
+    let state = || v.port("vale0:cnf").map(|p| p.state).unwrap_or_default();
+    assert!(
+        wait_until(T, || state() == "down"),
+        "vale0:cnf not back: {}",
+        v.log()
+    );
+    let k = client::dial(&sock);
+    client::send(&k, client::INIT, &client::init_body(0x200, 0, 0), None);
+    assert!(client::refused(&k).contains("ID not found: 0 (this port is id 7)"));
+    let _c = client::connect_id(&sock, 7).expect("id 7 is served after the restart");
+    assert!(wait_until(T, || state() == "up"), "{}", v.log());
+    v.ctl_ok(&["detach", "vale0:cnf"]);
+    assert!(!sock.exists(), "{} is left after detach", sock.display());
+}
