@@ -180,3 +180,51 @@ fn attach_replaces_nothing_but_a_stale_socket() {
     assert_eq!(std::fs::read(&img).unwrap(), b"precious");
     assert!(std::fs::symlink_metadata(&nothing).is_err());
 }
+
+/// A valed stopped by SIGTERM or SIGINT removes the socket of each vhost-user port that
+/// listens (as detach does), and only while it is still valed's socket: a name replaced by a
+/// file meanwhile is left as it is; a `--client` port's path, which valed never made, too.
+#[test]
+fn a_stopped_valed_removes_its_vhost_user_sockets() {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        let mut v = Valed::start();
+        let dir = TempDir::new("vhost-user-exit");
+        let at = |name: &str| dir.0.join(name);
+        let s = |p: &std::path::Path| p.to_str().unwrap().to_string();
+        let ours = at("vm.sock");
+        let replaced = at("replaced.sock");
+        let theirs = at("theirs.sock");
+        v.ctl_ok(&["attach", "vale0:vm", "--vhost-user", &s(&ours)]);
+        v.ctl_ok(&["attach", "vale0:vm2", "--vhost-user", &s(&replaced)]);
+        let _listening = std::os::unix::net::UnixListener::bind(&theirs).unwrap();
+        v.ctl_ok(&[
+            "attach",
+            "vale0:vm3",
+            "--vhost-user",
+            &s(&theirs),
+            "--client",
+        ]);
+        get_features(&ours);
+        get_features(&replaced);
+        std::fs::remove_file(&replaced).unwrap();
+        std::fs::write(&replaced, b"theirs").unwrap();
+
+        v.signal(sig);
+        assert!(
+            wait_until(T, || !v.alive()),
+            "valed still running after signal {sig}: {}",
+            v.log()
+        );
+        assert!(
+            !ours.exists(),
+            "valed left its vhost-user socket {} behind after signal {sig}",
+            ours.display()
+        );
+        assert_eq!(std::fs::read(&replaced).unwrap(), b"theirs");
+        assert!(
+            std::fs::symlink_metadata(&theirs).is_ok(),
+            "a --client port's path was removed"
+        );
+        assert!(!v.run_dir().join(vale_abi::control::SOCKET_NAME).exists());
+    }
+}

@@ -60,7 +60,9 @@ valed removes the .FILE.tmpPID files that a valed killed while saving left besid
 EXAMPLES:\n  valed --run-dir /tmp/v &\n  valed --workers 2 --busy-poll-us 50\n  \
 valed --metrics 127.0.0.1:9781   Prometheus scrapes http://127.0.0.1:9781/metrics\n  \
 valed --config /etc/vale/valed.toml   then 'vale-ctl save' keeps what runs for the next start\n\n\
-SIGNALS:\n  SIGTERM, SIGINT   remove the socket and exit; clients see their ports' connection close"
+SIGNALS:\n  SIGTERM, SIGINT   remove the control socket and each socket a port listens at\n                    \
+(vhost-user, only while it is still valed's socket) and exit; clients see\n                    \
+their ports' connection close"
 )]
 struct Args {
     /// Directory of the control socket and lock file [env: VALE_RUN_DIR] [default: /run/vale]
@@ -132,6 +134,8 @@ struct Args {
 fn main() {
     vale_man::write_if_asked("8", <Args as clap::CommandFactory>::command);
     if let Err(e) = run() {
+        // The sockets ports listen at, each only while it is still valed's.
+        vale_switch::host::remove_port_sockets();
         eprintln!("valed: {e:#}");
         std::process::exit(1);
     }
@@ -267,7 +271,12 @@ fn raise_descriptor_limit() -> usize {
     }
 }
 
-/// SIGTERM and SIGINT are taken by a thread that removes the socket and exits.
+/// SIGTERM and SIGINT are taken by a thread that removes the sockets valed made and exits:
+/// those its ports listen at (only while each is still valed's socket, as at detach), then
+/// the control socket (the run directory's lock, held until the exit, keeps any other valed
+/// from binding there). The lock file stays: removing it would let two valeds lock different
+/// files of the same name. No port is dropped on the way out: their clients see the
+/// connection close as the process ends.
 fn block_signals_and_clean_up_on_exit(sock_path: PathBuf) {
     // SAFETY: signal-mask manipulation with locally owned sets, before other threads exist,
     // so every thread inherits the mask and only the waiter below receives these signals.
@@ -280,6 +289,7 @@ fn block_signals_and_clean_up_on_exit(sock_path: PathBuf) {
         std::thread::spawn(move || {
             let mut sig = 0;
             libc::sigwait(&set, &mut sig);
+            vale_switch::host::remove_port_sockets();
             let _ = std::fs::remove_file(&sock_path);
             notify::stopping();
             tracing::info!(signal = sig, "valed exiting");

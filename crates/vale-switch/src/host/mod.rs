@@ -57,6 +57,14 @@ pub const KINDS: &[Kind] = &[
     tunnel::GENEVE,
 ];
 
+/// Removes the socket of every port that listens at a path it was given (vhost-user in
+/// server mode), each only while it is still the socket valed bound, as detach does, and
+/// refuses such attaches from then on. valed calls it as it exits on SIGTERM or SIGINT, which
+/// drops no port.
+pub fn remove_port_sockets() {
+    socket::remove_all();
+}
+
 /// How a device is opened from a kind's name and arguments ([`open_device`], [`restore_device`]).
 pub(crate) type OpenDevice = fn(&str, &KindArgs) -> Result<Box<dyn Device>, Error>;
 

@@ -13,30 +13,102 @@
 //! The [`SocketName`] that [`listen`] returns removes the name when dropped, only if it is
 //! still the socket valed bound (the same device and inode): a name that someone has removed
 //! and made again meanwhile (a new socket, a file) is theirs.
+//!
+//! A valed that stops on a signal exits without dropping its ports, so every name bound is
+//! also kept in a process-wide list, and [`remove_all`] (valed's exit path) removes each by the
+//! same rule. From then on [`listen`] refuses (`ESHUTDOWN`), so that an attach racing the exit
+//! leaves no name behind either.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
 
-/// The name a listening socket was bound at, with its identity then; removed when dropped
-/// if it still names that socket.
+/// A name bound, with the identity of the socket then.
 #[derive(Debug)]
-pub struct SocketName {
+struct Bound {
     path: PathBuf,
     dev: u64,
     ino: u64,
 }
 
-impl Drop for SocketName {
-    fn drop(&mut self) {
+impl Bound {
+    /// Removes the name if it still is the socket bound: the one check of detach and exit.
+    fn remove_if_ours(&self) {
         let ours = std::fs::symlink_metadata(&self.path)
             .is_ok_and(|m| m.file_type().is_socket() && m.dev() == self.dev && m.ino() == self.ino);
         if ours {
             let _ = std::fs::remove_file(&self.path);
         }
     }
+}
+
+/// Every name bound and not yet removed, by the id of its [`SocketName`]; `closed` once
+/// [`remove_all`] ran.
+struct Names {
+    next: u64,
+    bound: Vec<(u64, Bound)>,
+    closed: bool,
+}
+
+static NAMES: Mutex<Names> = Mutex::new(Names {
+    next: 0,
+    bound: Vec::new(),
+    closed: false,
+});
+
+/// The list, even if a thread panicked holding it (it is only ever left whole).
+fn names() -> MutexGuard<'static, Names> {
+    NAMES.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The name a listening socket was bound at; removed when dropped (or by [`remove_all`]) if
+/// it still names that socket.
+#[derive(Debug)]
+pub struct SocketName {
+    id: u64,
+}
+
+impl Drop for SocketName {
+    fn drop(&mut self) {
+        // Under the lock, so that a name is removed once, by this or by remove_all.
+        let mut names = names();
+        if let Some(i) = names.bound.iter().position(|(id, _)| *id == self.id) {
+            names.bound.swap_remove(i).1.remove_if_ours();
+        }
+    }
+}
+
+/// Removes the name of every listening socket bound and not yet dropped, each only while it
+/// is still the socket bound, and refuses any [`listen`] from now on: for a valed that exits
+/// without dropping its ports (on SIGTERM or SIGINT).
+pub fn remove_all() {
+    let mut names = names();
+    names.closed = true;
+    for (_, b) in names.bound.drain(..) {
+        b.remove_if_ours();
+    }
+}
+
+/// Records the name just bound at `path`; refused (and the name removed) once valed stops.
+fn register(path: &Path) -> io::Result<SocketName> {
+    let m = std::fs::symlink_metadata(path)?;
+    let b = Bound {
+        path: path.to_path_buf(),
+        dev: m.dev(),
+        ino: m.ino(),
+    };
+    let mut names = names();
+    if names.closed {
+        b.remove_if_ours();
+        return Err(io::Error::from_raw_os_error(libc::ESHUTDOWN));
+    }
+    let id = names.next;
+    names.next += 1;
+    names.bound.push((id, b));
+    Ok(SocketName { id })
 }
 
 /// Listens at `path`: a free name, or one that holds a stale stream socket (removed first).
@@ -58,12 +130,14 @@ pub fn listen_as(path: &Path, ty: i32) -> Result<(OwnedFd, SocketName), super::E
     for _ in 0..2 {
         match bind(path, ty) {
             Ok(l) => {
-                let m = std::fs::symlink_metadata(path).map_err(|e| fail(e, ""))?;
-                let name = SocketName {
-                    path: path.to_path_buf(),
-                    dev: m.dev(),
-                    ino: m.ino(),
-                };
+                let name = register(path).map_err(|e| {
+                    let why = if e.raw_os_error() == Some(libc::ESHUTDOWN) {
+                        " (valed is stopping)"
+                    } else {
+                        ""
+                    };
+                    fail(e, why)
+                })?;
                 return Ok((l, name));
             }
             Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) => {}

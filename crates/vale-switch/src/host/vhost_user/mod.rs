@@ -140,7 +140,8 @@ pub const KIND: super::Kind = super::Kind {
 there, and serves one front end after the other (QEMU '-chardev socket,path=PATH,reconnect=1'). \
 PATH must be free or hold a stale socket (one nobody listens at), which valed replaces; \
 anything else there (a file, a directory, a socket in use) is refused and left as it is, and \
-detach removes PATH only while it is still valed's socket. With --client valed connects to a \
+detach, and valed stopping on SIGTERM or SIGINT, remove PATH only while it is still valed's \
+socket. With --client valed connects to a \
 front end listening there instead (QEMU 'server=on,wait=off'), again after each \
 disconnection, and makes or removes nothing at PATH. The guest's RAM must be shared memory \
 ('-object memory-backend-memfd,...,share=on'). The port is down while no front end is connected. \
