@@ -283,7 +283,7 @@ fn the_generic_attach_names_a_kind_and_its_arguments() {
     v.ctl_fails(
         &["attach", "vale0:h", "bogus", "a=b"],
         1,
-        "no port kind 'bogus' (known: tap, nic, vhost-user, vxlan, geneve)",
+        "no port kind 'bogus' (known: tap, nic, vhost-user, memif, vxlan, geneve)",
     );
     v.ctl_fails(
         &["attach", "vale0:h", "tap", "nome=x"],
