@@ -41,6 +41,21 @@ fn testpmd_memif_client_both_ways() {
     both_ways(Attach::Memif, NAMES, 1);
 }
 
+#[test]
+fn testpmd_memif_client_two_queue_pairs() {
+    both_ways(Attach::Memif, NAMES, 2);
+}
+
+/// A txonly testpmd killed (SIGKILL) while it sends; a new one on the same socket is served
+/// and accounted for like the first, another pair loses nothing, valed lives on; and nothing
+/// was refused as bad input.
+#[test]
+fn testpmd_memif_client_killed_then_replaced() {
+    if let Some(s) = killed_then_replaced(Attach::Memif, NAMES) {
+        assert_eq!(s.counters().bad_input, 0, "{:?}", s.counters());
+    }
+}
+
 /// A memif client of the test's own: a memfd region with one ring each way and their
 /// buffers, and a control connection it drives step by step, right or wrong.
 mod client {
@@ -749,21 +764,6 @@ fn hostile_memif_client_beside_a_checked_stream() {
     assert!(dc.rx_packets >= cc.tx_packets, "{dc:?} {cc:?}");
     let mut v = s.v;
     assert!(v.alive(), "valed died; its log:\n{}", v.log());
-}
-
-#[test]
-fn testpmd_memif_client_two_queue_pairs() {
-    both_ways(Attach::Memif, NAMES, 2);
-}
-
-/// A txonly testpmd killed (SIGKILL) while it sends; a new one on the same socket is served
-/// and accounted for like the first, another pair loses nothing, valed lives on; and nothing
-/// was refused as bad input.
-#[test]
-fn testpmd_memif_client_killed_then_replaced() {
-    if let Some(s) = killed_then_replaced(Attach::Memif, NAMES) {
-        assert_eq!(s.counters().bad_input, 0, "{:?}", s.counters());
-    }
 }
 
 /// Nanoseconds valed's threads have spent on a CPU (schedstat, exact).
