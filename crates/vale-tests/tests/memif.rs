@@ -540,7 +540,7 @@ fn hostile_memif_client_beside_a_checked_stream() {
     let ring = |c2s: bool, index: u16, region: u16, offset: u32, log2: u8, fd| -> Step {
         (ADD_RING, ring_body(c2s, index, region, offset, log2), fd)
     };
-    let (irq, connect) = (Some(ev.as_raw_fd()), (CONNECT, vec![], None));
+    let (irq, connect_msg) = (Some(ev.as_raw_fd()), (CONNECT, vec![], None));
     // The right first steps: the whole region, C2S ring 0.
     let region0 = region(0, SIZE as u64, Some(memfd));
     let c2s0 = ring(true, 0, 0, 0, LOG2, irq);
@@ -603,7 +603,7 @@ fn hostile_memif_client_beside_a_checked_stream() {
         ),
         (
             "no S2C ring",
-            vec![region0.clone(), c2s0.clone(), connect.clone()],
+            vec![region0.clone(), c2s0.clone(), connect_msg.clone()],
             "S2C rings must be numbered from 0",
         ),
         (
@@ -612,7 +612,7 @@ fn hostile_memif_client_beside_a_checked_stream() {
                 region0,
                 c2s0,
                 ring(false, 0, 0, 2 * RING as u32, LOG2, irq),
-                connect,
+                connect_msg,
             ],
             "no memif cookie",
         ),
@@ -758,10 +758,8 @@ fn hostile_memif_client_beside_a_checked_stream() {
     assert_eq!(frames, vec![test_frame(64, mac_b, mac_k, 7)]);
     drop(k);
 
-    // The checked stream lost nothing; valed lives.
-    let cc = s.c_to_d_lost_nothing(c, d, None);
-    let dc = v.counters("vale0:d");
-    assert!(dc.rx_packets >= cc.tx_packets, "{dc:?} {cc:?}");
+    // The checked stream lost nothing (d took every frame c sent, none dropped); valed lives.
+    s.c_to_d_lost_nothing(c, d, None);
     let mut v = s.v;
     assert!(v.alive(), "valed died; its log:\n{}", v.log());
 }
