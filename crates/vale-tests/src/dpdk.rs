@@ -481,6 +481,20 @@ impl Front {
         k
     }
 
+    /// Stops the sink on vale0:b (see [`Front::sink`]) and checks its count: vale-pktgen
+    /// counted each frame vale delivered to b; vale's drops toward b are its own. b's counters.
+    pub fn b_counted(&self, b: Kid) -> PortCounters {
+        let bc = self.v.counters("vale0:b");
+        let r = stop_pktgen(b, "vale-pktgen rx b");
+        assert_eq!(
+            (num(&r, "packets"), num(&r, "drops")),
+            (bc.rx_packets, bc.rx_drops),
+            "vale-pktgen's count vs valed's counters of b: {r}"
+        );
+        assert_eq!(num(&r, "bytes"), bc.rx_bytes, "{r}");
+        bc
+    }
+
     /// The other pair: vale-pktgen tx on vale0:c sending 1000 frames a second (until SIGINT
     /// or 300 s) to d, a sink announcing `names.mac_d` that the caller started; flowing.
     pub fn c_to_d(&self) -> Kid {
@@ -617,15 +631,7 @@ pub fn both_ways(attach: Attach, names: Names, queues: usize) {
     // testpmd -> b.
     let b = s.sink("vale0:b", names.mac_b);
     let tp = s.txonly_to_b(queues);
-    let bc = v.counters("vale0:b");
-    let r = stop_pktgen(b, "vale-pktgen rx");
-    // vale-pktgen counted each frame vale delivered to b; vale's drops toward b are its own.
-    assert_eq!(
-        (num(&r, "packets"), num(&r, "drops")),
-        (bc.rx_packets, bc.rx_drops),
-        "vale-pktgen's count vs valed's counters of b: {r}"
-    );
-    assert_eq!(num(&r, "bytes"), bc.rx_bytes, "{r}");
+    let bc = s.b_counted(b);
     eprintln!(
         "testpmd -> vale: {} frames forwarded; b took {}, {} dropped at b's ring",
         s.counters().tx_packets,
@@ -756,13 +762,7 @@ pub fn killed_then_replaced(attach: Attach, names: Names) -> Option<Front> {
 
     // The other pair lost nothing: each frame c sent reached d (with b's announcement).
     let cc = s.c_to_d_lost_nothing(c, d, Some(1));
-    let bc = v.counters("vale0:b");
-    let br = stop_pktgen(b, "vale-pktgen rx b");
-    assert_eq!(
-        (num(&br, "packets"), num(&br, "drops")),
-        (bc.rx_packets, bc.rx_drops),
-        "{br}"
-    );
+    let bc = s.b_counted(b);
     assert!(s.v.alive(), "valed died; its log:\n{}", s.v.log());
     eprintln!(
         "c -> d: {} frames; testpmd -> b: {} frames, {} dropped at b; test took {:.1?}",
