@@ -379,6 +379,34 @@ pub struct Delivered {
     pub declined: bool,
 }
 
+impl Delivered {
+    /// Counts what a sink's device did with the frame of `len` bytes last taken from
+    /// `frames`: took it (`Ok(true)`); had no room (`Ok(false)`: the frame goes back and the
+    /// sink stops, declining the rest); or could not send it (`Err`: dropped). Whether the sink
+    /// goes on with the next frame.
+    #[inline]
+    pub fn count<E>(
+        &mut self,
+        frames: &mut dyn OutFrames,
+        len: u64,
+        sent: &Result<bool, E>,
+    ) -> bool {
+        match sent {
+            Ok(true) => {
+                self.frames += 1;
+                self.bytes += len;
+            }
+            Ok(false) => {
+                frames.put_back();
+                self.declined = true;
+                return false;
+            }
+            Err(_) => self.dropped += 1,
+        }
+        true
+    }
+}
+
 /// A kind whose device the switch's threads write to directly, instead of through the port's
 /// rx ring and thread: one copy and one wake-up less per burst. It must take concurrent calls.
 /// The frames it is given carry only offload work its port's capabilities take (the pipeline

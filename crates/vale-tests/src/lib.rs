@@ -253,6 +253,19 @@ pub fn report(out: &Output, what: &str) -> serde_json::Value {
     })
 }
 
+/// Stops vale-pktgen `k` with SIGINT; its JSON report.
+pub fn stop_pktgen(k: Kid, what: &str) -> serde_json::Value {
+    k.signal(libc::SIGINT);
+    report(&k.finish(T), what)
+}
+
+/// An integer field of a vale-pktgen report.
+pub fn num(r: &serde_json::Value, field: &str) -> u64 {
+    r[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("report field {field} missing or not an integer: {r}"))
+}
+
 /// A fresh, empty directory under the system temp dir, removed on drop.
 pub struct TempDir(pub PathBuf);
 

@@ -23,12 +23,6 @@ const ROUND_TRIPS: u64 = 300;
 /// millisecond, but shares the CPUs with other spinners.
 const NOTICE: Duration = Duration::from_secs(5);
 
-fn num(r: &serde_json::Value, field: &str) -> u64 {
-    r[field]
-        .as_u64()
-        .unwrap_or_else(|| panic!("report field {field} missing or not an integer: {r}"))
-}
-
 /// pong (busy or not, as `pong_args` says) on vale0:b, announced, then `ROUND_TRIPS` pings
 /// from vale0:a to it with `ping_args`; checks that every ping was answered and counted.
 fn ping_pong(v: &Valed, ping_args: &[&str], pong_args: &[&str]) {

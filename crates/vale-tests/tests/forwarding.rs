@@ -83,12 +83,6 @@ fn stream(tx: &Port, rx: &Port, src: [u8; 6], dst: [u8; 6], n: u64, window: u64)
     }
 }
 
-fn num(r: &serde_json::Value, field: &str) -> u64 {
-    r[field]
-        .as_u64()
-        .unwrap_or_else(|| panic!("report field {field} missing or not an integer: {r}"))
-}
-
 fn float(r: &serde_json::Value, field: &str) -> f64 {
     r[field]
         .as_f64()

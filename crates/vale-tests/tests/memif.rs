@@ -1,297 +1,59 @@
 //! memif ports: DPDK's testpmd with its `net_memif` driver in client role on a vale memif
-//! port (valed the server), both ways, every frame accounted for; and a hostile memif client
-//! of the test's own beside a checked stream.
+//! port (valed the server), both ways, every frame accounted for (the harness of the
+//! vhost-user tests, [`vale_tests::dpdk::Front`]); and a hostile memif client of the test's
+//! own beside a checked stream.
 //!
 //! Needs root and testpmd with its memif driver (`scripts/test.sh` installs dpdk-dev);
 //! skipped, saying why, where they are missing outside CI. The tests of this file run one at a
 //! time: a testpmd busy-polls a CPU.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use vale_abi::control::PortCounters;
-use vale_tests::dpdk::{skip_reason, Mode, Testpmd};
+use vale_tests::dpdk::{both_ways, killed_then_replaced, Attach, Front, Names};
 use vale_tests::*;
 
-/// testpmd's memif port, vale-pktgen's sinks.
-const MAC_CNF: &str = "02:00:00:00:e0:01";
-const MAC_B: &str = "02:00:00:00:e0:0b";
+/// vale0:cnf, testpmd's memif port; vale-pktgen's sinks.
+const NAMES: Names = Names {
+    port: "vale0:cnf",
+    mac: "02:00:00:00:e0:01",
+    mac_b: "02:00:00:00:e0:0b",
+    mac_d: "02:00:00:00:e0:0d",
+};
 
-/// Bound of the waits that involve testpmd starting or a queue draining on a loaded machine.
-const SLOW: Duration = Duration::from_secs(60);
-/// Frames vale must have taken from a txonly testpmd before it is stopped.
-const FROM_TESTPMD: u64 = 100_000;
-/// Frames vale-pktgen sends toward an rxonly testpmd.
-const TO_TESTPMD: u64 = 200_000;
-
-struct Setup {
-    v: Valed,
-    sock: PathBuf,
+/// The serial lock, where vale host ports can be made here (as root); None, saying why, where
+/// not.
+fn as_root() -> Option<std::sync::MutexGuard<'static, ()>> {
+    // SAFETY: plain syscall.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: vale host ports need root");
+        return None;
+    }
+    Some(serial())
 }
 
-fn skip() -> Option<String> {
-    skip_reason().or_else(|| {
-        let found = [
-            "/usr/lib/x86_64-linux-gnu/dpdk",
-            "/usr/lib64/dpdk",
-            "/usr/lib/dpdk",
-        ]
-        .iter()
-        .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
-        .flat_map(|p| std::fs::read_dir(p.path()).into_iter().flatten().flatten())
-        .any(|f| {
-            f.file_name()
-                .to_string_lossy()
-                .starts_with("librte_net_memif.so")
-        });
-        match (found, std::env::var_os("CI").is_some()) {
-            (true, _) => None,
-            (false, false) => {
-                Some("DPDK's memif driver (librte-net-memif23) is not installed".into())
-            }
-            (false, true) => panic!("memif tests cannot run under CI: no librte_net_memif"),
-        }
-    })
-}
-
-impl Setup {
-    /// A valed with memif port vale0:cnf.
-    fn new() -> Setup {
-        let v = Valed::start();
-        let sock = v.run_dir().join("cnf.sock");
-        v.ctl_ok(&["attach", "vale0:cnf", "--memif", sock.to_str().unwrap()]);
-        let s = Setup { v, sock };
-        assert_eq!(s.state(), "down", "no client yet");
-        s
-    }
-
-    /// Starts a testpmd memif client on vale0:cnf and waits until vale serves it and it
-    /// forwards.
-    fn testpmd(&self, mode: Mode, peer: &str, queues: usize) -> Testpmd {
-        let vdev = format!(
-            "net_memif0,role=client,socket={},socket-abstract=no,mac={MAC_CNF}",
-            self.sock.display()
-        );
-        let q = [format!("--rxq={queues}"), format!("--txq={queues}")];
-        let extra: Vec<&str> = if queues > 1 {
-            q.iter().map(String::as_str).collect()
-        } else {
-            vec![]
-        };
-        let mut tp = Testpmd::start_vdev(&vdev, mode, peer, &extra);
-        tp.wait_forwarding(Instant::now() + SLOW);
-        assert!(
-            wait_until_every(SLOW, Duration::from_millis(20), || self.state() == "up"),
-            "vale0:cnf is not up with testpmd there; valed's log:\n{}\ntestpmd:\n{}",
-            self.v.log(),
-            tp.output()
-        );
-        let negotiated = self.v.port("vale0:cnf").unwrap().negotiated;
-        let want = format!("{queues} C2S and {queues} S2C rings");
-        assert!(
-            negotiated.as_deref().is_some_and(|n| n.contains(&want)),
-            "vale-ctl list: {negotiated:?}, wanted {want}"
-        );
-        tp
-    }
-
-    fn state(&self) -> String {
-        self.v
-            .port("vale0:cnf")
-            .map(|p| p.state)
-            .unwrap_or_default()
-    }
-
-    fn cnf(&self) -> PortCounters {
-        self.v.counters("vale0:cnf")
-    }
-
-    fn wait_down(&self, why: &str) {
-        assert!(
-            wait_until_every(SLOW, Duration::from_millis(20), || self.state() == "down"),
-            "vale0:cnf is not down after {why}; valed's log:\n{}",
-            self.v.log()
-        );
-    }
-
-    /// A vale-pktgen sink on `port` that announces `mac` and keeps every frame (a deep ring).
-    fn sink(&self, port: &str, mac: &str) -> Kid {
-        let cmd = self.v.pktgen(&[
-            "-i",
-            port,
-            "-f",
-            "rx",
-            "--announce",
-            "-S",
-            mac,
-            "--slots",
-            "4096",
-            "-T",
-            "300",
-            "--json",
-        ]);
-        let k = self
-            .v
-            .spawn_client(cmd, &format!("vale-pktgen rx {port}"), port);
-        assert!(
-            wait_until(T, || self.v.counters(port).tx_packets == 1),
-            "no announcement from {port}"
-        );
-        k
-    }
-
-    /// Waits until every frame cnf forwarded since `before` reached b or is counted as
-    /// dropped there.
-    fn wait_landed_at_b(&self, before: (PortCounters, PortCounters)) {
-        let mut last = (self.cnf(), self.v.counters("vale0:b"));
-        let ok = wait_until(SLOW, || {
-            last = (self.cnf(), self.v.counters("vale0:b"));
-            let (c, b) = &last;
-            let sent = c.tx_packets - before.0.tx_packets - (c.tx_drops - before.0.tx_drops);
-            let landed = b.rx_packets - before.1.rx_packets + b.rx_drops - before.1.rx_drops;
-            sent == landed
-        });
-        assert!(
-            ok,
-            "what cnf forwarded does not add up at b: before {before:?}, now {last:?}"
-        );
-    }
-
-    /// A txonly testpmd toward vale0:b until vale took FROM_TESTPMD frames from it; stopped
-    /// and accounted for: every frame it queued was taken by vale and reached b or is one of
-    /// b's drops. The testpmd, still connected.
-    fn txonly_to_b(&self, queues: usize) -> Testpmd {
-        let before = (self.cnf(), self.v.counters("vale0:b"));
-        let mut tp = self.testpmd(Mode::TxOnly, MAC_B, queues);
-        let flowed = wait_until_every(SLOW, Duration::from_millis(20), || {
-            self.cnf().tx_packets >= before.0.tx_packets + FROM_TESTPMD
-        });
-        assert!(
-            flowed,
-            "vale took only {} frames from testpmd; valed's log:\n{}\ntestpmd:\n{}",
-            self.cnf().tx_packets - before.0.tx_packets,
-            self.v.log(),
-            tp.output()
-        );
-        let deadline = Instant::now() + SLOW;
-        tp.stop(deadline);
-        let s = tp.port_stats(deadline);
-        assert_eq!(s.tx_errors, 0, "{s:?}");
-        let mut c = self.cnf();
-        let taken = wait_until(SLOW, || {
-            c = self.cnf();
-            c.tx_packets + c.bad_input - before.0.tx_packets - before.0.bad_input == s.tx_packets
-        });
-        assert!(
-            taken,
-            "testpmd queued {} frames, vale took {} (forwarded) + {} (bad input)",
-            s.tx_packets,
-            c.tx_packets - before.0.tx_packets,
-            c.bad_input - before.0.bad_input
-        );
-        assert_eq!(c.bad_input, before.0.bad_input, "{c:?}");
-        assert_eq!(c.tx_drops, before.0.tx_drops, "{c:?}");
-        self.wait_landed_at_b(before);
-        tp
-    }
-}
-
-/// Stops vale-pktgen `k` with SIGINT; its JSON report.
-fn stop_pktgen(k: Kid, what: &str) -> serde_json::Value {
-    k.signal(libc::SIGINT);
-    report(&k.finish(T), what)
-}
-
-fn num(r: &serde_json::Value, field: &str) -> u64 {
-    r[field]
-        .as_u64()
-        .unwrap_or_else(|| panic!("report field {field} missing or not an integer: {r}"))
-}
-
-/// testpmd txonly -> vale0:cnf -> vale0:b (vale-pktgen rx), then vale-pktgen tx on vale0:a ->
-/// vale0:cnf -> testpmd rxonly, each frame accounted for; `queues` queue pairs.
-fn both_ways(queues: usize) {
-    if let Some(why) = skip() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let _serial = serial();
-    let t0 = Instant::now();
-    let s = Setup::new();
-    let v = &s.v;
-
-    let b = s.sink("vale0:b", MAC_B);
-    let tp = s.txonly_to_b(queues);
-    let bc = v.counters("vale0:b");
-    let r = stop_pktgen(b, "vale-pktgen rx");
-    assert_eq!(
-        (num(&r, "packets"), num(&r, "drops")),
-        (bc.rx_packets, bc.rx_drops),
-        "vale-pktgen's count vs valed's counters of b: {r}"
-    );
-    assert!(bc.rx_packets > 0, "nothing reached b: {bc:?}");
-    eprintln!(
-        "testpmd -> vale: {} frames forwarded; b took {}, {} dropped at b's ring",
-        s.cnf().tx_packets,
-        bc.rx_packets,
-        bc.rx_drops
-    );
-    tp.quit(Instant::now() + SLOW);
-    s.wait_down("testpmd quit");
-
-    // a -> testpmd.
-    v.ctl_ok(&["create", "vale0:a"]);
-    let mut tp = s.testpmd(Mode::RxOnly, MAC_B, queues);
-    let before = s.cnf();
-    let n = TO_TESTPMD.to_string();
-    let tx = v.pktgen(&[
-        "-i", "vale0:a", "-f", "tx", "-n", &n, "-D", MAC_CNF, "--json",
-    ]);
-    let t = report(
-        &Kid::spawn(tx, "vale-pktgen tx").finish(Duration::from_secs(120)),
-        "vale-pktgen tx",
-    );
-    assert_eq!(
-        (num(&t, "packets"), num(&t, "drops")),
-        (TO_TESTPMD, 0),
-        "{t}"
-    );
-    let (mut st, mut c) = (Default::default(), before);
-    let adds_up = wait_until_every(SLOW, Duration::from_millis(100), || {
-        st = tp.port_stats(Instant::now() + SLOW);
-        c = s.cnf();
-        st.rx_packets + c.rx_drops - before.rx_drops == TO_TESTPMD
-    });
-    assert!(
-        adds_up,
-        "a sent {TO_TESTPMD}; testpmd took {}, cnf dropped {}: {st:?} {c:?}",
-        st.rx_packets,
-        c.rx_drops - before.rx_drops
-    );
-    assert_eq!(c.bad_input, before.bad_input, "{c:?}");
-    assert_eq!((st.rx_errors, st.rx_missed), (0, 0), "{st:?}");
-    assert!(st.rx_packets > 0, "nothing reached testpmd: {st:?} {c:?}");
-    eprintln!(
-        "vale -> testpmd: {} frames taken, {} dropped at cnf",
-        st.rx_packets,
-        c.rx_drops - before.rx_drops
-    );
-    tp.stop(Instant::now() + SLOW);
-    tp.quit(Instant::now() + SLOW);
-    s.wait_down("testpmd quit");
-
-    v.ctl_ok(&["detach", "vale0:cnf"]);
-    assert!(
-        !s.sock.exists(),
-        "{} is left after detach",
-        s.sock.display()
-    );
-    eprintln!("test took {:.1?}", t0.elapsed());
+/// A valed with memif port vale0:cnf, no client yet.
+fn memif_port() -> Front {
+    Front::new(Attach::Memif, NAMES)
 }
 
 #[test]
 fn testpmd_memif_client_both_ways() {
-    both_ways(1);
+    both_ways(Attach::Memif, NAMES, 1);
+}
+
+#[test]
+fn testpmd_memif_client_two_queue_pairs() {
+    both_ways(Attach::Memif, NAMES, 2);
+}
+
+/// A txonly testpmd killed (SIGKILL) while it sends; a new one on the same socket is served
+/// and accounted for like the first, another pair loses nothing, valed lives on; and nothing
+/// was refused as bad input.
+#[test]
+fn testpmd_memif_client_killed_then_replaced() {
+    if let Some(s) = killed_then_replaced(Attach::Memif, NAMES) {
+        assert_eq!(s.counters().bad_input, 0, "{:?}", s.counters());
+    }
 }
 
 /// A memif client of the test's own: a memfd region with one ring each way and their
@@ -704,37 +466,16 @@ mod client {
 #[test]
 fn hostile_memif_client_beside_a_checked_stream() {
     use client::*;
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: vale host ports need root");
-        return;
-    }
-    let _serial = serial();
-    let s = Setup::new();
+    let Some(_serial) = as_root() else { return };
+    let s = memif_port();
     let v = &s.v;
     let path = s.sock.as_path();
 
     // The checked stream c -> d, 1000 frames a second.
-    let d = s.sink("vale0:d", "02:00:00:00:e0:0d");
-    v.ctl_ok(&["create", "vale0:c"]);
-    let c = Kid::spawn(
-        v.pktgen(&[
-            "-i",
-            "vale0:c",
-            "-f",
-            "tx",
-            "-R",
-            "1000",
-            "-T",
-            "300",
-            "-D",
-            "02:00:00:00:e0:0d",
-            "--json",
-        ]),
-        "vale-pktgen tx c",
-    );
-    assert!(wait_until(T, || v.counters("vale0:d").rx_packets > 1));
+    let d = s.sink("vale0:d", NAMES.mac_d);
+    let c = s.c_to_d();
 
-    let bad0 = s.cnf().bad_input;
+    let bad0 = s.counters().bad_input;
     let refusals = std::cell::Cell::new(0u64);
     let refused_with = |what: &str, sock: &std::os::fd::OwnedFd, want: &str| {
         let r = refused(sock);
@@ -793,121 +534,85 @@ fn hostile_memif_client_beside_a_checked_stream() {
         }
         k
     };
-    let region = (ADD_REGION, region_body(0, SIZE as u64), Some(memfd));
+    let region = |index: u16, size: u64, fd: Option<i32>| -> Step {
+        (ADD_REGION, region_body(index, size), fd)
+    };
+    let ring = |c2s: bool, index: u16, region: u16, offset: u32, log2: u8, fd| -> Step {
+        (ADD_RING, ring_body(c2s, index, region, offset, log2), fd)
+    };
+    let (irq, connect_msg) = (Some(ev.as_raw_fd()), (CONNECT, vec![], None));
+    // The right first steps: the whole region, C2S ring 0.
+    let region0 = region(0, SIZE as u64, Some(memfd));
+    let c2s0 = ring(true, 0, 0, 0, LOG2, irq);
+    let past = SIZE as u32 - 64;
     let cases: Vec<(&str, Vec<Step>, &str)> = vec![
         (
             "region without fd",
-            vec![(ADD_REGION, region_body(0, 4096), None)],
+            vec![region(0, 4096, None)],
             "missing region fd",
         ),
         (
             "region 1 first",
-            vec![(ADD_REGION, region_body(1, 4096), Some(memfd))],
+            vec![region(1, 4096, Some(memfd))],
             "invalid region index 1",
         ),
         (
             "region past its file",
-            vec![(ADD_REGION, region_body(0, SIZE as u64 + 1), Some(memfd))],
+            vec![region(0, SIZE as u64 + 1, Some(memfd))],
             "in a file of",
         ),
         (
             "region of 1 TiB",
-            vec![(ADD_REGION, region_body(0, 1 << 40), Some(memfd))],
+            vec![region(0, 1 << 40, Some(memfd))],
             "region 0 of",
         ),
         (
             "region fd an eventfd",
-            vec![(ADD_REGION, region_body(0, 4096), Some(ev.as_raw_fd()))],
+            vec![region(0, 4096, irq)],
             "not a memory file",
         ),
         (
             "ring without fd",
-            vec![
-                region.clone(),
-                (ADD_RING, ring_body(true, 0, 0, 0, LOG2), None),
-            ],
+            vec![region0.clone(), ring(true, 0, 0, 0, LOG2, None)],
             "missing interrupt fd",
         ),
         (
             "ring 99",
-            vec![
-                region.clone(),
-                (
-                    ADD_RING,
-                    ring_body(true, 99, 0, 0, LOG2),
-                    Some(ev.as_raw_fd()),
-                ),
-            ],
+            vec![region0.clone(), ring(true, 99, 0, 0, LOG2, irq)],
             "invalid ring index C2S 99",
         ),
         (
             "ring in region 3",
-            vec![
-                region.clone(),
-                (
-                    ADD_RING,
-                    ring_body(true, 0, 3, 0, LOG2),
-                    Some(ev.as_raw_fd()),
-                ),
-            ],
+            vec![region0.clone(), ring(true, 0, 3, 0, LOG2, irq)],
             "region 3, which was not added",
         ),
         (
             "ring past the region",
-            vec![
-                region.clone(),
-                (
-                    ADD_RING,
-                    ring_body(false, 0, 0, SIZE as u32 - 64, LOG2),
-                    Some(ev.as_raw_fd()),
-                ),
-            ],
+            vec![region0.clone(), ring(false, 0, 0, past, LOG2, irq)],
             "ring S2C 0 at offset",
         ),
         (
             "ring of 2^20",
-            vec![
-                region.clone(),
-                (ADD_RING, ring_body(true, 0, 0, 0, 20), Some(ev.as_raw_fd())),
-            ],
+            vec![region0.clone(), ring(true, 0, 0, 0, 20, irq)],
             "2^20 descriptors",
         ),
         (
             "ring fd a memfd",
-            vec![
-                region.clone(),
-                (ADD_RING, ring_body(true, 0, 0, 0, LOG2), Some(memfd)),
-            ],
+            vec![region0.clone(), ring(true, 0, 0, 0, LOG2, Some(memfd))],
             "not an eventfd",
         ),
         (
             "no S2C ring",
-            vec![
-                region.clone(),
-                (
-                    ADD_RING,
-                    ring_body(true, 0, 0, 0, LOG2),
-                    Some(ev.as_raw_fd()),
-                ),
-                (CONNECT, vec![], None),
-            ],
+            vec![region0.clone(), c2s0.clone(), connect_msg.clone()],
             "S2C rings must be numbered from 0",
         ),
         (
             "ring without cookie",
             vec![
-                region.clone(),
-                (
-                    ADD_RING,
-                    ring_body(true, 0, 0, 0, LOG2),
-                    Some(ev.as_raw_fd()),
-                ),
-                (
-                    ADD_RING,
-                    ring_body(false, 0, 0, 2 * RING as u32, LOG2),
-                    Some(ev.as_raw_fd()),
-                ),
-                (CONNECT, vec![], None),
+                region0,
+                c2s0,
+                ring(false, 0, 0, 2 * RING as u32, LOG2, irq),
+                connect_msg,
             ],
             "no memif cookie",
         ),
@@ -945,7 +650,7 @@ fn hostile_memif_client_beside_a_checked_stream() {
     wait_tx_drained(&b, 0);
     let mut k = connect(path).expect("a good client is served");
     assert!(wait_until(T, || s.state() == "up"));
-    let before = s.cnf();
+    let before = s.counters();
     // Good frames among bad descriptors: region 5, offset past the region, a length past
     // it, a runt, a chain that runs past the head.
     k.queue(&test_frame(60, mac_k, mac_b, 1));
@@ -959,12 +664,12 @@ fn hostile_memif_client_beside_a_checked_stream() {
     assert!(
         k.drained(),
         "valed did not take the C2S ring: {:?}",
-        s.cnf()
+        s.counters()
     );
     let got = recv_n(&b, 2);
     assert_eq!(got[0], test_frame(60, mac_k, mac_b, 1));
     assert_eq!(got[1], test_frame(1514, mac_k, mac_b, 2));
-    let after = s.cnf();
+    let after = s.counters();
     assert_eq!(after.bad_input - before.bad_input, 5, "{after:?}");
     assert_eq!(after.tx_packets - before.tx_packets, 2, "{after:?}");
     // Toward the client: frames from b, into the buffers it gives.
@@ -981,7 +686,7 @@ fn hostile_memif_client_beside_a_checked_stream() {
         }),
         "{} frames of 3 reached the client: {:?} {:?}\n{}",
         frames.len(),
-        s.cnf(),
+        s.counters(),
         v.counters("vale0:b"),
         v.log()
     );
@@ -1022,7 +727,7 @@ fn hostile_memif_client_beside_a_checked_stream() {
     s.wait_down("the client closed");
 
     // Every refusal was counted, once.
-    let c_bad = s.cnf().bad_input - bad0;
+    let c_bad = s.counters().bad_input - bad0;
     assert_eq!(
         c_bad,
         refusals.get() + 5,
@@ -1053,66 +758,8 @@ fn hostile_memif_client_beside_a_checked_stream() {
     assert_eq!(frames, vec![test_frame(64, mac_b, mac_k, 7)]);
     drop(k);
 
-    // The checked stream lost nothing; valed lives.
-    let cr = stop_pktgen(c, "vale-pktgen tx c");
-    let cc = v.counters("vale0:c");
-    assert_eq!(
-        (cc.tx_packets, cc.tx_drops),
-        (num(&cr, "packets"), 0),
-        "{cr}"
-    );
-    let mut dc = v.counters("vale0:d");
-    assert!(wait_until(T, || {
-        dc = v.counters("vale0:d");
-        dc.rx_packets + dc.rx_drops >= cc.tx_packets
-    }));
-    assert_eq!(dc.rx_drops, 0, "the other pair lost frames: {dc:?}");
-    assert!(dc.rx_packets >= cc.tx_packets, "{dc:?} {cc:?}");
-    drop(stop_pktgen(d, "vale-pktgen rx d"));
-    let mut v = s.v;
-    assert!(v.alive(), "valed died; its log:\n{}", v.log());
-}
-
-#[test]
-fn testpmd_memif_client_two_queue_pairs() {
-    both_ways(2);
-}
-
-/// A txonly testpmd killed (SIGKILL) while it sends; a new one on the same socket is served
-/// and accounted for like the first; valed lives on.
-#[test]
-fn testpmd_memif_client_killed_then_replaced() {
-    if let Some(why) = skip() {
-        eprintln!("skipped: {why}");
-        return;
-    }
-    let _serial = serial();
-    let s = Setup::new();
-    let v = &s.v;
-    let b = s.sink("vale0:b", MAC_B);
-    let mut tp = s.txonly_to_b(1);
-    tp.command("start");
-    let at = s.cnf().tx_packets;
-    assert!(
-        wait_until_every(SLOW, Duration::from_millis(20), || s.cnf().tx_packets
-            > at + FROM_TESTPMD),
-        "testpmd did not start again: {}",
-        tp.output()
-    );
-    tp.kill();
-    s.wait_down("testpmd was killed");
-    s.wait_landed_at_b((PortCounters::default(), PortCounters::default()));
-    let tp = s.txonly_to_b(1);
-    tp.quit(Instant::now() + SLOW);
-    s.wait_down("testpmd quit");
-    assert_eq!(s.cnf().bad_input, 0, "{:?}", s.cnf());
-    let bc = v.counters("vale0:b");
-    let br = stop_pktgen(b, "vale-pktgen rx b");
-    assert_eq!(
-        (num(&br, "packets"), num(&br, "drops")),
-        (bc.rx_packets, bc.rx_drops),
-        "{br}"
-    );
+    // The checked stream lost nothing (d took every frame c sent, none dropped); valed lives.
+    s.c_to_d_lost_nothing(c, d, None);
     let mut v = s.v;
     assert!(v.alive(), "valed died; its log:\n{}", v.log());
 }
@@ -1135,12 +782,8 @@ fn idle_interrupt_mode_client_costs_valed_nothing() {
     use client::*;
     use std::os::fd::AsRawFd;
     use std::sync::atomic::Ordering::*;
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: vale host ports need root");
-        return;
-    }
-    let _serial = serial();
-    let s = Setup::new();
+    let Some(_serial) = as_root() else { return };
+    let s = memif_port();
     let v = &s.v;
     let b = v.open("vale0:b");
     let mac_b = [2, 0, 0, 0, 0xe0, 0x0b];
@@ -1195,11 +838,7 @@ fn idle_interrupt_mode_client_costs_valed_nothing() {
 /// restart: a client asking for that id is, one asking for another is refused.
 #[test]
 fn a_memif_port_is_saved_and_served_again_after_a_restart() {
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipped: vale host ports need root");
-        return;
-    }
-    let _serial = serial();
+    let Some(_serial) = as_root() else { return };
     let cfg_dir = TempDir::new("memif-cfg");
     let cfg = cfg_dir.0.join("valed.toml");
     let cfg_s = cfg.to_str().unwrap();

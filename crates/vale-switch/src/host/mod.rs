@@ -567,6 +567,21 @@ impl Driver for Generic {
     }
 }
 
+/// How long (ms) a host port's thread may sleep in `epoll_wait` once it has asked for
+/// interrupts: not at all when `now` (work is waiting, or it still spins); with an interrupt
+/// deferred by moderation (`due`, in ns from now), until it is due (1 ms to 1 s); while
+/// `blocked` (a frame the device had no room for waits in the ring), 1 ms, to try again; else
+/// 1 s, to look at the port's state.
+fn sleep_ms(now: bool, blocked: bool, due: Option<u64>) -> i32 {
+    if now {
+        0
+    } else if blocked || due.is_some() {
+        due.map_or(1, |ns| (ns / 1_000_000).clamp(1, 1000) as i32)
+    } else {
+        1000
+    }
+}
+
 impl HostLoop {
     fn run(&mut self) {
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 8];
@@ -601,13 +616,7 @@ impl HostLoop {
             // Nothing moved: ask for an interrupt, then look once more before sleeping.
             self.steps.want_irq(true);
             let pending = self.steps.rx_pending();
-            let timeout_ms = if pending && !self.blocked {
-                0
-            } else if self.blocked || due.is_some() {
-                due.map_or(1, |ns| (ns / 1_000_000).clamp(1, 1000) as i32)
-            } else {
-                1000
-            };
+            let timeout_ms = sleep_ms(pending && !self.blocked, self.blocked, due);
             let n = epoll::wait(&self.epoll, &mut events, timeout_ms).len();
             self.steps.want_irq(false);
             woke_at = Instant::now();

@@ -293,13 +293,7 @@ impl Server {
                     .live
                     .as_ref()
                     .is_some_and(|l| l.c2s.iter().any(Ring::pending));
-            let timeout = if pending || spinning {
-                0
-            } else if blocked || due.is_some() {
-                due.map_or(1, |ns| (ns / 1_000_000).clamp(1, 1000) as i32)
-            } else {
-                1000
-            };
+            let timeout = super::sleep_ms(pending || spinning, blocked, due);
             let n = epoll::wait(&self.ep, &mut events, timeout).len();
             self.steps.want_irq(false);
             last_control = Instant::now();

@@ -161,22 +161,12 @@ impl DirectSink for Sink {
             let put = held
                 .ring(q)
                 .put(&shared.regions, len, f.iov[1..].iter().map(piece));
-            match put {
-                Ok(true) => {
-                    d.frames += 1;
-                    d.bytes += len;
-                }
-                Ok(false) => {
-                    frames.put_back();
-                    d.declined = true;
-                    break;
-                }
-                Err(Put::TooLong) => d.dropped += 1,
-                Err(Put::Broken(e)) => {
-                    // Counted once, as the connection ends (see `Sink::broken`).
-                    d.dropped += 1;
-                    broken = Some(format!("S2C ring {q}: {e}"));
-                }
+            if !d.count(frames, len, &put) {
+                break;
+            }
+            if let Err(Put::Broken(e)) = put {
+                // Counted once, as the connection ends (see `Sink::broken`).
+                broken = Some(format!("S2C ring {q}: {e}"));
             }
         }
         let want = held.publish();

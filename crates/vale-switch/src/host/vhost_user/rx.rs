@@ -327,17 +327,8 @@ impl Net {
                         out.send(&pieces, f.offload)
                     }
                 };
-                match sent {
-                    Ok(true) => {
-                        d.frames += 1;
-                        d.bytes += len;
-                    }
-                    Ok(false) => {
-                        frames.put_back();
-                        d.declined = true;
-                        break;
-                    }
-                    Err(_) => d.dropped += 1,
+                if !d.count(frames, len, &sent) {
+                    break;
                 }
             }
             out.scratch.pieces = crate::forward::recycle(pieces);
