@@ -475,6 +475,10 @@ class Testpmd:
         on_exit(lambda: shutil.rmtree(f"/var/run/dpdk/{self.prefix}", ignore_errors=True))
         cmd = ["stdbuf", "-oL", exe, "--lcores", f"0@({main_cpus or cpus}),1@({cpus})", "--main-lcore", "0",
                "--no-huge", "-m", "512", "--no-pci", "--single-file-segments", "--log-level=lib.eal:error",
+               # The vhost library's INFO lines (a front end connecting) land amid the prompt
+               # and the echo of a command, which then cannot be found (seen: `clea` VHOST_CONFIG
+               # ... `r fwd stats`): only its warnings and errors.
+               "--log-level=lib.vhost.config:warning",
                "--file-prefix", self.prefix, *eal]
         for v in vdevs:
             cmd += ["--vdev", v]
