@@ -312,6 +312,32 @@ fn empty_msg() -> libc::mmsghdr {
     unsafe { std::mem::zeroed() }
 }
 
+/// One `recvmmsg` of `msgs` without waiting, again after a signal: how many arrived, 0 when
+/// nothing was there (the one path of both receive loops).
+fn recv_batch(sock: &OwnedFd, msgs: &mut [libc::mmsghdr]) -> io::Result<usize> {
+    loop {
+        // SAFETY: each of `msgs` is a complete message whose name, iovecs and control buffer
+        // (the callers set them) point at memory of the lengths given, live for the call.
+        let r = unsafe {
+            libc::recvmmsg(
+                sock.as_raw_fd(),
+                msgs.as_mut_ptr(),
+                msgs.len() as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::WouldBlock => return Ok(0),
+            io::ErrorKind::Interrupted => {}
+            _ => return Err(e),
+        }
+    }
+}
 fn iov(p: *const u8, len: usize) -> libc::iovec {
     libc::iovec {
         iov_base: p as *mut libc::c_void,
@@ -901,26 +927,9 @@ impl Path {
                 m.msg_hdr.msg_controllen = 0;
                 m.msg_hdr.msg_flags = 0;
             }
-            // SAFETY: `want` complete messages, each with an address buffer of its length and
-            // two iovecs: its header scratch and a free slot's buffer of `bsize` bytes.
-            let r = unsafe {
-                libc::recvmmsg(
-                    sock.as_raw_fd(),
-                    self.rx_msgs.as_mut_ptr(),
-                    want as libc::c_uint,
-                    libc::MSG_DONTWAIT,
-                    std::ptr::null_mut(),
-                )
-            };
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                match e.kind() {
-                    io::ErrorKind::WouldBlock => break,
-                    io::ErrorKind::Interrupted => continue,
-                    _ => return Err(e),
-                }
-            }
-            let got = r as usize;
+            // Each of the `want` messages has an address buffer of its length and two iovecs:
+            // its header scratch and a free slot's buffer of `bsize` bytes.
+            let got = recv_batch(sock, &mut self.rx_msgs[..want])?;
             let mut committed = 0;
             for k in 0..got {
                 match self.check(k) {
@@ -979,26 +988,13 @@ impl Path {
                     m.msg_hdr.msg_controllen = Cmsg::SPACE;
                     m.msg_hdr.msg_flags = 0;
                 }
-                // SAFETY: GRO_BATCH complete messages, each with an address buffer, a control
-                // buffer of the length given, and one iovec onto its GRO_BUF bytes of scratch.
-                let r = unsafe {
-                    libc::recvmmsg(
-                        sock.as_raw_fd(),
-                        g.msgs.as_mut_ptr(),
-                        GRO_BATCH as libc::c_uint,
-                        libc::MSG_DONTWAIT,
-                        std::ptr::null_mut(),
-                    )
+                // Each of the GRO_BATCH messages has an address buffer, a control buffer of the
+                // length given, and one iovec onto its GRO_BUF bytes of scratch.
+                let r = match recv_batch(sock, &mut g.msgs[..GRO_BATCH]) {
+                    Ok(r) => r,
+                    Err(e) => break Err(e),
                 };
-                if r < 0 {
-                    let e = io::Error::last_os_error();
-                    match e.kind() {
-                        io::ErrorKind::WouldBlock => break Ok(()),
-                        io::ErrorKind::Interrupted => continue,
-                        _ => break Err(e),
-                    }
-                }
-                (g.got, g.next, g.at) = (r as usize, 0, 0);
+                (g.got, g.next, g.at) = (r, 0, 0);
                 if r == 0 {
                     break Ok(());
                 }
