@@ -63,14 +63,27 @@ class Namespaces:
         self.names = []
 
 
-def iperf3(client_ns, server_ns, addr, seconds):
+def iperf3(client_ns, server_ns, addr, seconds, cpu=False):
     """Bits per second the receiver saw, one TCP stream for `seconds` (whole seconds, at least 1:
-    iperf3 takes no fractions)."""
+    iperf3 takes no fractions). With `cpu`: (bits per second, CPU seconds): what iperf3's client
+    and server used, as iperf3 reports it, plus the kernel's softirq threads meanwhile (on a
+    local path the kernel's work runs in their system calls or in those threads)."""
     sh(["ip", "netns", "exec", server_ns, "iperf3", "-s", "-1", "-D", "-p", "5201"])
     time.sleep(0.3)
-    out = sh(["ip", "netns", "exec", client_ns, "iperf3", "-c", addr, "-p", "5201", "-t", str(max(1, round(seconds))), "-J"],
-             timeout=seconds + 30)
-    return json.loads(out)["end"]["sum_received"]["bits_per_second"]
+    soft = softirq_seconds()
+    out = json.loads(sh(["ip", "netns", "exec", client_ns, "iperf3", "-c", addr, "-p", "5201", "-t",
+                         str(max(1, round(seconds))), "-J"], timeout=seconds + 30))["end"]
+    bps = out["sum_received"]["bits_per_second"]
+    if not cpu:
+        return bps
+    u = out["cpu_utilization_percent"]
+    secs = out["sum_received"]["seconds"]
+    return bps, (u["host_total"] + u["remote_total"]) / 100 * secs + softirq_seconds() - soft
+
+
+def softirq_seconds():
+    """CPU seconds of the kernel's ksoftirqd threads so far."""
+    return sum(common.cpu_seconds(int(p)) for p in sh(["pgrep", "-x", "ksoftirqd/.*"]).split())
 
 
 def tcp_vale(args):

@@ -45,6 +45,12 @@ def counters(line):
     return out
 
 
+def split(runs, seconds):
+    """Summaries of the runs' bits per second and of their CPU seconds per GB carried."""
+    return (summary([bps for bps, _ in runs]),
+            summary([cpu / (bps / 8 * max(1, round(seconds)) / 1e9) for bps, cpu in runs]))
+
+
 def vale_runs(a):
     ns = host_ports.Namespaces("vt-tcp")
     home = ns.add("home")
@@ -66,8 +72,12 @@ def vale_runs(a):
     sh(["ip", "netns", "exec", hosts[0], "ping", "-c", "2", "-i", "0.2", "-W", "2", ADDR[1]])
     out = {}
     for name, (c, s) in (("0to1", (0, 1)), ("1to0", (1, 0))):
-        runs = [host_ports.iperf3(hosts[c], hosts[s], ADDR[s], a.seconds) for _ in range(a.runs)]
-        out[name] = summary(runs)
+        runs = []
+        for _ in range(a.runs):
+            c0 = common.cpu_seconds(v.pid)
+            bps, cpu = host_ports.iperf3(hosts[c], hosts[s], ADDR[s], a.seconds, cpu=True)
+            runs.append((bps, cpu + common.cpu_seconds(v.pid) - c0))
+        out[name], out[name + "_cpu"] = split(runs, a.seconds)
     # valed shows the counters about once a second.
     common.time.sleep(1.5)
     ports = v.ports()
@@ -85,9 +95,14 @@ def linux_runs(a):
     lx.x("tx", "ping", "-c", "2", "-i", "0.2", "-W", "2", rx_ip)
     out = {}
     for name, (c, s, addr) in (("0to1", ("tx", "rx", rx_ip)), ("1to0", ("rx", "tx", tx_ip))):
-        out[name] = summary([host_ports.iperf3(lx.ns[c], lx.ns[s], addr, a.seconds) for _ in range(a.runs)])
+        runs = [host_ports.iperf3(lx.ns[c], lx.ns[s], addr, a.seconds, cpu=True) for _ in range(a.runs)]
+        out[name], out[name + "_cpu"] = split(runs, a.seconds)
     lx.close()
     return out
+
+
+def cpu_per_gb(s):
+    return f"{s['median']:.3f} ({s['min']:.3f}-{s['max']:.3f})" if s else "-"
 
 
 def main():
@@ -100,17 +115,21 @@ def main():
     linux = None if a.no_peers else linux_runs(a)
     rows = []
     for d in ("0to1", "1to0"):
-        row = [d, host_ports.gbps(vale[d])]
+        row = [d, host_ports.gbps(vale[d]), cpu_per_gb(vale[d + "_cpu"])]
         if linux:
-            row += [host_ports.gbps(linux[d]), common.fmt_ratio(common.ratio(vale[d], linux[d]))]
+            row += [host_ports.gbps(linux[d]), cpu_per_gb(linux[d + "_cpu"]),
+                    common.fmt_ratio(common.ratio(vale[d], linux[d])),
+                    common.fmt_ratio(common.ratio(linux[d + "_cpu"], vale[d + "_cpu"]))]
         rows.append(row)
     print(f"TCP across a VXLAN tunnel, iperf3 one stream, {a.runs} runs of {a.seconds:g} s each way, "
           f"{common.describe()}; valed from {common.BIN}{', UDP_GRO off' if a.no_gro else ''}")
-    heads = ["direction", "vale Gbit/s"] + ([] if a.no_peers else ["Linux vxlan Gbit/s", "vale / Linux"])
+    heads = ["direction", "vale Gbit/s", "vale CPU s/GB"] + (
+        [] if a.no_peers else ["Linux vxlan Gbit/s", "Linux CPU s/GB", "vale / Linux", "Linux / vale CPU"])
     common.table(heads, rows)
     for p, c in vale["counters"].items():
         print(f"{p}: " + " ".join(f"{k} {'-' if v is None else v}" for k, v in c.items()))
-    results = [{"direction": d, "vale_bps": vale[d], **({"linux_bps": linux[d]} if linux else {})}
+    results = [{"direction": d, "vale_bps": vale[d], "vale_cpu_s_per_gb": vale[d + "_cpu"],
+                **({"linux_bps": linux[d], "linux_cpu_s_per_gb": linux[d + "_cpu"]} if linux else {})}
                for d in ("0to1", "1to0")]
     common.write_report(a.out, "tunnel_tcp", a, {"name": "unpinned"}, results,
                         counters=vale["counters"], bin_dir=common.BIN, gro=not a.no_gro)

@@ -338,6 +338,45 @@ fn recv_batch(sock: &OwnedFd, msgs: &mut [libc::mmsghdr]) -> io::Result<usize> {
         }
     }
 }
+/// What one [`send_step`] did with the messages it was given.
+enum Sent {
+    /// The first so many went out.
+    Out(usize),
+    /// The socket's buffer is full: none went out, nor will the rest of the batch now.
+    Full,
+    /// The kernel refused the first with this error (too big for the path, a `UDP_SEGMENT`
+    /// it cannot do, ...); the ones after it may go.
+    Refused(io::Error),
+}
+
+/// One `sendmmsg` of `msgs` without waiting, again after a signal (the one system call of
+/// every send loop: the ring path's, its one-datagram-a-segment fallback, the direct path's).
+/// Each caller loops over its batch with it, counting as its messages need.
+fn send_step(sock: &OwnedFd, msgs: &mut [libc::mmsghdr]) -> Sent {
+    loop {
+        // SAFETY: each of `msgs` is a complete message whose address, iovecs and control
+        // message (the callers set them) point at memory of the lengths given, live for the
+        // call.
+        let r = unsafe {
+            libc::sendmmsg(
+                sock.as_raw_fd(),
+                msgs.as_mut_ptr(),
+                msgs.len() as libc::c_uint,
+                libc::MSG_DONTWAIT,
+            )
+        };
+        if r > 0 {
+            return Sent::Out(r as usize);
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => {}
+            Some(libc::EAGAIN) | Some(libc::ENOBUFS) => return Sent::Full,
+            _ => return Sent::Refused(e),
+        }
+    }
+}
+
 fn iov(p: *const u8, len: usize) -> libc::iovec {
     libc::iovec {
         iov_base: p as *mut libc::c_void,
@@ -725,53 +764,38 @@ impl Path {
         let mut calls = 0;
         while i < n && calls < 2 * TX_BATCH {
             calls += 1;
-            // SAFETY: messages i..n are complete; each points at a live address, its iovecs,
-            // its control message if any, and the header, arena or frame pieces that stay put
-            // until this returns.
-            let r = unsafe {
-                libc::sendmmsg(
-                    sock.as_raw_fd(),
-                    self.tx_msgs[i..].as_mut_ptr(),
-                    (n - i) as libc::c_uint,
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            if r > 0 {
-                for k in i..i + r as usize {
-                    let segs = self.tx_segs[k] as u64;
-                    let c = &mut self.remotes[self.tx_remote[k] as usize].counters;
-                    c.tx_frames += segs;
-                    c.tx_bytes += self.tx_len[k] as u64;
-                    if self.tx_gso[k] != 0 {
-                        self.counters.gso_sends += 1;
-                        self.counters.gso_segments += segs;
+            match send_step(sock, &mut self.tx_msgs[i..n]) {
+                Sent::Out(r) => {
+                    for k in i..i + r {
+                        let segs = self.tx_segs[k] as u64;
+                        let c = &mut self.remotes[self.tx_remote[k] as usize].counters;
+                        c.tx_frames += segs;
+                        c.tx_bytes += self.tx_len[k] as u64;
+                        if self.tx_gso[k] != 0 {
+                            self.counters.gso_sends += 1;
+                            self.counters.gso_segments += segs;
+                        }
                     }
+                    i += r;
                 }
-                i += r as usize;
-                continue;
-            }
-            let err = io::Error::last_os_error();
-            let e = err.raw_os_error().unwrap_or(0);
-            match e {
-                libc::EINTR => continue,
-                libc::EAGAIN | libc::ENOBUFS => {
-                    // The socket's buffer is full: the rest of the batch is lost, counted.
+                Sent::Full => {
+                    // The rest of the batch is lost, counted.
                     for k in i..n {
                         self.remotes[self.tx_remote[k] as usize].counters.drops +=
                             self.tx_segs[k] as u64;
                     }
                     break;
                 }
-                _ if self.tx_gso[i] != 0 && gso::refuses_gso(&err) => {
+                Sent::Refused(err) if self.tx_gso[i] != 0 && gso::refuses_gso(&err) => {
                     self.resend_segments(sock, i, &err);
                     i += 1;
                 }
-                _ => {
-                    if e == libc::EMSGSIZE {
-                        self.counters.too_big += 1;
+                Sent::Refused(err) => {
+                    let segs = self.tx_segs[i] as u64;
+                    if err.raw_os_error() == Some(libc::EMSGSIZE) {
+                        self.counters.too_big += segs;
                     }
-                    self.remotes[self.tx_remote[i] as usize].counters.drops +=
-                        self.tx_segs[i] as u64;
+                    self.remotes[self.tx_remote[i] as usize].counters.drops += segs;
                     i += 1;
                 }
             }
@@ -801,35 +825,24 @@ impl Path {
             n += 1;
         }
         let remote = self.tx_remote[i] as usize;
-        let (mut j, mut too_big) = (0, false);
-        while j < n {
-            // SAFETY: messages j..n each point at the remote's address and one iovec into
-            // the arena.
-            let r = unsafe {
-                libc::sendmmsg(
-                    sock.as_raw_fd(),
-                    self.fb_msgs[j..].as_mut_ptr(),
-                    (n - j) as libc::c_uint,
-                    libc::MSG_DONTWAIT,
-                )
-            };
+        let (mut j, mut calls, mut too_big) = (0, 0, false);
+        while j < n && calls < 2 * MAX_GSO_SEGMENTS {
+            calls += 1;
             let c = &mut self.remotes[remote].counters;
-            if r > 0 {
-                for k in j..j + r as usize {
-                    c.tx_frames += 1;
-                    c.tx_bytes += (self.fb_iov[k].iov_len - HDR_LEN) as u64;
+            match send_step(sock, &mut self.fb_msgs[j..n]) {
+                Sent::Out(r) => {
+                    for k in j..j + r {
+                        c.tx_frames += 1;
+                        c.tx_bytes += (self.fb_iov[k].iov_len - HDR_LEN) as u64;
+                    }
+                    j += r;
                 }
-                j += r as usize;
-                continue;
-            }
-            match io::Error::last_os_error().raw_os_error() {
-                Some(libc::EINTR) => continue,
-                Some(libc::EAGAIN) | Some(libc::ENOBUFS) => {
+                Sent::Full => {
                     c.drops += (n - j) as u64;
                     break;
                 }
-                e => {
-                    if e == Some(libc::EMSGSIZE) {
+                Sent::Refused(e) => {
+                    if e.raw_os_error() == Some(libc::EMSGSIZE) {
                         too_big = true;
                         self.counters.too_big += 1;
                     }

@@ -37,7 +37,7 @@ use std::sync::{Mutex, MutexGuard, TryLockError};
 use std::time::Instant;
 
 use super::super::wire::{HDR_LEN, MAX_UDP_PAYLOAD, MIN_INNER};
-use super::{errno, iov, mac, Path, IOV_PER};
+use super::{iov, mac, send_step, Path, Sent, IOV_PER};
 use crate::kind::{Delivered, DirectSink, OutFrames};
 use crate::lookup::{is_group, LearningBridge};
 
@@ -392,46 +392,32 @@ impl Batch {
         let mut calls = 0;
         while i < n && calls < 2 * MSGS {
             calls += 1;
-            // SAFETY: messages i..n are complete; each points at a live address (the locked
-            // Path's), its iovecs and control message, and the header, staged bytes or frame
-            // pieces that stay put until this returns.
-            let r = unsafe {
-                libc::sendmmsg(
-                    sock.as_raw_fd(),
-                    self.msgs[i..].as_mut_ptr(),
-                    (n - i) as libc::c_uint,
-                    libc::MSG_DONTWAIT,
-                )
-            };
-            if r > 0 {
-                for k in i..i + r as usize {
-                    let c = &mut path.remotes[self.remote[k] as usize].counters;
-                    c.tx_frames += self.frames[k] as u64;
-                    c.tx_bytes += self.bytes[k] as u64;
+            match send_step(sock, &mut self.msgs[i..n]) {
+                Sent::Out(r) => {
+                    for k in i..i + r {
+                        let c = &mut path.remotes[self.remote[k] as usize].counters;
+                        c.tx_frames += self.frames[k] as u64;
+                        c.tx_bytes += self.bytes[k] as u64;
+                    }
+                    i += r;
                 }
-                i += r as usize;
-                continue;
-            }
-            let e = io::Error::last_os_error().raw_os_error().unwrap_or(0);
-            match e {
-                libc::EINTR => continue,
-                libc::EAGAIN | libc::ENOBUFS => {
-                    // The socket's buffer is full: the rest of the batch is lost, counted.
+                Sent::Full => {
+                    // The rest of the batch is lost, counted.
                     for k in i..n {
                         path.remotes[self.remote[k] as usize].counters.drops +=
                             self.frames[k] as u64;
                     }
                     break;
                 }
-                _ => {
-                    if e == libc::EMSGSIZE {
+                Sent::Refused(err) => {
+                    if err.raw_os_error() == Some(libc::EMSGSIZE) {
                         path.counters.too_big += self.frames[i] as u64;
-                    } else if self.frames[i] > 1 && refuses_gso(&errno(e)) {
+                    } else if self.frames[i] > 1 && refuses_gso(&err) {
                         // This kernel or socket takes no UDP_SEGMENT: one datagram a frame
-                        // from now on.
+                        // from now on (this message's frames are lost: their iovecs are the
+                        // senders' pieces, not one buffer to cut again).
                         tracing::warn!(
-                            "tunnel: UDP_SEGMENT refused ({}), sending datagrams one by one",
-                            errno(e)
+                            "tunnel: UDP_SEGMENT refused ({err}), sending datagrams one by one"
                         );
                         self.gso = false;
                     }
