@@ -3,8 +3,10 @@
 //! the test's own (`vale_tests::libvirt`), in both socket roles (valed listening, QEMU
 //! connecting; QEMU listening with `mode='server'`, valed connecting with `--client`). The
 //! guest pings a namespace behind a TAP port of the same switch and is pinged from it, comes
-//! up with the MTU and queue pairs the domain asks for, is destroyed (the port stays, down)
-//! and started again on the same socket, and passes traffic again.
+//! up with the MTU and queue pairs the domain asks for, passes traffic again after valed is
+//! stopped and started (its ports restored from its configuration: QEMU connects again as
+//! `<reconnect>` says, or valed connects to QEMU), is destroyed (the port stays, down) and
+//! started again on the same socket, and passes traffic again.
 //!
 //! Needs root, iproute2, QEMU, a kernel and busybox (as tests/guest.rs) and libvirt
 //! (libvirt-daemon-system, libvirt-clients); skipped, saying why, where they are missing
@@ -90,9 +92,35 @@ fn domain(server: bool, g: &Guest, sock: &Path) -> String {
     put(&xml, "/run/vale/vm1.sock", sock)
 }
 
+/// The guest pings the namespace and is pinged back (`round`, `v`: for the messages), trying
+/// again for a while as links come back.
+fn ping_both_ways(g: &mut Guest, ns: &Netns, v: &Valed, round: &str) {
+    let limit = Duration::from_secs(20);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = g.run(&format!("ping -c 3 -i 0.2 -W 5 {PEER_IP}"), limit);
+        if out.output.contains("3 packets received") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{round}: guest -> namespace: {}\nvaled's log:\n{}",
+            out.output,
+            v.log()
+        );
+    }
+    let out = ns.run(&format!("ping -c 3 -i 0.2 -W 5 {GUEST_IP}"), limit);
+    assert!(
+        out.status.success(),
+        "{round}: namespace -> guest: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
 /// A switch with the namespace behind a TAP port and the guest's vhost-user port (`--client`
-/// when QEMU listens); libvirt starts the domain, the guest pings the namespace and back,
-/// shows the domain's MTU, is destroyed, and is started again on the same socket.
+/// when QEMU listens), saved in valed's configuration; libvirt starts the domain, the guest
+/// pings the namespace and back, shows the domain's MTU; valed is stopped and started again
+/// and the guest pings again; the guest is destroyed and started again on the same socket.
 fn boots_pings_and_boots_again(server: bool) {
     if let Some(why) = guest::skip_reason().or_else(libvirt::skip_reason) {
         eprintln!("skipped: {why}");
@@ -100,7 +128,10 @@ fn boots_pings_and_boots_again(server: bool) {
     }
     let t0 = Instant::now();
     let home = Netns::new("h");
-    let v = Valed::start_in(&home, &[]);
+    let cfg_dir = TempDir::new("libvirt-cfg");
+    let cfg = cfg_dir.0.join("valed.toml");
+    let config = ["--config", cfg.to_str().expect("path")];
+    let mut v = Valed::start_in(&home, &config);
     let tap = unique("vtap");
     v.ctl_ok(&["attach", "vale0:c", "--tap", &tap]);
     // QEMU's socket, when it listens, is in a directory of the test's; valed's in its run
@@ -117,8 +148,10 @@ fn boots_pings_and_boots_again(server: bool) {
         attach.push("--client");
     }
     v.ctl_ok(&attach);
+    v.ctl_ok(&["save"]);
     let ns = Netns::new("c");
-    ns.adopt(Some(&home), &tap, &[&format!("{PEER_IP}/24")]);
+    let peer = format!("{PEER_IP}/24");
+    ns.adopt(Some(&home), &tap, &[&peer]);
 
     let lv = Libvirtd::start();
     let mut g = Guest::external(NAME);
@@ -132,19 +165,7 @@ fn boots_pings_and_boots_again(server: bool) {
         lv.virsh_ok(&["start", NAME]);
         boots.push(g.wait_ready());
 
-        let out = g.run(&format!("ping -c 3 -i 0.2 -W 5 {PEER_IP}"), limit);
-        assert!(
-            out.output.contains("3 packets received"),
-            "round {round}: guest -> namespace: {}\nvaled's log:\n{}",
-            out.output,
-            v.log()
-        );
-        let out = ns.run(&format!("ping -c 3 -i 0.2 -W 5 {GUEST_IP}"), limit);
-        assert!(
-            out.status.success(),
-            "round {round}: namespace -> guest: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        ping_both_ways(&mut g, &ns, &v, &format!("round {round}"));
         // The domain's MTU and queues reached valed and the guest.
         let p = v.port(port).expect("the guest's port");
         let negotiated = p.negotiated.unwrap_or_default();
@@ -154,6 +175,24 @@ fn boots_pings_and_boots_again(server: bool) {
             "round {round}: {port} negotiated {negotiated:?}"
         );
         assert_eq!(g.ok("cat /sys/class/net/eth0/mtu", limit).trim(), "9000");
+
+        if round == 0 {
+            // valed stopped and started under the running guest: its ports come back from
+            // the configuration (the TAP device anew, in valed's namespace), the guest's
+            // socket is served again and QEMU connects again (`<reconnect>`), or valed
+            // connects to QEMU's socket.
+            v.restart_in(&home, &config);
+            assert!(
+                wait_until(Duration::from_secs(30), || v
+                    .port(port)
+                    .is_some_and(|p| p.state == "up")),
+                "{port} is not up again after valed restarted: {:?}\nvaled's log:\n{}",
+                v.port(port),
+                v.log()
+            );
+            ns.adopt(Some(&home), &tap, &[&peer]);
+            ping_both_ways(&mut g, &ns, &v, "after valed restarted");
+        }
 
         lv.virsh_ok(&["destroy", NAME]);
         // The port stays, without its front end, for the next QEMU on the socket.

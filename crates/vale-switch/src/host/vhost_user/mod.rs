@@ -142,8 +142,9 @@ PATH must be free or hold a stale socket (one nobody listens at), which valed re
 anything else there (a file, a directory, a socket in use) is refused and left as it is, and \
 detach, and valed stopping on SIGTERM or SIGINT, remove PATH only while it is still valed's \
 socket. With --client valed connects to a \
-front end listening there instead (QEMU 'server=on,wait=off'), again after each \
-disconnection, and makes or removes nothing at PATH. The guest's RAM must be shared memory \
+front end listening there instead (QEMU 'server=on,wait=off'), a second after the attach \
+and a second after each disconnection (so that the front end has let the last connection go), \
+and makes or removes nothing at PATH. The guest's RAM must be shared memory \
 ('-object memory-backend-memfd,...,share=on'). The port is down while no front end is connected. \
 The port offers --queues queue pairs (QEMU '-netdev vhost-user,queues=N' with \
 '-device virtio-net-pci,mq=on', up to as many); each pair has a thread of its own in valed, \

@@ -36,6 +36,17 @@ impl Driver for Session {
     }
 }
 
+/// How long a port in client mode waits before it connects, at its start and after each
+/// connection: a QEMU that listens (`server=on`) and has just lost its previous back end
+/// (valed restarted under it, or this port's last connection ended) must have handled that
+/// loss before the new connection is in its queue. If it takes the new connection first, it
+/// starts the device on it and then stops it as it handles the old one's end (its stop waits
+/// for an idle moment of its main loop), and the guest stays without a link: seen with QEMU
+/// 7.2 under libvirt when valed was restarted and connected again within 25 ms
+/// (tests/libvirt.rs). A second is far more than QEMU's main loop takes and little beside a
+/// restart.
+pub(super) const CONNECT_SETTLE_MS: i32 = 1000;
+
 /// How long a detach waits for the library's threads to end.
 pub(super) const STOP_LIMIT_MS: i32 = 3000;
 
@@ -111,6 +122,9 @@ impl Session {
             *lock(&net.0.handlers) = handlers.iter().map(Arc::downgrade).collect();
             drop(handlers);
             // A front end: accept one, or connect to it.
+            if self.listener.is_none() && wait_stop(&ep, CONNECT_SETTLE_MS, &state) {
+                return;
+            }
             let front = loop {
                 if state.stopping.load(Relaxed) {
                     return;
