@@ -714,7 +714,32 @@ fn fold(mut a: u64) -> u16 {
 /// with 0), folded, not complemented. Words are added in native order eight bytes at a time:
 /// the ones'-complement sum does not depend on byte order (RFC 1071 section 2(B)), so the
 /// folded result only needs its bytes read back as big-endian.
+///
+/// Where the CPU has AVX2, a buffer of [`WIDE_SUM_MIN`] bytes or more is summed by the same
+/// loop compiled for it (the compiler keeps four lanes of sums at once): 64 KiB at 86 GB/s
+/// against 34 GB/s with the baseline's SSE2, measured on the 2-vCPU AMD EPYC of
+/// docs/benchmarks.md. It is the TCP checksum of every segment a tunnel port sends or
+/// receives (a 64 KiB segment's twice over).
 pub(crate) fn sum(data: &[u8]) -> u16 {
+    #[cfg(target_arch = "x86_64")]
+    if data.len() >= WIDE_SUM_MIN && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { sum_avx2(data) };
+    }
+    sum_words(data)
+}
+
+/// Shorter buffers are summed without the feature check.
+const WIDE_SUM_MIN: usize = 256;
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn sum_avx2(data: &[u8]) -> u16 {
+    sum_words(data)
+}
+
+#[inline(always)]
+fn sum_words(data: &[u8]) -> u16 {
     // At most MAX_FRAME / 8 additions of two u32s: no overflow of the u64.
     let mut acc = 0u64;
     let mut words = data.chunks_exact(8);

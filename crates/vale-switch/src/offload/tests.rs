@@ -396,13 +396,17 @@ fn word_and_virtio_round_trip() {
 
 #[test]
 fn offload_sum_matches_plain_byte_pair_sum() {
-    // The word-at-a-time sum against the verifier's, at every length and alignment.
-    let data: Vec<u8> = (0..300).map(|i| payload_byte(i * 13 + 5)).collect();
+    // The word-at-a-time sum against the verifier's, at every length and alignment, below
+    // and above the length from which it is summed with AVX2 where the CPU has it.
+    let data: Vec<u8> = (0..1100).map(|i| payload_byte(i * 13 + 5)).collect();
     for start in 0..9 {
         for end in start..data.len() {
             assert_eq!(sum(&data[start..end]), fold16(ones(&data[start..end], 0)));
         }
     }
+    // All ones at the longest frame: the sums that could overflow.
+    let full = vec![0xffu8; 65535];
+    assert_eq!(sum(&full), fold16(ones(&full, 0)));
 }
 
 #[test]
