@@ -418,11 +418,7 @@ impl Net {
                 let moved_in;
                 (moved_in, tx_stuck) = self.guest_tx(p, &mut steps, tx, &mem, &acked);
                 let mut moved_out = 0;
-                // An empty rx ring is not looked at through the guest's queue (its lock, the
-                // rings' places in guest memory, the pass): two loads instead, on every pass of
-                // a sending guest's worker. What the switch delivers after this look raises the
-                // ring's interrupt line, as after a pass.
-                if let Some(rx) = rx.filter(|_| rx_blocked || steps.rx_pending()) {
+                if let Some(rx) = rx {
                     (moved_out, rx_blocked) = self.guest_rx(&mut steps, rx, &mem, &acked);
                 }
                 if moved_in + moved_out != 0 {
