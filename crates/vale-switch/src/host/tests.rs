@@ -982,6 +982,64 @@ fn vhost_user_guest_interrupts_are_moderated() {
     engine.detach("vale0:peer", &Caller::valed()).unwrap();
 }
 
+/// A guest that polls its queues gets no interrupt: valed writes a queue's call eventfd only
+/// when the guest asks for one (the avail ring's NO_INTERRUPT flag clear; with the event
+/// index, the used index passing the guest's used event), as DPDK's virtio PMD, which polls,
+/// relies on. Frames cross both ways without one; asked again, the guest is interrupted.
+#[test]
+fn vhost_user_a_polling_guest_is_not_interrupted() {
+    for (tag, refuse) in [("poll-flags", F_EVENT_IDX), ("poll-event", 0)] {
+        let (engine, g, wire, ready) = guest_and_peer(tag, refuse);
+        let event_idx = refuse == 0;
+        // The used event sits after the avail ring's entries.
+        let used_event = |q: u64| hg_avail(q) + 4 + 2 * HG_QSZ as u64;
+        for q in [RXQ, TXQ] {
+            if event_idx {
+                // Half the index space away: the used index does not pass it in this test.
+                g.put(used_event(q), &0x8000u16.to_le_bytes());
+            } else {
+                g.put(hg_avail(q), &1u16.to_le_bytes());
+            }
+        }
+        for i in 0..40u16 {
+            g.set_desc(RXQ, i, 0x30000 + 0x800 * i as u64, 2048, 2, 0);
+            g.offer(RXQ, i, i);
+        }
+        g.kick(RXQ);
+        wait_for("the port up", || vm_port(&engine).state == "up");
+        for c in &g.calls {
+            let _ = c.read();
+        }
+
+        let to_guest: Vec<Vec<u8>> = (0..20).map(|i| frame(0x8, [0xff; 6], i, 60)).collect();
+        wire.offer(&to_guest, &ready);
+        wait_for("frames in the guest", || g.u16_at(hg_used(RXQ) + 2) == 20);
+        let from_guest: Vec<Vec<u8>> = (0..8).map(|i| frame(0x7, [0xff; 6], i, 60)).collect();
+        g.transmit(TXQ, 0, &from_guest);
+        wait_for("the guest's frames sent", || {
+            g.u16_at(hg_used(TXQ) + 2) == 8 && wire.from_switch.lock().unwrap().len() == 8
+        });
+        for (q, c) in g.calls.iter().enumerate() {
+            assert!(
+                c.read().is_err(),
+                "{tag}: queue {q} interrupted, though the guest asked for no interrupt"
+            );
+        }
+
+        // Asked again (the flag clear; the used event at the used index), the next frame
+        // toward the guest interrupts it.
+        if event_idx {
+            g.put(used_event(RXQ), &20u16.to_le_bytes());
+        } else {
+            g.put(hg_avail(RXQ), &0u16.to_le_bytes());
+        }
+        wire.offer(&[frame(0x8, [0xff; 6], 20, 60)], &ready);
+        wait_for("the interrupt asked for", || g.calls[0].read().is_ok());
+        g.close(&engine);
+        engine.detach("vale0:peer", &Caller::valed()).unwrap();
+    }
+}
+
 /// Several queue pairs: the front end learns from valed how many pairs it offers (pairs, not
 /// queues) and how many memory regions it takes; pair 1's transmit queue is served (by its
 /// own worker); a flow toward the guest stays on one receive queue, in order; `vale-ctl list`
