@@ -10,12 +10,27 @@ For each frame size and run, alternating:
 valed is the memif server of port vale0:cnf (`vale-ctl attach vale0:cnf --memif SOCK`); the
 sender's frames go to the MAC vale-pktgen announces on vale0:b. rx pps: vale-pktgen's frames
 counted at vale0:b (valed's rx_packets of the port) over --seconds after a warm-up; the floor's
-is peers.memif_run (testpmd's Rx-pps). CPU layout: the sender's forwarding lcore on the first
-CPU, valed and vale-pktgen on the last (the floor: the receiver's forwarding lcore there); on
-two vCPUs the switch and the receiver share a CPU that the floor's receiver has alone. Each
-figure is the median of --runs, with min and max; the ratio is vale's median over the floor's.
+is peers.memif_run (testpmd's Rx-pps). Each figure is the median of --runs, with min and max;
+the ratio is vale's median over the floor's.
+
+CPU layout (--layout, or --cpus TX,VALED,RX): which CPU the sender (testpmd's two lcores),
+valed (all its threads) and the receiver (vale-pktgen) run on; the floor's sender gets the
+sender's CPU and its receiver (testpmd rxonly) the receiver's.
+
+    split  sender on the first CPU; valed and vale-pktgen on the last (the floor: its
+           receiver's forwarding lcore there alone, main lcores crossed as peers.MEMIF_LAYOUT
+           has them). The default: not like for like on 2 CPUs, where the switch and the
+           receiver share a CPU that the floor's receiver has alone.
+    ends   sender and receiver share the first CPU on both sides; valed alone on the last
+           (the endpoints placed alike; the switch gets the CPU the floor leaves idle, as it
+           gets a core of its own on a host with one per party).
+    one    every party of both sides on the first CPU.
+    own    sender, valed and receiver a CPU each, on distinct cores where there are (3 CPUs or
+           more; what --cpus does by hand).
 
     cargo build --release && bench/memif.py [--runs 5] [--seconds 2] [--sizes 60,1514]
+    bench/memif.py --cpus 2,4,6        # a host with a core per party: sender cpu2, valed
+                                       # cpu4, receiver cpu6; the floor's testpmds cpu2, cpu6
 
 Needs root (testpmd's runtime directories, apt-get for dpdk-dev). JSON:
 bench/results/memif.json.
@@ -29,16 +44,44 @@ SIZES = "60,1514"
 TX_MAC, RX_MAC = "02:00:00:00:0f:01", "02:00:00:00:0f:02"
 
 
-def cpus():
+LAYOUTS = ("split", "ends", "one", "own")
+
+
+def cpus(layout, given=None):
+    """{tx, valed, rx, floor}: the CPU of each party (taskset lists) and the floor's
+    {tx, rx} (None: peers.MEMIF_LAYOUT, the split layout's crossed main lcores)."""
     allowed = sorted(os.sched_getaffinity(0))
+    if given:
+        parts = given.split(",")
+        if len(parts) != 3 or not all(x.strip().isdigit() for x in parts):
+            raise SystemExit(f"--cpus takes three CPUs TX,VALED,RX (e.g. 2,4,6), not '{given}'")
+        tx, valed, rx = (x.strip() for x in parts)
+        bad = [c for c in (tx, valed, rx) if int(c) not in allowed]
+        if bad:
+            raise SystemExit(f"--cpus: CPU {bad[0]} is not one this process may run on ({allowed})")
+        return {"tx": tx, "valed": valed, "rx": rx, "floor": {"tx": tx, "rx": rx}}
+    if layout == "one":
+        c = str(allowed[0])
+        return {"tx": c, "valed": c, "rx": c, "floor": {"tx": c, "rx": c}}
     if len(allowed) < 2:
-        raise SystemExit("bench/memif.py needs two CPUs")
-    return {"tx": str(allowed[0]), "valed": str(allowed[-1]), "rx": str(allowed[-1])}
+        raise SystemExit(f"bench/memif.py --layout {layout} needs two CPUs (--layout one runs on one)")
+    first, last = str(allowed[0]), str(allowed[-1])
+    if layout == "ends":
+        return {"tx": first, "valed": last, "rx": first, "floor": {"tx": first, "rx": first}}
+    if layout == "own":
+        own = common.spread_cpus(3)
+        if len(own) < 3:
+            raise SystemExit(f"--layout own needs three CPUs, this machine has {len(allowed)}")
+        tx, valed, rx = (str(c) for c in own)
+        return {"tx": tx, "valed": valed, "rx": rx, "floor": {"tx": tx, "rx": rx}}
+    if peers.MEMIF_LAYOUT["tx"]["forwarding"] != first or peers.MEMIF_LAYOUT["rx"]["forwarding"] != last:
+        return {"tx": first, "valed": last, "rx": last, "floor": {"tx": first, "rx": last}}
+    return {"tx": first, "valed": last, "rx": last, "floor": None}
 
 
 def vale_run(size, a, lay, dpdk):
     """One run through vale: {rx_pps, valed_cores}."""
-    v = common.Valed(layout={"name": "memif", **lay}, persistent=False)
+    v = common.Valed(layout={"name": "memif", **{k: lay[k] for k in ("tx", "valed", "rx")}}, persistent=False)
     sock = os.path.join(v.run_dir, "cnf.sock")
     v.ctl("attach", "vale0:cnf", "--memif", sock)
     rx = common.spawn(v.pktgen("vale0:b", "rx", lay["rx"], "--announce", "-S", RX_MAC, "-T", a.seconds + a.warmup + 60),
@@ -67,20 +110,24 @@ def vale_run(size, a, lay, dpdk):
 
 
 def main(argv=None):
-    ap = common.parser(__doc__, "memif", runs=5, seconds=2.0, peers=False, layouts=("memif",))
+    ap = common.parser(__doc__, "memif", runs=5, seconds=2.0, peers=False, layouts=LAYOUTS)
+    ap.add_argument("--cpus", metavar="TX,VALED,RX",
+                    help="the sender's, valed's and the receiver's CPU (the floor's sender and "
+                         "receiver get the first and the last); overrides --layout")
     ap.add_argument("--sizes", default=SIZES, help=f"frame lengths without FCS (default {SIZES})")
     ap.add_argument("--warmup", type=float, default=1.0, help="seconds before counting (default 1)")
     a = common.parse(ap, argv)
     common.need_root("testpmd")
     peers.ensure_dpdk()
     dpdk = peers.dpdk_env()
-    lay = cpus()
+    lay = cpus(a.layout, a.cpus)
+    name = f"cpus {a.cpus}" if a.cpus else a.layout
     results = []
     for size in common.int_list(a.sizes):
         runs = {"vale": [], "floor": []}
         for i in range(a.runs):
             runs["vale"].append(vale_run(size, a, lay, dpdk))
-            runs["floor"].append(peers.memif_run(size, a.seconds, a.warmup))
+            runs["floor"].append(peers.memif_run(size, a.seconds, a.warmup, cpus=lay["floor"]))
             print(f"{size} B run {i + 1}: vale {runs['vale'][-1]['rx_pps'] / 1e6:.2f} Mpps, "
                   f"floor {runs['floor'][-1]['rx_pps'] / 1e6:.2f} Mpps", flush=True)
         r = {"frame_len": size,
@@ -89,11 +136,14 @@ def main(argv=None):
         r["ratio"] = ratio(r["vale"]["rx_pps"], r["floor"]["rx_pps"])
         results.append(r)
     print(f"\ntestpmd memif client -> vale -> vale-pktgen, vs testpmd <-> testpmd over memif; "
-          f"{a.runs} runs of {a.seconds} s; {common.describe()}")
+          f"{a.runs} runs of {a.seconds} s; layout {name} (sender cpu {lay['tx']}, valed cpu {lay['valed']}, "
+          f"receiver cpu {lay['rx']}); {common.describe()}")
     common.table(["len", "vale Mpps", "floor Mpps", "vale/floor", "valed cores"],
                  [[r["frame_len"], mpps(r["vale"]["rx_pps"]), mpps(r["floor"]["rx_pps"]), fmt_ratio(r["ratio"]),
                    f"{r['vale']['valed_cores']['median']:.2f}"] for r in results])
-    common.write_report(a.out, "memif", a, {"name": "memif", **lay}, results)
+    floor = lay["floor"] or {r: peers.MEMIF_LAYOUT[r]["forwarding"] for r in ("tx", "rx")}
+    common.write_report(a.out, "memif", a, {"name": name, "tx": lay["tx"], "valed": lay["valed"], "rx": lay["rx"],
+                                            "floor_tx": floor["tx"], "floor_rx": floor["rx"]}, results)
 
 
 if __name__ == "__main__":

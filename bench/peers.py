@@ -318,12 +318,22 @@ MEMIF_LAYOUT = {"rx": {"lcores": "0,1", "main": "0", "forwarding": "1"},
                 "tx": {"lcores": "1,0", "main": "1", "forwarding": "0"}}
 
 
-def memif_run(size, seconds, warmup=1.0, burst=32):
+def memif_lcores(cpus=None):
+    """Each testpmd's EAL lcore arguments: MEMIF_LAYOUT's (main lcore on the other's CPU), or,
+    with `cpus` ({"tx": CPU, "rx": CPU}), both lcores of each on its own CPU there (the
+    forwarding lcore and its main lcore, mostly asleep, as the Testpmd class places them)."""
+    if cpus is None:
+        return {r: ["-l", MEMIF_LAYOUT[r]["lcores"], "--main-lcore", MEMIF_LAYOUT[r]["main"]] for r in ("rx", "tx")}
+    return {r: ["--lcores", f"0@({cpus[r]}),1@({cpus[r]})", "--main-lcore", "0"] for r in ("rx", "tx")}
+
+
+def memif_run(size, seconds, warmup=1.0, burst=32, cpus=None):
     """DPDK testpmd txonly -> rxonly over memif, two processes; returns {rx_pps, tx_pps, cores,
     cpu_s_per_mpkt, rx_packets}. rx_pps is the mean of the receiver's per-second Rx-pps
     readings while the sender ran, after `warmup` (the first and last readings, partial
     seconds, are left out; at least one second is measured). cores: CPU time of both processes per second over the measured
-    seconds (both busy-poll: about 2); cpu_s_per_mpkt: that per million received packets."""
+    seconds (both busy-poll: about 2); cpu_s_per_mpkt: that per million received packets.
+    `cpus`: {"tx": CPU, "rx": CPU} for each testpmd (see memif_lcores; default MEMIF_LAYOUT)."""
     ensure_dpdk()
     secs = max(1, round(seconds))      # testpmd reports once a second
     d = tempfile.mkdtemp(prefix="vb-memif-")
@@ -337,14 +347,13 @@ def memif_run(size, seconds, warmup=1.0, burst=32):
         on_exit(lambda r=role: shutil.rmtree(f"/var/run/dpdk/{tag}{r}", ignore_errors=True))
     try:
         for role, mode, extra in (("rx", "rxonly", []), ("tx", "txonly", [f"--txpkts={size}"])):
-            lay = MEMIF_LAYOUT[role]
             memif = f"net_memif0,role={'server' if role == 'rx' else 'client'},id=0,socket={sock},socket-abstract=no"
             if common.SLOTS:
                 # The same ring depth as vale's clients (memif's rsize: log2 of its slots).
                 memif += f",rsize={common.SLOTS.bit_length() - 1}"
             logs[role] = open(f"{d}/{role}.log", "w+")
             # stdbuf -oL: line-buffered stats, so they can be read while testpmd runs.
-            procs[role] = spawn(["stdbuf", "-oL", "dpdk-testpmd", "-l", lay["lcores"], "--main-lcore", lay["main"], *eal,
+            procs[role] = spawn(["stdbuf", "-oL", "dpdk-testpmd", *memif_lcores(cpus)[role], *eal,
                                  "--file-prefix", f"{tag}{role}", "--vdev", memif, "--",
                                  *common_args, f"--forward-mode={mode}", *extra],
                                 stdout=logs[role], stderr=subprocess.STDOUT)

@@ -31,7 +31,15 @@
 //! port's rx ring, which this thread then empties into the client ([`Steps::egress`]).
 //!
 //! While frames flow the thread polls and sets `MASK_INT` on the C2S rings (the client
-//! then writes no eventfd). Idle, it clears `MASK_INT`, looks at the rings once more and
+//! then writes no eventfd). When the rings of a client that streams ([`STREAM`] frames or
+//! more since the thread last asked for interrupts) run dry, the thread naps ([`NAP`], in
+//! `epoll_pwait2`, with a timer slack of its own) with `MASK_INT` still set, for up to
+//! [`LINGER`] after the last frame: a polling sender's bursts come closer than that, and
+//! with `MASK_INT` clear it would write the eventfd after each one (DPDK's `net_memif` does,
+//! even when the ring was full and it sent nothing: a system call per try, on the sender's
+//! CPU), while a nap leaves the CPU to whoever shares it (the receiver). A client that sends
+//! a frame now and then never makes a stream, and is served by interrupts at once. Idle (no
+//! stream, or none for `LINGER`), it clears `MASK_INT`, looks at the rings once more and
 //! sleeps in `epoll_wait` on the C2S eventfds (edge-triggered, never read: the client owns
 //! them and may make them blocking), the port's rx interrupt line, the sockets and its stop
 //! line: an idle client costs valed nothing. Toward the client this thread writes the S2C
@@ -65,10 +73,17 @@ use sink::{Out, Shared, Sink};
 
 /// Queue pairs a client may have (rings each way).
 pub const MAX_PAIRS: usize = 16;
-/// Frames taken from one C2S ring per turn.
-const BURST: usize = 256;
 /// Frames written toward the client per turn.
 const EGRESS_BURST: usize = 256;
+/// Frames taken since the thread last asked for interrupts that make a stream: when the rings
+/// of such a client run dry, the thread naps rather than asking for interrupts at once.
+const STREAM: u64 = 64;
+/// How long after a stream's last frame the thread keeps napping with `MASK_INT` set.
+const LINGER: Duration = Duration::from_micros(500);
+/// One nap.
+const NAP: Duration = Duration::from_micros(20);
+/// The thread's timer slack (the kernel's default, 50 us, would be longer than a nap).
+const NAP_SLACK_NS: libc::c_ulong = 2_000;
 /// How often a busy thread looks at its sockets.
 const CONTROL_EVERY: Duration = Duration::from_millis(1);
 
@@ -247,12 +262,45 @@ struct Linked {
     shared: Arc<Shared>,
 }
 
+/// `epoll_wait` for up to `timeout` (`epoll_pwait2`, whose timeout is not rounded up to a
+/// millisecond; `epoll_wait` with 1 ms where the kernel lacks it).
+fn wait_ns<'a>(
+    ep: &OwnedFd,
+    events: &'a mut [libc::epoll_event],
+    timeout: Duration,
+) -> &'a [libc::epoll_event] {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: the buffer outlives the call and its length is passed; a live timespec; no
+    // signal mask.
+    let n = unsafe {
+        libc::epoll_pwait2(
+            ep.as_raw_fd(),
+            events.as_mut_ptr(),
+            events.len() as i32,
+            &ts,
+            std::ptr::null(),
+        )
+    };
+    if n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+        return epoll::wait(ep, events, 1);
+    }
+    &events[..n.max(0) as usize]
+}
+
 impl Server {
     fn run(&mut self) {
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 16];
         let mut last_control = Instant::now();
         let mut last_tick = Instant::now();
         let mut last_moved = Instant::now();
+        // Frames taken from the C2S rings since this thread last asked for interrupts.
+        let mut streak = 0u64;
+        // SAFETY: plain prctl on this thread; the naps below are short, and the kernel's
+        // default slack (50 us) would stretch each to several times its length.
+        unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, NAP_SLACK_NS) };
         loop {
             if self.state.stopping.load(Relaxed) {
                 return;
@@ -272,6 +320,7 @@ impl Server {
             }
             if moved_in + moved_out != 0 {
                 last_moved = Instant::now();
+                streak += moved_in as u64;
                 self.mask(true);
                 if last_control.elapsed() >= CONTROL_EVERY {
                     last_control = Instant::now();
@@ -283,9 +332,15 @@ impl Server {
                 continue;
             }
             let spinning = last_moved.elapsed() < self.steps.busy_poll;
+            // A stream that ran dry: naps with MASK_INT still set (see the module's docs).
+            let napping = !spinning
+                && streak >= STREAM
+                && last_moved.elapsed() < LINGER
+                && self.live.is_some();
             // Idle: ask for interrupts, look once more, then sleep.
-            if !spinning {
+            if !spinning && !napping {
                 self.mask(false);
+                streak = 0;
             }
             self.steps.want_irq(true);
             let pending = self.steps.rx_pending() && !blocked
@@ -293,8 +348,12 @@ impl Server {
                     .live
                     .as_ref()
                     .is_some_and(|l| l.c2s.iter().any(Ring::pending));
-            let timeout = super::sleep_ms(pending || spinning, blocked, due);
-            let n = epoll::wait(&self.ep, &mut events, timeout).len();
+            let n = if napping && !pending {
+                wait_ns(&self.ep, &mut events, NAP).len()
+            } else {
+                let timeout = super::sleep_ms(pending || spinning, blocked, due);
+                epoll::wait(&self.ep, &mut events, timeout).len()
+            };
             self.steps.want_irq(false);
             last_control = Instant::now();
             if !self.handle(&events[..n]) {
@@ -496,7 +555,7 @@ impl Server {
             let regions = &live.shared.regions;
             let pieces = &mut self.pieces;
             let r = self.steps.ingress_direct(q as u32, |batch, limit| {
-                ring.gather(regions, batch, limit.min(BURST), pieces)
+                ring.gather(regions, batch, limit, pieces)
             });
             match r {
                 Ok(g) => {
