@@ -89,6 +89,8 @@ def vale_run(size, a, lay, dpdk):
     tp = None
     try:
         v.wait_ports(["vale0:b"], announced=True)
+        if a.moderation:
+            v.ctl("set", "vale0:b", "moderation", str(a.moderation))
         tp = peers.Testpmd("mtx", [f"net_memif0,role=client,id=0,socket={sock},socket-abstract=no,mac={TX_MAC}"],
                            "txonly", lay["tx"], [f"--txpkts={size}", f"--eth-peer=0,{RX_MAC}"], dpdk=dpdk)
         tp.wait_forwarding()
@@ -116,6 +118,10 @@ def main(argv=None):
                          "receiver get the first and the last); overrides --layout")
     ap.add_argument("--sizes", default=SIZES, help=f"frame lengths without FCS (default {SIZES})")
     ap.add_argument("--warmup", type=float, default=1.0, help="seconds before counting (default 1)")
+    ap.add_argument("--moderation", type=int, default=0, metavar="US",
+                    help="interrupt moderation of the receiving port vale0:b, in microseconds "
+                         "(vale-ctl set vale0:b moderation US: fewer wake-ups of a receiver that shares "
+                         "valed's CPU; default 0, none)")
     a = common.parse(ap, argv)
     common.need_root("testpmd")
     peers.ensure_dpdk()
@@ -135,9 +141,10 @@ def main(argv=None):
              "floor": {"rx_pps": summary([x["rx_pps"] for x in runs["floor"]])}}
         r["ratio"] = ratio(r["vale"]["rx_pps"], r["floor"]["rx_pps"])
         results.append(r)
+    mod = f"; vale0:b moderation {a.moderation} us" if a.moderation else ""
     print(f"\ntestpmd memif client -> vale -> vale-pktgen, vs testpmd <-> testpmd over memif; "
           f"{a.runs} runs of {a.seconds} s; layout {name} (sender cpu {lay['tx']}, valed cpu {lay['valed']}, "
-          f"receiver cpu {lay['rx']}); {common.describe()}")
+          f"receiver cpu {lay['rx']}){mod}; {common.describe()}")
     common.table(["len", "vale Mpps", "floor Mpps", "vale/floor", "valed cores"],
                  [[r["frame_len"], mpps(r["vale"]["rx_pps"]), mpps(r["floor"]["rx_pps"]), fmt_ratio(r["ratio"]),
                    f"{r['vale']['valed_cores']['median']:.2f}"] for r in results])
