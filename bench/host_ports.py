@@ -70,7 +70,7 @@ def iperf3(client_ns, server_ns, addr, seconds, cpu=False):
     local path the kernel's work runs in their system calls or in those threads)."""
     sh(["ip", "netns", "exec", server_ns, "iperf3", "-s", "-1", "-D", "-p", "5201"])
     time.sleep(0.3)
-    soft = softirq_seconds()
+    soft = softirq_seconds() if cpu else 0
     out = json.loads(sh(["ip", "netns", "exec", client_ns, "iperf3", "-c", addr, "-p", "5201", "-t",
                          str(max(1, round(seconds))), "-J"], timeout=seconds + 30))["end"]
     bps = out["sum_received"]["bits_per_second"]
