@@ -73,6 +73,35 @@ pub fn wait<'a>(
     &events[..n.max(0) as usize]
 }
 
+/// Waits up to `timeout`, to the nanosecond (`epoll_pwait2`; [`wait`] rounds up to a
+/// millisecond), and returns the events that came; where the kernel lacks `epoll_pwait2`,
+/// waits 1 ms.
+pub fn wait_for<'a>(
+    ep: &OwnedFd,
+    events: &'a mut [libc::epoll_event],
+    timeout: std::time::Duration,
+) -> &'a [libc::epoll_event] {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: the buffer outlives the call and its length is passed; a live timespec; no
+    // signal mask.
+    let n = unsafe {
+        libc::epoll_pwait2(
+            ep.as_raw_fd(),
+            events.as_mut_ptr(),
+            events.len() as i32,
+            &ts,
+            std::ptr::null(),
+        )
+    };
+    if n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
+        return wait(ep, events, 1);
+    }
+    &events[..n.max(0) as usize]
+}
+
 /// A non-blocking, close-on-exec timerfd on the monotonic clock, for a thread to wait on
 /// beside its other descriptors.
 pub fn new_timer() -> io::Result<OwnedFd> {

@@ -262,34 +262,6 @@ struct Linked {
     shared: Arc<Shared>,
 }
 
-/// `epoll_wait` for up to `timeout` (`epoll_pwait2`, whose timeout is not rounded up to a
-/// millisecond; `epoll_wait` with 1 ms where the kernel lacks it).
-fn wait_ns<'a>(
-    ep: &OwnedFd,
-    events: &'a mut [libc::epoll_event],
-    timeout: Duration,
-) -> &'a [libc::epoll_event] {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: the buffer outlives the call and its length is passed; a live timespec; no
-    // signal mask.
-    let n = unsafe {
-        libc::epoll_pwait2(
-            ep.as_raw_fd(),
-            events.as_mut_ptr(),
-            events.len() as i32,
-            &ts,
-            std::ptr::null(),
-        )
-    };
-    if n < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ENOSYS) {
-        return epoll::wait(ep, events, 1);
-    }
-    &events[..n.max(0) as usize]
-}
-
 impl Server {
     fn run(&mut self) {
         let mut events = [libc::epoll_event { events: 0, u64: 0 }; 16];
@@ -349,7 +321,7 @@ impl Server {
                     .as_ref()
                     .is_some_and(|l| l.c2s.iter().any(Ring::pending));
             let n = if napping && !pending {
-                wait_ns(&self.ep, &mut events, NAP).len()
+                epoll::wait_for(&self.ep, &mut events, NAP).len()
             } else {
                 let timeout = super::sleep_ms(pending || spinning, blocked, due);
                 epoll::wait(&self.ep, &mut events, timeout).len()
