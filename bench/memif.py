@@ -122,10 +122,13 @@ def main(argv=None):
                     help="interrupt moderation of the receiving port vale0:b, in microseconds "
                          "(vale-ctl set vale0:b moderation US: fewer wake-ups of a receiver that shares "
                          "valed's CPU; default 0, none)")
+    ap.add_argument("--dpdk", metavar="DIR", help="a relocatable DPDK folder (bin/dpdk-testpmd, lib/, pmds/: "
+                                                  "the peer bundle) instead of Debian's packages")
     a = common.parse(ap, argv)
     common.need_root("testpmd")
-    peers.ensure_dpdk()
-    dpdk = peers.dpdk_env()
+    if not a.dpdk:
+        peers.ensure_dpdk()
+    dpdk = peers.dpdk_env(a.dpdk)
     lay = cpus(a.layout, a.cpus)
     name = f"cpus {a.cpus}" if a.cpus else a.layout
     results = []
@@ -133,7 +136,7 @@ def main(argv=None):
         runs = {"vale": [], "floor": []}
         for i in range(a.runs):
             runs["vale"].append(vale_run(size, a, lay, dpdk))
-            runs["floor"].append(peers.memif_run(size, a.seconds, a.warmup, cpus=lay["floor"]))
+            runs["floor"].append(peers.memif_run(size, a.seconds, a.warmup, cpus=lay["floor"], dpdk=dpdk))
             print(f"{size} B run {i + 1}: vale {runs['vale'][-1]['rx_pps'] / 1e6:.2f} Mpps, "
                   f"floor {runs['floor'][-1]['rx_pps'] / 1e6:.2f} Mpps", flush=True)
         r = {"frame_len": size,

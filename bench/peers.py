@@ -327,20 +327,24 @@ def memif_lcores(cpus=None):
     return {r: ["--lcores", f"0@({cpus[r]}),1@({cpus[r]})", "--main-lcore", "0"] for r in ("rx", "tx")}
 
 
-def memif_run(size, seconds, warmup=1.0, burst=32, cpus=None):
+def memif_run(size, seconds, warmup=1.0, burst=32, cpus=None, dpdk=None):
     """DPDK testpmd txonly -> rxonly over memif, two processes; returns {rx_pps, tx_pps, cores,
     cpu_s_per_mpkt, rx_packets}. rx_pps is the mean of the receiver's per-second Rx-pps
     readings while the sender ran, after `warmup` (the first and last readings, partial
     seconds, are left out; at least one second is measured). cores: CPU time of both processes per second over the measured
     seconds (both busy-poll: about 2); cpu_s_per_mpkt: that per million received packets.
-    `cpus`: {"tx": CPU, "rx": CPU} for each testpmd (see memif_lcores; default MEMIF_LAYOUT)."""
-    ensure_dpdk()
+    `cpus`: {"tx": CPU, "rx": CPU} for each testpmd (see memif_lcores; default MEMIF_LAYOUT).
+    `dpdk`: dpdk_env's (command, environment, EAL arguments); default Debian's testpmd."""
+    if dpdk is None:
+        ensure_dpdk()
+        dpdk = ("dpdk-testpmd", None, [])
+    testpmd, env, dpdk_eal = dpdk
     secs = max(1, round(seconds))      # testpmd reports once a second
     d = tempfile.mkdtemp(prefix="vb-memif-")
     on_exit(lambda: shutil.rmtree(d, ignore_errors=True))
     tag = f"vb{os.getpid()}x{int(time.monotonic() * 1000) % 100000}"
     sock = f"{d}/memif.sock"
-    eal = ["--no-huge", "-m", "512", "--no-pci", "--log-level=lib.eal:error"]
+    eal = ["--no-huge", "-m", "512", "--no-pci", "--log-level=lib.eal:error", *dpdk_eal]
     common_args = ["--total-num-mbufs=16384", "--stats-period", "1", "--auto-start", f"--burst={burst}"]
     procs, logs = {}, {}
     for role in ("rx", "tx"):
@@ -353,10 +357,10 @@ def memif_run(size, seconds, warmup=1.0, burst=32, cpus=None):
                 memif += f",rsize={common.SLOTS.bit_length() - 1}"
             logs[role] = open(f"{d}/{role}.log", "w+")
             # stdbuf -oL: line-buffered stats, so they can be read while testpmd runs.
-            procs[role] = spawn(["stdbuf", "-oL", "dpdk-testpmd", *memif_lcores(cpus)[role], *eal,
+            procs[role] = spawn(["stdbuf", "-oL", testpmd, *memif_lcores(cpus)[role], *eal,
                                  "--file-prefix", f"{tag}{role}", "--vdev", memif, "--",
                                  *common_args, f"--forward-mode={mode}", *extra],
-                                stdout=logs[role], stderr=subprocess.STDOUT)
+                                stdout=logs[role], stderr=subprocess.STDOUT, env=env)
             if role == "rx":
                 deadline = time.monotonic() + 10
                 while not os.path.exists(sock):
