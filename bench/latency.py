@@ -37,7 +37,10 @@ on valed's cpu1 (its wake-up preempts valed's spin), and busy has two spinners o
 each other between looks, and sleep while other tasks keep it (vale_abi::spin). The column
 "/sleep" is a busy row's median over the sleeping median of the main table, same frame size
 (measured minutes apart: compare it over several runs on a busy machine), and "crowded"
-the waits of ping (summed over runs) that slept because its CPU was crowded. The sleeping
+the waits of ping (summed over runs) that slept because its CPU was crowded; "floor" the
+round trip of a bare index between the same CPUs (`bare-copy --rtt` ping<->valed plus
+valed<->pong: the four hops' index moves and nothing else; none where two parties share a
+CPU), "/floor" the busy median over it. The sleeping
 rows of the main table are untouched by all this.
 
 Like with like (the "like-for-like" table and JSON list; --like none skips it): the kernel's
@@ -276,6 +279,21 @@ def oversubscribed(cpus, busy):
                for i in range(3) for j in range(i + 1, 3))
 
 
+def line_floor(cpus):
+    """The round trip of a bare index ping -> valed -> pong -> valed -> ping on these CPUs
+    (valed, ping, pong), in us: bare-copy --rtt ping<->valed plus valed<->pong; None where
+    two of them share a CPU."""
+    valed, ping, pong = cpus
+    if len({valed, ping, pong}) != 3:
+        return None
+    total = 0.0
+    for pair in ((ping, valed), (valed, pong)):
+        out = common.sh([os.path.join(common.BIN, "bare-copy"), "--rtt", "--seconds", "0.5", "--warmup", "0.1",
+                         "--cpus", ",".join(pair)])
+        total += json.loads(out)["rtt_ns"] / 1000
+    return total
+
+
 def busy_variants(a, sizes, names, fixed_cpus):
     rows = []
     for name in names:
@@ -287,6 +305,7 @@ def busy_variants(a, sizes, names, fixed_cpus):
         pong_args = ["--busy"] if pong_busy else []
         if name == "busy-1thread":
             ping_args = pong_args = []
+        floor = None if name == "busy-1thread" else line_floor(cpus)
         for s in sizes:
             if name == "busy-1thread":
                 runs = [one_thread_ping(v, s, a.seconds) for _ in range(a.runs)]
@@ -296,6 +315,7 @@ def busy_variants(a, sizes, names, fixed_cpus):
                          "cpus": {"valed": cpus[0], "ping": cpus[1], "pong": cpus[2]},
                          "busy": {"valed": valed_busy, "ping": ping_busy, "pong": pong_busy},
                          "valed_args": extra, "ping_args": ping_args, "pong_args": pong_args,
+                         "line_floor_us": floor,
                          "oversubscribed": name != "busy-1thread"
                                            and oversubscribed(cpus, (valed_busy, ping_busy, pong_busy)),
                          "ping_crowded_waits": (sum(r["crowded_waits"] for r in runs)
@@ -396,10 +416,13 @@ def main():
         print(f"\nround-trip time with busy parties, us, {a.runs} runs of {a.seconds} s; CPU of each party, "
               f"* = busy (valed --busy-poll-us {a.busy_poll_us}, vale-pktgen --busy)")
         common.table(["variant", "valed", "ping", "pong", "len", "min", "median", "p99", "max", "samples", "/sleep",
-                      "crowded", ""],
+                      "floor", "/floor", "crowded", ""],
                      [[r["variant"], who(r, "valed"), who(r, "ping"), who(r, "pong"), r["frame_len"], fmt(r["min"]),
                        fmt(r["median"]), fmt(r["p99"]), fmt(r["max"]), r["samples"],
                        common.fmt_ratio(r["over_sleeping"]),
+                       "-" if r["line_floor_us"] is None else f"{r['line_floor_us']:.2f}",
+                       common.fmt_ratio(common.ratio(r["median"], {"median": r["line_floor_us"]})
+                                        if r["line_floor_us"] else None),
                        "-" if r["ping_crowded_waits"] is None else r["ping_crowded_waits"],
                        "oversubscribed" if r["oversubscribed"] else ""] for r in busy])
         setup["vale_busy"] = (f"as vale, with valed --busy-poll-us {a.busy_poll_us} where valed is busy and "

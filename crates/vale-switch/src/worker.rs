@@ -205,6 +205,10 @@ const MUTE_MAX_NS: u64 = 16_000_000;
 const LOOK_EVERY_NS: u64 = 100_000_000;
 /// Passes of the loop between two readings of the clock for the look.
 const LOOK_PASSES: u32 = 64;
+/// While rings are active, dry passes between two looks at the epoll set (a system call, 0.1
+/// µs or more; a dry pass costs tens of ns): a kick of a sleeping ring, a command or the timer
+/// waits at most this many passes, a microsecond or two.
+const COLLECT_PASSES: u32 = 16;
 /// Slots a ring must have taken since the last look to count as busy (about 10000 frames a
 /// second): a ring that carried a frame or two, an announcement say, is not load worth moving.
 const BUSY_SLOTS: u64 = 1024;
@@ -232,6 +236,8 @@ struct Loop {
     /// Engine clock of the next look, and passes of the loop until the clock is read again.
     next_look: u64,
     passes: u32,
+    /// Dry passes since the last that moved frames (see [`COLLECT_PASSES`]).
+    dry_passes: u32,
 }
 
 impl Loop {
@@ -264,6 +270,7 @@ impl Loop {
             peers,
             next_look: LOOK_EVERY_NS,
             passes: 0,
+            dry_passes: 0,
         })
     }
 
@@ -282,7 +289,15 @@ impl Loop {
             } else {
                 self.mute_left_ms()
             };
-            let n = epoll::wait(&self.epoll, &mut events, timeout).len();
+            // Active rings are polled whatever their kicks say, so while there are some the
+            // epoll set is looked at only after a pass that moved frames (the system call then
+            // overlaps the receivers' turn) and every COLLECT_PASSES dry passes: a busy-polling
+            // worker's look at a ring is then tens of ns apart, not a system call.
+            let n = if timeout == 0 && !self.dry_passes.is_multiple_of(COLLECT_PASSES) {
+                0
+            } else {
+                epoll::wait(&self.epoll, &mut events, timeout).len()
+            };
             for ev in &events[..n] {
                 match ev.u64 {
                     TOKEN_WAKE => {
@@ -299,6 +314,11 @@ impl Loop {
                 self.unmute_due();
             }
             let moved = self.round();
+            self.dry_passes = if moved {
+                0
+            } else {
+                self.dry_passes.wrapping_add(1)
+            };
             if (self.busy_poll_ns | self.spin_ns) != 0 && !self.active.is_empty() {
                 // Every active ring was dry (busy-polled) unless something moved: pause, or
                 // yield the CPU to whoever wants it; a spinner that backs off makes the next

@@ -20,7 +20,16 @@
 //! `--seconds` after `--warmup`, and prints one JSON line: `{"len", "pps", "packets",
 //! "seconds", "cpus", "slots", "batch", "touch"}`.
 //!
+//! `--rtt`: the floor of a busy ping-pong instead, the time an index takes to go to the other
+//! CPU and back. The first thread publishes `head` and spins until the second, which spins on
+//! `head`, answers with the same value in `hwcur` (the CSB's two lines, as a vale hop moves
+//! them); round trips are timed in groups of 1000 over `--seconds`, and the JSON line is
+//! `{"rtt_ns" (the median group's mean), "rtt_ns_min", "round_trips", "seconds", "cpus"}`. A
+//! busy vale round trip (bench/latency.py's `busy`) moves such an index four times and the
+//! frame's lines with it.
+//!
 //!     bare-copy [--len 60] [--seconds 2] [--warmup 0.3] [--cpus 0,1] [--batch 512] [--slots 1024] [--touch]
+//!     bare-copy --rtt [--seconds 2] [--warmup 0.3] [--cpus 0,1]
 
 use std::hint::black_box;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
@@ -42,6 +51,7 @@ struct Args {
     batch: u32,
     slots: u32,
     touch: bool,
+    rtt: bool,
 }
 
 fn args() -> Result<Args, String> {
@@ -53,11 +63,16 @@ fn args() -> Result<Args, String> {
         batch: 512,
         slots: 1024,
         touch: false,
+        rtt: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
         if k == "--touch" {
             a.touch = true;
+            continue;
+        }
+        if k == "--rtt" {
+            a.rtt = true;
             continue;
         }
         if k == "-h" || k == "--help" {
@@ -89,6 +104,10 @@ fn args() -> Result<Args, String> {
     }
     if a.slots < 2 || !a.slots.is_power_of_two() || a.batch == 0 {
         return Err("--slots must be a power of two >= 2 and --batch > 0".into());
+    }
+    if a.rtt && a.cpus[0] == a.cpus[1] {
+        // Two spinners on one CPU take turns at the scheduler's pace: milliseconds.
+        return Err("--rtt needs two different CPUs".into());
     }
     if !(a.seconds > 0.0 && a.warmup >= 0.0) {
         return Err("--seconds must be > 0 and --warmup >= 0".into());
@@ -269,12 +288,90 @@ fn consume(r: &Ring, a: &Args, stop: &AtomicBool, count: &AtomicU64) {
     black_box(sum);
 }
 
+/// Round trips timed together in `--rtt` (a clock read per group, not per round trip).
+const RTT_GROUP: u32 = 1000;
+
+/// `--rtt`, the first thread: publishes a new `head`, spins until `hwcur` echoes it; the
+/// mean of each group of round trips, in ns, until `stop` (the warm-up's groups left out).
+fn ping(r: &Ring, a: &Args, stop: &AtomicBool) -> Vec<f64> {
+    let (atok, ktoa) = (r.atok(), r.ktoa());
+    let mut groups = Vec::new();
+    let start = Instant::now();
+    let mut v = 0u32;
+    while !stop.load(Relaxed) {
+        let t0 = Instant::now();
+        for _ in 0..RTT_GROUP {
+            v = v.wrapping_add(1);
+            atok.head.store(v, Release);
+            while ktoa.hwcur.load(Acquire) != v {
+                std::hint::spin_loop();
+            }
+        }
+        if start.elapsed().as_secs_f64() > a.warmup {
+            groups.push(t0.elapsed().as_nanos() as f64 / f64::from(RTT_GROUP));
+        }
+    }
+    atok.head.store(v.wrapping_add(1) | 1 << 31, Release);
+    groups
+}
+
+/// `--rtt`, the second thread: echoes each new `head` in `hwcur` (a value with the top bit
+/// set says stop).
+fn pong(r: &Ring) {
+    let (atok, ktoa) = (r.atok(), r.ktoa());
+    let mut seen = 0u32;
+    loop {
+        let v = atok.head.load(Acquire);
+        if v == seen {
+            std::hint::spin_loop();
+            continue;
+        }
+        if v & 1 << 31 != 0 {
+            return;
+        }
+        seen = v;
+        ktoa.hwcur.store(v, Release);
+    }
+}
+
+/// `--rtt`: see the module docs.
+fn rtt(ring: Arc<Ring>, a: Arc<Args>) -> Result<serde_json::Value, String> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let echo = {
+        let (r, cpu) = (ring.clone(), a.cpus[1]);
+        std::thread::spawn(move || pin(cpu).map(|()| pong(&r)))
+    };
+    let timer = {
+        let (r, a, stop) = (ring.clone(), a.clone(), stop.clone());
+        std::thread::spawn(move || pin(a.cpus[0]).map(|()| ping(&r, &a, &stop)))
+    };
+    std::thread::sleep(Duration::from_secs_f64(a.warmup + a.seconds));
+    stop.store(true, Relaxed);
+    let groups = timer.join().expect("thread panicked");
+    if groups.is_err() {
+        // The echo thread waits for a stop that will not come: tell it.
+        ring.atok().head.store(1 << 31, Release);
+    }
+    echo.join().expect("thread panicked")?;
+    let mut groups = groups?;
+    if groups.is_empty() {
+        return Err("no group of round trips ended within --seconds".into());
+    }
+    groups.sort_by(f64::total_cmp);
+    Ok(serde_json::json!({
+        "rtt_ns": groups[groups.len() / 2], "rtt_ns_min": groups[0],
+        "round_trips": groups.len() as u64 * u64::from(RTT_GROUP), "seconds": a.seconds,
+        "cpus": a.cpus,
+    }))
+}
+
 fn main() {
     let a = match args() {
         Ok(a) => a,
         Err(e) => {
             let usage = "usage: bare-copy [--len 60] [--seconds 2] [--warmup 0.3] [--cpus 0,1] \
-                         [--batch 512] [--slots 1024] [--touch]";
+                         [--batch 512] [--slots 1024] [--touch]\n       \
+                         bare-copy --rtt [--seconds 2] [--warmup 0.3] [--cpus 0,1]";
             if e.is_empty() {
                 println!("{usage}");
                 return;
@@ -291,6 +388,16 @@ fn main() {
         }
     };
     let a = Arc::new(a);
+    if a.rtt {
+        match rtt(ring, a) {
+            Ok(report) => println!("{report}"),
+            Err(e) => {
+                eprintln!("bare-copy: {e}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
     let stop = Arc::new(AtomicBool::new(false));
     let count = Arc::new(AtomicU64::new(0));
     let mut threads = Vec::new();
