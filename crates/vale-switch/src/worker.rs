@@ -587,6 +587,8 @@ impl Loop {
             0
         };
         let spin_ns = if spinning { self.spin_ns } else { 0 };
+        // One clock reading serves every dry ring of the pass (a pass takes nanoseconds).
+        let mut clock = None;
         let mut i = 0;
         while i < self.active.len() {
             let token = self.active[i];
@@ -601,14 +603,14 @@ impl Loop {
                 continue;
             }
             if busy_poll_ns != 0 {
-                let now = self.pipe.notifier.now_ns();
+                let now = *clock.get_or_insert_with(|| self.pipe.notifier.now_ns());
                 let since = *s.dry_since.get_or_insert(now);
                 if now - since < busy_poll_ns {
                     i += 1;
                     continue;
                 }
             } else if spin_ns != 0 && s.spin {
-                let now = self.pipe.notifier.now_ns();
+                let now = *clock.get_or_insert_with(|| self.pipe.notifier.now_ns());
                 let since = *s.dry_since.get_or_insert(now);
                 if now - since < spin_ns {
                     i += 1;
