@@ -364,6 +364,12 @@ pub trait OutFrames {
     fn lasting(&self) -> bool {
         false
     }
+    /// Whether the batch's frames lie in memory their writer may change meanwhile (a guest's
+    /// buffers): a sink that parses a frame (to finish its offload work) must parse a copy.
+    /// Yes, unless the batch says otherwise.
+    fn shared(&self) -> bool {
+        true
+    }
 }
 
 /// What became of the frames of a batch.

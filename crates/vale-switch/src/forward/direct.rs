@@ -225,6 +225,12 @@ impl OutFrames for DirectBatch<'_> {
         !self.last_was_seg
     }
 
+    /// As the batch's source is: a guest's buffers are; a ring's frames, parsed in place by
+    /// the switch too, are not.
+    fn shared(&self) -> bool {
+        self.pipe.shared_source
+    }
+
     fn put_back(&mut self) {
         if self.last_was_seg {
             self.seg_next -= 1;

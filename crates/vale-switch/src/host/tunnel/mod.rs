@@ -567,8 +567,9 @@ impl Egress for TunnelDevice {
                 // in the port's rx ring until this flush returns.
                 pieces[k] = unsafe { std::slice::from_raw_parts(p as *const u8, l) };
             }
-            // Refused frames (too many pieces) are counted by `queue`.
-            let _ = path.queue(&sh.sock, &sh.table, &pieces[..count], off);
+            // Refused frames (too many pieces) are counted by `queue`. The port's ring is
+            // valed's own memory: nobody writes the frame meanwhile.
+            let _ = path.queue(&sh.sock, &sh.table, &pieces[..count], off, false);
         }
         st.frames.clear();
         st.pieces.clear();

@@ -602,13 +602,15 @@ impl Path {
 
     /// Queues the frame in `pieces` for its remote (a learnt destination) or every remote;
     /// sends the batch first if it is full. The pieces must stay where they are until
-    /// [`Path::flush`]. A frame with offload work (`off`) is finished into the arena first.
+    /// [`Path::flush`]. A frame with offload work (`off`) is finished into the arena first,
+    /// parsed from a copy when `copy` (its writer may change it meanwhile).
     pub fn queue(
         &mut self,
         sock: &OwnedFd,
         table: &LearningBridge,
         pieces: &[&[u8]],
         off: Offload,
+        copy: bool,
     ) -> io::Result<()> {
         let len: usize = pieces.iter().map(|p| p.len()).sum();
         if len < MIN_INNER {
@@ -616,7 +618,7 @@ impl Path {
             return Err(errno(libc::EINVAL));
         }
         if off.needs_work() {
-            return self.queue_offload(sock, table, pieces, off);
+            return self.queue_offload(sock, table, pieces, off, copy);
         }
         if len + HDR_LEN > MAX_UDP_PAYLOAD || pieces.len() >= IOV_PER {
             self.counters.too_big += 1;
@@ -702,6 +704,7 @@ impl Path {
         table: &LearningBridge,
         pieces: &[&[u8]],
         off: Offload,
+        copy: bool,
     ) -> io::Result<()> {
         let (known, count) = self.dests(table, pieces);
         let mut resolver = self
@@ -716,8 +719,7 @@ impl Path {
             at: 0,
             refused: false,
         };
-        // The port's ring is valed's own memory: nobody writes the frame meanwhile.
-        let r = resolver.resolve_to(pieces, off, false, &mut encap);
+        let r = resolver.resolve_to(pieces, off, copy, &mut encap);
         self.resolver = Some(resolver);
         self.close_chunk(known);
         match r {
@@ -1252,7 +1254,7 @@ mod tests {
     }
 
     /// A TCP/IPv4 segment of `payload` bytes left to offload: segments of 1000 bytes.
-    fn tso_frame(payload: usize) -> (Vec<u8>, Offload) {
+    pub(super) fn tso_frame(payload: usize) -> (Vec<u8>, Offload) {
         let mut f = vec![2, 0, 0, 0, 0, 2, 2, 0, 0, 0, 0, 1, 8, 0];
         let tot = (40 + payload) as u16;
         f.extend([
@@ -1331,7 +1333,7 @@ mod tests {
             // Split in two pieces, as a frame spanning ring slots.
             let (a, b) = frame.split_at(3000);
             for _ in 0..2 {
-                p.queue(&sock, &table, &[a, b], off).unwrap();
+                p.queue(&sock, &table, &[a, b], off, false).unwrap();
                 p.flush(&sock);
             }
             let c = p.counters;
@@ -1359,16 +1361,16 @@ mod tests {
         let sock = sock::open(cfg.proto, cfg.vni, SocketAddr::new(ip("127.0.0.3"), port)).unwrap();
         let (mut bad, off) = tso_frame(5000);
         bad[16] = 0xff;
-        assert!(p.queue(&sock, &table, &[&bad], off).is_err());
+        assert!(p.queue(&sock, &table, &[&bad], off, false).is_err());
         assert_eq!(p.counters.bad_offload, 1);
         // A segment beyond a UDP datagram (65,549 bytes and the header) is counted too big and
         // not sent; the next frame goes as before.
         let (big, mut off) = tso_frame(65_495);
         off.gso_size = 65_495;
-        p.queue(&sock, &table, &[&big[..9472], &big[9472..]], off)
+        p.queue(&sock, &table, &[&big[..9472], &big[9472..]], off, false)
             .unwrap();
         let (f, off) = tso_frame(10_000);
-        p.queue(&sock, &table, &[&f], off).unwrap();
+        p.queue(&sock, &table, &[&f], off, false).unwrap();
         p.flush(&sock);
         assert_eq!((p.counters.too_big, p.counters.tso_frames), (1, 2));
         assert_eq!(p.remotes[0].counters.tx_frames, 10);
@@ -1395,7 +1397,7 @@ mod tests {
         let mut p = Path::new(&cfg);
         let t = std::time::Instant::now();
         for _ in 0..2000 {
-            p.queue(&sock, &table, &pieces, off).unwrap();
+            p.queue(&sock, &table, &pieces, off, false).unwrap();
             p.flush(&sock);
         }
         eprintln!(

@@ -23,10 +23,18 @@
 //!   is the same packets. It needs the UDP checksum on (the kernel refuses `UDP_SEGMENT`
 //!   without it); where a kernel refuses it anyway, the port sends one datagram per frame from
 //!   then on (the first refused message's frames are counted as drops).
-//! - **What it leaves to the ring path.** Frames with offload work (a port that takes
-//!   offloads gets them as they are, see [`crate::offload`]) are declined, as are the batches
-//!   of an EVPN port (whose local MACs are noted on the way out): both go through the port's
-//!   thread.
+//! - **Offload work done here too.** A frame with offload work (a TCP segment of up to 64 KiB
+//!   from a TAP port, a frame whose checksum is left to do: a tunnel port takes offloads as
+//!   they are, see [`crate::offload`]) is finished through the port's [`Path`], as the ring
+//!   path does it: the switch's segmenter writes each segment behind its tunnel header into
+//!   the path's arena and the segments go out as `UDP_SEGMENT` sends at once, after the frames
+//!   queued before it. A frame that could change meanwhile (a guest's) is parsed from a copy.
+//!   The ring path's copy of each segment into the port's ring and the wake-up of its thread
+//!   are gone: `bench/tunnel_tcp.py --no-peers` (2 vCPUs, builds alternated three times, six
+//!   direction-medians each) 10.01 -> 10.64 Gbit/s median, CPU per GB unchanged (1.30).
+//! - **What it leaves to the ring path.** A frame with offload work in more pieces than a
+//!   message holds, and the batches of an EVPN port (whose local MACs are noted on the way
+//!   out): they go through the port's thread.
 
 use super::super::gso::{refuses_gso, Cmsg, MAX_GSO_SEGMENTS};
 use super::super::sock::Sock;
@@ -149,15 +157,43 @@ impl DirectSink for Shared {
         let mut b = lock(&self.batch);
         path.now_s = self.now_s();
         b.gso = self.gso();
+        let copy = frames.shared();
         while let Some(f) = frames.next_frame() {
-            if f.offload.needs_work() {
-                // The ring path finishes or offloads it.
-                frames.put_back();
-                d.declined = true;
-                break;
-            }
             let len = f.len as usize;
             let pieces = &f.iov[1..];
+            if f.offload.needs_work() {
+                if pieces.len() >= IOV_PER {
+                    // The ring path takes it (and those after it, in order).
+                    frames.put_back();
+                    d.declined = true;
+                    break;
+                }
+                // After the frames before it; its segments go out at once, so the pieces
+                // need not last beyond this frame.
+                b.flush(&self.sock, &mut path);
+                let mut slices: [&[u8]; IOV_PER] = [&[]; IOV_PER];
+                for (s, v) in slices.iter_mut().zip(pieces) {
+                    // SAFETY: each iovec names a live piece of the frame, which stays put
+                    // until the next frame is taken.
+                    *s = unsafe { slice_of(v) };
+                }
+                // A refused frame (bad offload fields, too big) is counted by `queue`.
+                match path.queue(
+                    &self.sock,
+                    &self.table,
+                    &slices[..pieces.len()],
+                    f.offload,
+                    copy,
+                ) {
+                    Ok(()) => {
+                        path.flush(&self.sock);
+                        d.frames += 1;
+                        d.bytes += len as u64;
+                    }
+                    Err(_) => d.dropped += 1,
+                }
+                continue;
+            }
             if len < MIN_INNER {
                 path.counters.bad_header += 1;
                 d.dropped += 1;
@@ -456,7 +492,7 @@ mod tests {
     use super::*;
     use crate::host::tunnel::wire::Proto;
     use crate::kind::{Egress, OutFrame};
-    use crate::offload::{Offload, F_NEEDS_CSUM};
+    use crate::offload::Offload;
 
     /// A batch as the pipeline hands it over: frames in pieces; a frame that does not last
     /// lies in scratch space the next frame overwrites (as the resolver's segments do).
@@ -642,22 +678,105 @@ mod tests {
         assert!(received(&rx).is_empty());
     }
 
-    /// A frame with offload work goes back to the ring with those after it; those before it
-    /// are sent.
+    /// The datagrams the ring path sends for `frames` (the port's own thread, as before the
+    /// direct path took frames with offload work).
+    fn ring_path(
+        dev: &mut TunnelDevice,
+        frames: &[(Vec<Vec<u8>>, Offload, bool)],
+        rx: &UdpSocket,
+    ) -> Vec<Vec<u8>> {
+        for (pieces, off, _) in frames {
+            let p: Vec<&[u8]> = pieces.iter().map(|p| &p[..]).collect();
+            assert!(matches!(dev.send(&p, *off), Ok(true)));
+        }
+        assert!(dev.flush().is_ok());
+        received(rx)
+    }
+
+    /// A TCP segment of 10,000 bytes and a frame whose checksum is left to do, among frames
+    /// without offload work: the direct path finishes them where they are and sends every
+    /// frame in batch order, the same datagrams as the ring path, counted alike.
     #[test]
-    fn frames_with_offload_work_are_left_to_the_ring_path() {
+    fn frames_with_offload_work_are_finished_and_sent_in_order() {
+        let (rx, mut dev) = pair(&[]);
+        let sh = dev.shared.clone();
+        sh.table.learn(mac(&[2, 0, 0, 0, 0, 9]), 0, 16, sh.now_s());
+        let mut frames = batch();
+        let (tso, off) = super::super::tests::tso_frame(10_000);
+        frames.insert(5, (vec![tso[..54].to_vec(), tso[54..].to_vec()], off, true));
+        let (mut csum, mut off) = super::super::tests::tso_frame(500);
+        csum[..6].copy_from_slice(&[2, 0, 0, 0, 0, 9]);
+        off.gso_type = crate::offload::GSO_NONE;
+        off.gso_size = 0;
+        frames.push((vec![csum], off, true));
+        let mut out = Frames::new(frames.clone());
+        let d = sh.send_batch(&mut out, 0);
+        assert_eq!(
+            (d.frames, d.dropped, d.declined),
+            (frames.len() as u64, 0, false)
+        );
+        let direct = received(&rx);
+        // 10 datagrams for the TCP segment, one for each other frame.
+        assert_eq!(direct.len(), frames.len() + 9);
+        assert_eq!(
+            direct[..5],
+            expected(&frames[..5])[..],
+            "the frames before it go first"
+        );
+        assert_eq!(
+            direct,
+            ring_path(&mut dev, &frames, &rx),
+            "as the ring path sends them"
+        );
+        let path = lock(&sh.path);
+        assert_eq!(path.counters.tso_frames, 2, "one each way");
+        assert_eq!(path.counters.bad_offload, 0);
+        let c = &path.remotes[0].counters;
+        assert_eq!((c.tx_frames, c.drops), (2 * direct.len() as u64, 0));
+    }
+
+    /// A frame with offload work in more pieces than a message holds goes back to the ring
+    /// with those after it; those before it are sent. One whose offload fields do not fit the
+    /// frame is a counted drop, and the frames after it go on.
+    #[test]
+    fn offload_frames_the_direct_path_cannot_take_are_declined_or_dropped() {
         let (rx, dev) = pair(&[]);
         let sh = dev.shared.clone();
+        let (tso, off) = super::super::tests::tso_frame(3_000);
         let mut frames = batch();
-        frames[5].1 = Offload {
-            flags: F_NEEDS_CSUM,
-            ..Offload::default()
-        };
+        let pieces: Vec<Vec<u8>> = tso
+            .chunks(tso.len() / IOV_PER + 1)
+            .map(|c| c.to_vec())
+            .collect();
+        assert!(pieces.len() >= IOV_PER - 1);
+        let mut many = pieces.clone();
+        many.push(Vec::new());
+        while many.len() < IOV_PER {
+            many.push(Vec::new());
+        }
+        frames.insert(5, (many, off, true));
         let mut out = Frames::new(frames.clone());
         let d = sh.send_batch(&mut out, 0);
         assert!(d.declined);
         assert_eq!((d.frames, out.next), (5, 5));
         assert_eq!(received(&rx), expected(&frames[..5]));
+
+        let bad = Offload {
+            csum_start: 5000,
+            ..off
+        };
+        let mut frames = batch();
+        frames.insert(5, (vec![tso.clone()], bad, true));
+        let mut out = Frames::new(frames.clone());
+        let d = sh.send_batch(&mut out, 0);
+        assert_eq!(
+            (d.frames, d.dropped, d.declined),
+            (frames.len() as u64 - 1, 1, false)
+        );
+        let mut good = frames.clone();
+        good.remove(5);
+        assert_eq!(received(&rx), expected(&good));
+        assert_eq!(lock(&sh.path).counters.bad_offload, 1);
     }
 
     /// Runts and frames beyond a UDP datagram are counted drops; a remote whose sends the
