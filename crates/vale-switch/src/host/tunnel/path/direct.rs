@@ -158,6 +158,10 @@ impl DirectSink for Shared {
         path.now_s = self.now_s();
         b.gso = self.gso();
         let copy = frames.shared();
+        // Frames with offload work are finished into the path's own messages (the batch's
+        // hold the others); whichever holds the latest frames goes out before the other
+        // takes more, so the wire keeps the batch's order.
+        let mut in_path = false;
         while let Some(f) = frames.next_frame() {
             let len = f.len as usize;
             let pieces = &f.iov[1..];
@@ -168,8 +172,8 @@ impl DirectSink for Shared {
                     d.declined = true;
                     break;
                 }
-                // After the frames before it; its segments go out at once, so the pieces
-                // need not last beyond this frame.
+                // After the frames before it. Its segments are written into the path's
+                // arena, so its pieces need not last beyond this frame.
                 b.flush(&self.sock, &mut path);
                 let mut slices: [&[u8]; IOV_PER] = [&[]; IOV_PER];
                 for (s, v) in slices.iter_mut().zip(pieces) {
@@ -186,13 +190,16 @@ impl DirectSink for Shared {
                     copy,
                 ) {
                     Ok(()) => {
-                        path.flush(&self.sock);
+                        in_path = true;
                         d.frames += 1;
                         d.bytes += len as u64;
                     }
                     Err(_) => d.dropped += 1,
                 }
                 continue;
+            }
+            if std::mem::take(&mut in_path) {
+                path.flush(&self.sock);
             }
             if len < MIN_INNER {
                 path.counters.bad_header += 1;
@@ -213,6 +220,9 @@ impl DirectSink for Shared {
             }
             d.frames += 1;
             d.bytes += len as u64;
+        }
+        if in_path {
+            path.flush(&self.sock);
         }
         b.flush(&self.sock, &mut path);
         if !b.gso {
