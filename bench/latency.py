@@ -39,9 +39,11 @@ each other between looks, and sleep while other tasks keep it (vale_abi::spin). 
 (measured minutes apart: compare it over several runs on a busy machine), and "crowded"
 the waits of ping (summed over runs) that slept because its CPU was crowded; "floor" the
 round trip of a bare index between the same CPUs (`bare-copy --rtt` ping<->valed plus
-valed<->pong: the four hops' index moves and nothing else; none where two parties share a
-CPU), "/floor" the busy median over it. The sleeping
-rows of the main table are untouched by all this.
+valed<->pong: the four hops' index moves and nothing else; for busy-1thread twice the round
+trip between its CPU and valed's; none where two parties share a CPU), "/floor" the busy
+median over it: on a machine whose host moves its vCPUs (a line's round trip here went from
+0.1 to 0.5 us and back between runs) the ratio says more than the median. The sleeping rows
+of the main table are untouched by all this.
 
 Like with like (the "like-for-like" table and JSON list; --like none skips it): the kernel's
 ICMP echo answers in softirq, no process wakes on the far side, so it is not the peer of a
@@ -279,12 +281,13 @@ def oversubscribed(cpus, busy):
                for i in range(3) for j in range(i + 1, 3))
 
 
-def line_floor(cpus):
+def line_floor(cpus, one_thread=False):
     """The round trip of a bare index ping -> valed -> pong -> valed -> ping on these CPUs
     (valed, ping, pong), in us: bare-copy --rtt ping<->valed plus valed<->pong; None where
-    two of them share a CPU."""
+    two of them share a CPU, but for `one_thread` (busy-1thread: ping and pong are one thread
+    on one CPU, and the floor is twice its round trip with valed's)."""
     valed, ping, pong = cpus
-    if len({valed, ping, pong}) != 3:
+    if len({valed, ping, pong}) != (2 if one_thread else 3) or valed in (ping, pong):
         return None
     total = 0.0
     for pair in ((ping, valed), (valed, pong)):
@@ -305,7 +308,7 @@ def busy_variants(a, sizes, names, fixed_cpus):
         pong_args = ["--busy"] if pong_busy else []
         if name == "busy-1thread":
             ping_args = pong_args = []
-        floor = None if name == "busy-1thread" else line_floor(cpus)
+        floor = line_floor(cpus, one_thread=name == "busy-1thread")
         for s in sizes:
             if name == "busy-1thread":
                 runs = [one_thread_ping(v, s, a.seconds) for _ in range(a.runs)]

@@ -205,10 +205,17 @@ const MUTE_MAX_NS: u64 = 16_000_000;
 const LOOK_EVERY_NS: u64 = 100_000_000;
 /// Passes of the loop between two readings of the clock for the look.
 const LOOK_PASSES: u32 = 64;
-/// While rings are active, dry passes between two looks at the epoll set (a system call, 0.1
+/// While rings are active, passes between two looks at the epoll set (a system call, 0.1
 /// µs or more; a dry pass costs tens of ns): a kick of a sleeping ring, a command or the timer
-/// waits at most this many passes, a microsecond or two.
+/// waits at most this many passes, a microsecond or two when they are dry.
 const COLLECT_PASSES: u32 = 16;
+/// A pass that moved this many slots or more is followed by a look at the epoll set at once
+/// (its cost is small beside the pass's), so that a loaded worker still sees a sleeping
+/// ring's kick within a pass or two; a pass that moved fewer (a ping-pong's frame) is not,
+/// since the frame that answers it may come while the worker is in the system call.
+const COLLECT_SLOTS: u64 = 32;
+/// Passes one reading of the clock serves for the dry rings' busy-poll and spin intervals.
+const CLOCK_PASSES: u32 = 8;
 /// Slots a ring must have taken since the last look to count as busy (about 10000 frames a
 /// second): a ring that carried a frame or two, an announcement say, is not load worth moving.
 const BUSY_SLOTS: u64 = 1024;
@@ -236,8 +243,12 @@ struct Loop {
     /// Engine clock of the next look, and passes of the loop until the clock is read again.
     next_look: u64,
     passes: u32,
-    /// Dry passes since the last that moved frames (see [`COLLECT_PASSES`]).
-    dry_passes: u32,
+    /// Passes since the last look at the epoll set (see [`COLLECT_PASSES`]).
+    quiet_passes: u32,
+    /// The engine clock as last read for the dry rings, and passes since (see
+    /// [`CLOCK_PASSES`]).
+    clock_ns: Option<u64>,
+    clock_passes: u32,
 }
 
 impl Loop {
@@ -270,7 +281,9 @@ impl Loop {
             peers,
             next_look: LOOK_EVERY_NS,
             passes: 0,
-            dry_passes: 0,
+            quiet_passes: 0,
+            clock_ns: None,
+            clock_passes: 0,
         })
     }
 
@@ -290,12 +303,13 @@ impl Loop {
                 self.mute_left_ms()
             };
             // Active rings are polled whatever their kicks say, so while there are some the
-            // epoll set is looked at only after a pass that moved frames (the system call then
-            // overlaps the receivers' turn) and every COLLECT_PASSES dry passes: a busy-polling
-            // worker's look at a ring is then tens of ns apart, not a system call.
-            let n = if timeout == 0 && !self.dry_passes.is_multiple_of(COLLECT_PASSES) {
+            // epoll set is looked at only every COLLECT_PASSES passes and after a pass that
+            // moved COLLECT_SLOTS or more: a busy-polling worker's look at a ring is then tens
+            // of ns apart, not a system call.
+            let n = if timeout == 0 && self.quiet_passes < COLLECT_PASSES {
                 0
             } else {
+                self.quiet_passes = 0;
                 epoll::wait(&self.epoll, &mut events, timeout).len()
             };
             for ev in &events[..n] {
@@ -313,11 +327,12 @@ impl Loop {
             if !self.muted.is_empty() {
                 self.unmute_due();
             }
-            let moved = self.round();
-            self.dry_passes = if moved {
-                0
+            let slots = self.round();
+            let moved = slots != 0;
+            self.quiet_passes = if slots >= COLLECT_SLOTS {
+                COLLECT_PASSES
             } else {
-                self.dry_passes.wrapping_add(1)
+                self.quiet_passes + 1
             };
             if (self.busy_poll_ns | self.spin_ns) != 0 && !self.active.is_empty() {
                 // Every active ring was dry (busy-polled) unless something moved: pause, or
@@ -577,8 +592,8 @@ impl Loop {
     }
 
     /// One batch from every active ring; rings that ran dry go back to sleep (after the
-    /// busy-poll interval, unless the spinner backs off). Whether any ring moved.
-    fn round(&mut self) -> bool {
+    /// busy-poll interval, unless the spinner backs off). The slots the rings took.
+    fn round(&mut self) -> u64 {
         let (mut batches, mut slots) = (0u64, 0u64);
         let spinning = self.spinner.spinning();
         let busy_poll_ns = if self.busy_poll_ns != 0 && spinning {
@@ -587,8 +602,15 @@ impl Loop {
             0
         };
         let spin_ns = if spinning { self.spin_ns } else { 0 };
-        // One clock reading serves every dry ring of the pass (a pass takes nanoseconds).
-        let mut clock = None;
+        // One clock reading serves every dry ring of up to CLOCK_PASSES dry passes in a row (a
+        // dry pass takes tens of ns, the reading about 20): a ring's dry time may be counted
+        // from that many dry passes early.
+        let mut clock = if self.clock_passes < CLOCK_PASSES {
+            self.clock_passes += 1;
+            self.clock_ns
+        } else {
+            None
+        };
         let mut i = 0;
         while i < self.active.len() {
             let token = self.active[i];
@@ -640,9 +662,15 @@ impl Loop {
             self.active.swap_remove(i);
         }
         if batches != 0 {
+            // A pass that moved frames may have taken long: read the clock afresh.
+            (self.clock_ns, self.clock_passes) = (None, CLOCK_PASSES);
+        } else if clock != self.clock_ns {
+            (self.clock_ns, self.clock_passes) = (clock, 0);
+        }
+        if batches != 0 {
             self.me.stats.count(batches, slots);
         }
-        batches != 0
+        slots
     }
 
     fn arm_timer(&self, next_ns: Option<u64>) {

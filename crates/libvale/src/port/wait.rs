@@ -392,8 +392,14 @@ impl Port {
     /// Has valed moved `hwtail` past what the client last saw, on a ring of `set` that
     /// `want` concerns? A hint only (relaxed); a sync reads it again with acquire ordering.
     pub(super) fn moved(&self, set: &RingSet, want: Events) -> bool {
-        self.wanted(set, want)
-            .any(|i| self.ktoa(i).hwtail.load(Relaxed) != self.ring(i).tail())
+        let t = self.layout.params.tx_rings;
+        self.wanted(set, want).any(|i| {
+            let ring = self.ring(i);
+            if i >= t {
+                ring.prefetch_next();
+            }
+            self.ktoa(i).hwtail.load(Relaxed) != ring.tail()
+        })
     }
 
     /// The busy wait of [`Port::poll`]: spins until a ring `want` names is ready, `end`
