@@ -10,12 +10,11 @@
 //! A [`Spinner`] watches for that and has three modes:
 //!
 //! - **spinning**: no system call. The caller calls [`Spinner::pause`] after every fruitless
-//!   look at its rings; one pause in [`CLOCK_EVERY`] reads the clock (vDSO). Two readings
-//!   more than [`GAP_NS`] apart mean the spinner was off its CPU for a while; if the
-//!   thread's count of involuntary context switches moved meanwhile
-//!   (`getrusage(RUSAGE_THREAD)`, `ru_nivcsw`, read then and every [`CHECK_NS`]), another
-//!   task had the CPU for that long — one that waited for the spinner's time slice to end —
-//!   so it goes on *yielding*. A task that wakes, preempts the
+//!   look at its rings; every pause reads the clock (vDSO). Two pauses more than [`GAP_NS`]
+//!   apart mean the spinner was off its CPU for a while; if the thread's count of involuntary
+//!   context switches moved meanwhile (`getrusage(RUSAGE_THREAD)`, `ru_nivcsw`, read then and
+//!   every [`CHECK_NS`]), another task had the CPU for that long — one that waited for the
+//!   spinner's time slice to end — so it goes on *yielding*. A task that wakes, preempts the
 //!   spinner and soon sleeps again (a sleeping partner) leaves a short gap: it needs no yield.
 //! - **yielding**: `sched_yield()` in every pause, so a runnable task on this CPU runs at once
 //!   (a partner that yields too hands the CPU back within microseconds: three busy parties on
@@ -35,13 +34,9 @@
 //! at once or sleeps. `sched_yield` with nobody else runnable returns at once but is a system
 //! call (about 0.5 µs on the 2-vCPU machine of bench/README.md, so one in every look would
 //! add that to each hop of a round trip): a spinner alone on its CPU stays in the first mode,
-//! which costs one clock read (about 20 ns) every [`CLOCK_EVERY`] pauses and a `getrusage`
-//! (about 0.3 µs) a [`CHECK_NS`].
+//! which costs one clock read (about 20 ns) a pause and a `getrusage` (about 0.3 µs) a
+//! [`CHECK_NS`].
 
-/// While spinning, the clock is read in one pause of this many (a look at the rings and a
-/// pause take tens of ns, a reading of the clock about 20): the gaps below are measured
-/// between readings.
-pub const CLOCK_EVERY: u32 = 8;
 /// Two pauses further apart than this: the spinner was off its CPU for longer than a sleeping
 /// task's wake-up takes (a look at the rings takes nanoseconds).
 pub const GAP_NS: u64 = 50_000;
@@ -93,8 +88,6 @@ pub struct Spinner {
     late: bool,
     /// Back-offs in a row.
     backoffs: u32,
-    /// Spinning: pauses since the clock was last read (see [`CLOCK_EVERY`]).
-    unclocked: u32,
 }
 
 impl Default for Spinner {
@@ -115,7 +108,6 @@ impl Spinner {
             long_yields: 0,
             late: false,
             backoffs: 0,
-            unclocked: 0,
         }
     }
 
@@ -148,15 +140,6 @@ impl Spinner {
     /// other tasks want the CPU) and says whether to go on spinning (false: sleep instead,
     /// the spinner is backing off).
     pub fn pause(&mut self) -> bool {
-        if self.mode == Mode::Spinning && self.last_pause != 0 {
-            // Between two readings of the clock, a pause is only the CPU's.
-            self.unclocked += 1;
-            if self.unclocked < CLOCK_EVERY {
-                std::hint::spin_loop();
-                return true;
-            }
-        }
-        self.unclocked = 0;
         let now = now_ns();
         match self.mode {
             Mode::Spinning => {
