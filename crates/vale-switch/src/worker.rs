@@ -214,7 +214,8 @@ const COLLECT_PASSES: u32 = 16;
 /// ring's kick within a pass or two; a pass that moved fewer (a ping-pong's frame) is not,
 /// since the frame that answers it may come while the worker is in the system call.
 const COLLECT_SLOTS: u64 = 32;
-/// Passes one reading of the clock serves for the dry rings' busy-poll and spin intervals.
+/// Dry passes in a row one reading of the clock serves for the dry rings' busy-poll and spin
+/// intervals (a dry pass takes tens of ns, a reading about 20).
 const CLOCK_PASSES: u32 = 8;
 /// Slots a ring must have taken since the last look to count as busy (about 10000 frames a
 /// second): a ring that carried a frame or two, an announcement say, is not load worth moving.
@@ -245,7 +246,7 @@ struct Loop {
     passes: u32,
     /// Passes since the last look at the epoll set (see [`COLLECT_PASSES`]).
     quiet_passes: u32,
-    /// The engine clock as last read for the dry rings, and passes since (see
+    /// The engine clock as last read for the dry rings, and dry passes since (see
     /// [`CLOCK_PASSES`]).
     clock_ns: Option<u64>,
     clock_passes: u32,
@@ -310,6 +311,9 @@ impl Loop {
                 0
             } else {
                 self.quiet_passes = 0;
+                // The clock reading kept for dry rings is not carried over a look that may
+                // have slept.
+                self.clock_ns = None;
                 epoll::wait(&self.epoll, &mut events, timeout).len()
             };
             for ev in &events[..n] {
@@ -602,9 +606,9 @@ impl Loop {
             0
         };
         let spin_ns = if spinning { self.spin_ns } else { 0 };
-        // One clock reading serves every dry ring of up to CLOCK_PASSES dry passes in a row (a
-        // dry pass takes tens of ns, the reading about 20): a ring's dry time may be counted
-        // from that many dry passes early.
+        // One clock reading serves every dry ring of up to CLOCK_PASSES dry passes in a row,
+        // between two looks at the epoll set: a ring's dry time may be counted from that
+        // many dry passes early.
         let mut clock = if self.clock_passes < CLOCK_PASSES {
             self.clock_passes += 1;
             self.clock_ns
@@ -662,13 +666,11 @@ impl Loop {
             self.active.swap_remove(i);
         }
         if batches != 0 {
-            // A pass that moved frames may have taken long: read the clock afresh.
-            (self.clock_ns, self.clock_passes) = (None, CLOCK_PASSES);
+            // A pass that moved frames may have taken long: the next reads the clock afresh.
+            self.clock_ns = None;
+            self.me.stats.count(batches, slots);
         } else if clock != self.clock_ns {
             (self.clock_ns, self.clock_passes) = (clock, 0);
-        }
-        if batches != 0 {
-            self.me.stats.count(batches, slots);
         }
         slots
     }
