@@ -17,6 +17,19 @@ use serde::{Deserialize, Serialize};
 use crate::csb::CSB_RING_SIZE;
 use crate::netmap::{NetmapSlot, NIFP_RING_OFS, RING_SLOTS_OFS};
 
+/// Brings the cache line at `p` toward this CPU: a hint, for a slot or buffer of a region
+/// about to be read (valed's gather, a client's busy wait).
+#[inline(always)]
+pub fn prefetch(p: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch never faults.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
 /// "VALE" in memory order.
 pub const VALE_MAGIC: u32 = u32::from_le_bytes(*b"VALE");
 /// Bumped on any incompatible change of the region or the control protocol.

@@ -215,7 +215,7 @@ const COLLECT_PASSES: u32 = 16;
 /// since the frame that answers it may come while the worker is in the system call.
 const COLLECT_SLOTS: u64 = 32;
 /// How often the adaptive spin is tried again on rings whose last gap was long, and for how
-/// long each time (see [`Loop::probing`]): longer than a slow round trip, so that every ring of
+/// long each time (see [`Probe`]): longer than a slow round trip, so that every ring of
 /// an exchange wakes in it.
 const PROBE_EVERY_NS: u64 = 10_000_000;
 const PROBE_WINDOW_NS: u64 = 300_000;
@@ -228,6 +228,35 @@ const BUSY_SLOTS: u64 = 1024;
 
 const TOKEN_WAKE: u64 = u64::MAX;
 const TOKEN_TIMER: u64 = u64::MAX - 1;
+
+/// The adaptive spin's probe windows: now and then every ring that wakes spins, whatever its
+/// last gap.
+///
+/// A ring spins before it sleeps only if its last gap was short, and the gaps of an exchange
+/// are short only while its rings spin: once one round trip outlasts the spin (a client
+/// descheduled a moment), every hop costs the worker a wake-up, the round trips stay longer
+/// than the spin, and the spin never comes back (a sleeping ping-pong held at 56-115 µs
+/// instead of 32 on the 2-vCPU machine). An exchange whose rings all spin together in a
+/// window is fast again and keeps them spinning; an idle port (no wake-up) costs nothing, a
+/// port whose frames really come far apart one vain spin a window.
+#[derive(Default)]
+struct Probe {
+    /// Engine clock when the next window opens, and when the last one ends.
+    next: u64,
+    until: u64,
+}
+
+impl Probe {
+    /// Whether a window is open at `now`, opening one if the last opened
+    /// [`PROBE_EVERY_NS`] ago or more.
+    fn open(&mut self, now: u64) -> bool {
+        if now >= self.next {
+            self.next = now + PROBE_EVERY_NS;
+            self.until = now + PROBE_WINDOW_NS;
+        }
+        now < self.until
+    }
+}
 
 struct Loop {
     me: Arc<Worker>,
@@ -251,10 +280,8 @@ struct Loop {
     passes: u32,
     /// Passes since the last look at the epoll set (see [`COLLECT_PASSES`]).
     quiet_passes: u32,
-    /// The adaptive spin's next probe window opens at `probe_at`; the last one ends at
-    /// `probe_until` (engine clock; see [`Loop::probing`]).
-    probe_at: u64,
-    probe_until: u64,
+    /// The adaptive spin's probe windows.
+    probe: Probe,
     /// The engine clock as last read for the dry rings, and dry passes since (see
     /// [`CLOCK_PASSES`]).
     clock_ns: Option<u64>,
@@ -292,8 +319,7 @@ impl Loop {
             next_look: LOOK_EVERY_NS,
             passes: 0,
             quiet_passes: 0,
-            probe_at: 0,
-            probe_until: 0,
+            probe: Probe::default(),
             clock_ns: None,
             clock_passes: 0,
         })
@@ -541,47 +567,19 @@ impl Loop {
         self.muted.push(token);
     }
 
-    /// Whether the adaptive spin's probe window is open at engine clock `now`, opening one
-    /// if the last opened [`PROBE_EVERY_NS`] ago or more.
-    ///
-    /// A ring spins before it sleeps only if its last gap was short, and the gaps of an
-    /// exchange are short only while its rings spin: once one round trip outlasts the spin
-    /// (a client descheduled a moment), every hop costs the worker a wake-up, the round trips
-    /// stay longer than the spin, and the spin never comes back (a sleeping ping-pong held at
-    /// 75-115 µs instead of 32 on the 2-vCPU machine). So now and then every ring that wakes
-    /// spins whatever its last gap: an exchange whose rings all spin together is fast again
-    /// and keeps them spinning; an idle port (no wake-up) costs nothing, a port whose frames
-    /// really come far apart one vain spin a window.
-    fn probing(&mut self, now: u64) -> bool {
-        if now >= self.probe_at {
-            self.probe_at = now + PROBE_EVERY_NS;
-            self.probe_until = now + PROBE_WINDOW_NS;
-        }
-        now < self.probe_until
-    }
-
     /// Polls ring `token` from now on, without kicks.
     fn activate(&mut self, token: usize) {
-        // Spin before sleeping next time if the gap since the ring slept was short, or while
-        // a probe window is open.
-        let spin = match self.sources.get(token) {
-            Some(Some(Source {
-                slept_at: Some(t), ..
-            })) if self.spin_ns != 0 => {
-                let (t, now) = (*t, self.pipe.notifier.now_ns());
-                Some(now - t < self.spin_ns || self.probing(now))
-            }
-            _ => None,
-        };
         let Some(Some(s)) = self.sources.get_mut(token) else {
             return;
         };
         let Some(a) = &s.port.attachment else { return };
         a.region.ktoa(s.ring).kern_need_kick.store(0, Relaxed);
         s.dry_since = None;
-        s.slept_at = None;
-        if let Some(spin) = spin {
-            s.spin = spin;
+        if let Some(slept) = s.slept_at.take() {
+            // Spin before sleeping next time if the gap since it slept was short, or while a
+            // probe window is open.
+            let now = self.pipe.notifier.now_ns();
+            s.spin = now - slept < self.spin_ns || (self.spin_ns != 0 && self.probe.open(now));
         }
         if !s.active {
             s.active = true;

@@ -113,14 +113,7 @@ impl Ring<'_> {
         // SAFETY: a slot of this ring (checked above); read once, volatile (valed writes it).
         let idx = unsafe { std::ptr::read_volatile(&(*self.slot_ptr(tail)).buf_idx) };
         if idx < self.num_bufs {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: a prefetch never faults.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch(
-                    self.buf_ptr(idx) as *const i8,
-                    std::arch::x86_64::_MM_HINT_T0,
-                )
-            };
+            vale_abi::region::prefetch(self.buf_ptr(idx));
         }
     }
     /// Slot `i` (`i` < `num_slots`).

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use vale_abi::netmap::{NetmapSlot, NS_INDIRECT, NS_MOREFRAG, NS_OFFLOAD};
-use vale_abi::region::{FIRST_SLOT_BUF, MAX_FRAGS, MAX_FRAME_LEN};
+use vale_abi::region::{prefetch, FIRST_SLOT_BUF, MAX_FRAGS, MAX_FRAME_LEN};
 
 use crate::capture;
 use crate::kind::{DirectSink, OutFrame, OutFrames};
@@ -173,17 +173,6 @@ fn take_next(next: &[u16], a: &mut u16, b: &mut u16) -> u16 {
     let i = *list;
     *list = next[i as usize];
     i
-}
-
-#[inline(always)]
-fn prefetch(p: *const u8) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch never faults.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0)
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 #[cfg(test)]
