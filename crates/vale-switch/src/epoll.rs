@@ -121,16 +121,28 @@ pub fn new_timer() -> io::Result<OwnedFd> {
 
 /// Makes `timer` fire once, `ns` nanoseconds from now (at least 1).
 pub fn arm_timer(timer: &OwnedFd, ns: u64) {
-    let ns = ns.max(1);
+    set_timer(timer, ns.max(1), 0);
+}
+
+/// Makes `timer` fire every `ns` nanoseconds (at least 1), the first time `ns` from now.
+pub fn arm_periodic(timer: &OwnedFd, ns: u64) {
+    set_timer(timer, ns.max(1), ns.max(1));
+}
+
+/// Stops `timer` from firing.
+pub fn disarm_timer(timer: &OwnedFd) {
+    set_timer(timer, 0, 0);
+}
+
+/// `timerfd_settime`: the first expiry `ns` from now (0: none), then every `period` (0: none).
+fn set_timer(timer: &OwnedFd, ns: u64, period: u64) {
+    let ts = |ns: u64| libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    };
     let spec = libc::itimerspec {
-        it_interval: libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        },
-        it_value: libc::timespec {
-            tv_sec: (ns / 1_000_000_000) as libc::time_t,
-            tv_nsec: (ns % 1_000_000_000) as libc::c_long,
-        },
+        it_interval: ts(period),
+        it_value: ts(ns),
     };
     // SAFETY: plain syscall with a live struct.
     unsafe { libc::timerfd_settime(timer.as_raw_fd(), 0, &spec, std::ptr::null_mut()) };

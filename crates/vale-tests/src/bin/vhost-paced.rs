@@ -9,7 +9,11 @@
 //! (counted as `backlog`: the back end did not keep up). Prints one JSON line: frames posted,
 //! the seconds it took, and the backlog. With `--rate 0` it posts nothing: a connected guest
 //! whose driver is idle for `--seconds` (bench/vhost_many.py's idle ports). `--tick-us` sets
-//! the time between bursts (many senders at low rates: fewer wake-ups each).
+//! the time between bursts (many senders at low rates: fewer wake-ups each). Its transmit
+//! interrupts are off, as a polling driver has them (it reclaims descriptors by reading the
+//! used index). With `--event-idx` it negotiates event indices (VIRTIO_RING_F_EVENT_IDX),
+//! as Linux's virtio-net does, and kicks only when its avail index passes the back end's
+//! avail event (what vale's kick moderation sets ahead: docs/virtual-machines.md).
 //!
 //! With `--sync` (bench/vhost_user.py's `--cost`, which reads the middle's CPU time around
 //! the sending) it prints `{"ready": true}` once the rings are set up and waits for a line on
@@ -29,7 +33,7 @@
 //! (VRING_AVAIL_F_NO_INTERRUPT): they reclaim transmit descriptors by reading the used index.
 //!
 //!     vhost-paced --socket PATH --rate PPS [--seconds 2] [--len 60] [--dst MAC] [--mac MAC]
-//!                 [--tick-us 20] [--sync]
+//!                 [--tick-us 20] [--sync] [--event-idx]
 //!     vhost-paced --socket PATH --role pong [--seconds S] [--mac MAC] [--busy]
 //!     vhost-paced --socket PATH --role ping --dst MAC [--seconds 2] [--len 60] [--mac MAC] [--busy]
 
@@ -63,6 +67,7 @@ const MAX_SAMPLES: usize = 8 << 20;
 const F_VERSION_1: u64 = 1 << 32;
 const F_PROTOCOL_FEATURES: u64 = 1 << 30;
 const USED_F_NO_NOTIFY: u16 = 1;
+const F_EVENT_IDX: u64 = 1 << 29;
 
 fn desc(q: u64) -> u64 {
     q * 0x10000
@@ -92,6 +97,7 @@ struct Args {
     sync: bool,
     busy: bool,
     tick: Duration,
+    event_idx: bool,
 }
 
 fn parse_mac(s: &str) -> Result<[u8; 6], String> {
@@ -115,6 +121,7 @@ fn args() -> Result<Args, String> {
         sync: false,
         busy: false,
         tick: Duration::from_micros(20),
+        event_idx: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -136,6 +143,7 @@ fn args() -> Result<Args, String> {
             }
             "--sync" => a.sync = true,
             "--busy" => a.busy = true,
+            "--event-idx" => a.event_idx = true,
             "--tick-us" => {
                 let us: u64 = v()?.parse().map_err(|e| format!("--tick-us: {e}"))?;
                 if !(1..=1_000_000).contains(&us) {
@@ -146,7 +154,7 @@ fn args() -> Result<Args, String> {
             "-h" | "--help" => {
                 println!(
                     "vhost-paced --socket PATH --rate PPS [--seconds S] [--len 60-1514] [--dst MAC] [--mac MAC] \
-                     [--tick-us US] [--sync]\n\
+                     [--tick-us US] [--sync] [--event-idx]\n\
                      vhost-paced --socket PATH --role ping|pong [--seconds S] [--len 60-1514] [--dst MAC] \
                      [--mac MAC] [--busy]"
                 );
@@ -247,8 +255,9 @@ fn main() {
     });
     fe.set_owner().expect("SET_OWNER");
     let offered = fe.get_features().expect("GET_FEATURES");
-    fe.set_features(offered & (F_VERSION_1 | F_PROTOCOL_FEATURES))
-        .expect("SET_FEATURES");
+    let want = F_VERSION_1 | F_PROTOCOL_FEATURES | if a.event_idx { F_EVENT_IDX } else { 0 };
+    let event_idx = offered & want & F_EVENT_IDX != 0;
+    fe.set_features(offered & want).expect("SET_FEATURES");
     if offered & F_PROTOCOL_FEATURES != 0 {
         fe.get_protocol_features().expect("GET_PROTOCOL_FEATURES");
         fe.set_protocol_features(VhostUserProtocolFeatures::empty())
@@ -313,7 +322,13 @@ fn main() {
     }
 
     // Every transmit descriptor i points at its own buffer, which holds a header and a frame.
+    // Transmit interrupts off, as a polling driver has them: descriptors are reclaimed by
+    // reading the used index (with event indices, the used event kept half the index space
+    // ahead of it).
     let tx = 1u64;
+    let used_event = avail(tx) + 4 + 2 * QSZ as u64;
+    m.set_u16(avail(tx), AVAIL_F_NO_INTERRUPT);
+    m.set_u16(used_event, 0x8000);
     let mut frame = vec![0u8; HDR + a.len];
     frame[HDR..HDR + 6].copy_from_slice(&a.dst);
     frame[HDR + 6..HDR + 12].copy_from_slice(&a.mac);
@@ -326,7 +341,7 @@ fn main() {
 
     // Post at the rate: `due` frames by now; free descriptors are those the back end has
     // returned (used index) plus those never posted.
-    let (mut posted, mut backlog) = (0u64, 0u64);
+    let (mut posted, mut backlog, mut kicked) = (0u64, 0u64, 0u64);
     let mut next_avail = 0u16;
     let start = Instant::now();
     let end = Duration::from_secs_f64(a.seconds);
@@ -342,7 +357,11 @@ fn main() {
             break;
         }
         let due = (t.as_secs_f64() * a.rate) as u64;
-        let in_flight = next_avail.wrapping_sub(m.u16_at(used(tx) + 2)) as u64;
+        let returned = m.u16_at(used(tx) + 2);
+        let in_flight = next_avail.wrapping_sub(returned) as u64;
+        if event_idx {
+            m.set_u16(used_event, returned.wrapping_add(0x8000));
+        }
         let free = QSZ as u64 - in_flight;
         let want = due - posted - backlog;
         let n = want.min(free);
@@ -357,8 +376,19 @@ fn main() {
             m.set_u16(avail(tx) + 2, next_avail);
             posted += n;
             std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-            if m.u16_at(used(tx)) & USED_F_NO_NOTIFY == 0 {
+            // With event indices: a kick once the avail index passes the back end's avail
+            // event (the virtio spec's vring_need_event); else unless the back end said no.
+            let kick = match event_idx {
+                true => {
+                    let ev = m.u16_at(used(tx) + 4 + 8 * QSZ as u64);
+                    let old = next_avail.wrapping_sub(n as u16);
+                    next_avail.wrapping_sub(ev).wrapping_sub(1) < next_avail.wrapping_sub(old)
+                }
+                false => m.u16_at(used(tx)) & USED_F_NO_NOTIFY == 0,
+            };
+            if kick {
                 let _ = kicks[tx as usize].write(1);
+                kicked += 1;
             }
         }
         tick += a.tick;
@@ -373,7 +403,7 @@ fn main() {
         std::thread::sleep(Duration::from_millis(1));
     }
     println!(
-        "{{\"posted\": {posted}, \"seconds\": {took:.6}, \"backlog\": {backlog}, \"rate\": {}}}",
+        "{{\"posted\": {posted}, \"seconds\": {took:.6}, \"backlog\": {backlog}, \"kicks\": {kicked}, \"rate\": {}}}",
         a.rate
     );
     if a.sync {

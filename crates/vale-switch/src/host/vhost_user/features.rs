@@ -54,6 +54,9 @@ pub(super) struct Acked {
     pub(super) tx_ecn: bool,
     /// A frame toward the guest may span several rx chains.
     pub(super) mrg_rxbuf: bool,
+    /// Notifications are suppressed by event indices (the device may ask for a kick only
+    /// after several chains: see [`super::rx`]'s kick moderation).
+    pub(super) event_idx: bool,
     /// Longest frame without segmentation either way: the MTU the front end set plus an
     /// Ethernet header and a VLAN tag, once the guest acked VIRTIO_NET_F_MTU (the virtio
     /// spec: the driver sends nothing longer, the device delivers nothing longer).
@@ -70,6 +73,7 @@ impl Acked {
             tx_tso6: tx_csum && has(f, VIRTIO_NET_F_HOST_TSO6),
             tx_ecn: tx_csum && has(f, VIRTIO_NET_F_HOST_ECN),
             mrg_rxbuf: has(f, VIRTIO_NET_F_MRG_RXBUF),
+            event_idx: has(f, VIRTIO_RING_F_EVENT_IDX),
             max_frame: match mtu {
                 m if m != 0 && has(f, VIRTIO_NET_F_MTU) => m as usize + MTU_OVERHEAD,
                 _ => MAX_GUEST_FRAME,

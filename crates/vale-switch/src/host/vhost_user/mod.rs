@@ -68,7 +68,7 @@ use virtio_bindings::virtio_net::{
 use virtio_bindings::virtio_ring::VIRTIO_RING_F_EVENT_IDX;
 use virtio_queue::QueueT;
 use vm_memory::{
-    Address, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap,
+    Address, Bytes, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryBackend, GuestMemoryMmap,
     GuestMemoryRegion, MemoryRegionAddress,
 };
 use vmm_sys_util::epoll::EventSet;
@@ -414,6 +414,8 @@ struct Pair {
     steps: Arc<Mutex<Steps>>,
     /// Armed when this pair's forwarding deferred interrupts toward other ports (moderation).
     timer: OwnedFd,
+    /// Kick moderation's state (see [`rx::Pace`]), the pair's worker's alone.
+    pace: rx::Pace,
     /// Its queues, receive and transmit, once the library has shown them to its worker.
     queues: std::sync::OnceLock<[Vring; 2]>,
     /// The data path's lists (descriptors, chains, a frame's pieces), kept between frames so
@@ -451,6 +453,7 @@ impl Net {
             list.push(Pair {
                 steps,
                 timer: epoll::new_timer()?,
+                pace: rx::Pace::default(),
                 queues: std::sync::OnceLock::new(),
                 scratch: Mutex::new(Scratch::default()),
             });
@@ -547,6 +550,11 @@ impl Net {
         }
     }
 
+    /// Nanoseconds since the connection began (the clock of moderation).
+    fn now_ns(&self) -> u64 {
+        self.0.epoch.elapsed().as_nanos() as u64
+    }
+
     /// Interrupts the guest on queue `q` (of `st`), or, with the port's moderation knob set
     /// and the last interrupt less than an interval ago, once the interval is over: any
     /// thread may call this; pair 0's worker fires what waits (see `fire_deferred`).
@@ -556,7 +564,7 @@ impl Net {
             signal_guest(st);
             return;
         }
-        let now = self.0.epoch.elapsed().as_nanos() as u64;
+        let now = self.now_ns();
         let last = self.0.irq_last[q].load(Relaxed);
         if now.saturating_sub(last) >= m {
             self.0.irq_last[q].store(now, Relaxed);
@@ -581,7 +589,7 @@ impl Net {
             if !self.0.irq_pending[q].load(Relaxed) {
                 continue;
             }
-            let now = self.0.epoch.elapsed().as_nanos() as u64;
+            let now = self.now_ns();
             let last = self.0.irq_last[q].load(Relaxed);
             if now.saturating_sub(last) >= m && self.0.irq_pending[q].swap(false, Relaxed) {
                 self.0.irq_last[q].store(now, Relaxed);
