@@ -40,13 +40,17 @@ times the TSC rate (common.tsc_rate); the vhost PMD's, from testpmd's --record-c
 (TSC cycles of its forwarding loop in bursts that received something: 22.11 does not count
 empty polls) and from its threads' run time (busy polling included). Beside them the sender's
 bound (vhost-paced into a vhost PMD port that frees every frame) and the receiver's (a vhost
-PMD port sending as fast as it can into the receiver), on the same CPUs. Default layout
+PMD port sending as fast as it can into the receiver), on the same CPUs. The sender negotiates
+event indices (as Linux's virtio-net does) and takes no transmit interrupts; --moderation US
+sets valed's ports' moderation knob, which with event indices spaces the sender's kicks
+about US apart (docs/virtual-machines.md). Default layout
 alone: the middle alone on the last CPU, sender and receiver on the first; --rt makes the
 middle SCHED_FIFO. JSON: bench/results/vhost_user_cost.json. See bench/README.md.
 
     cargo build --release && bench/vhost_user.py [--runs 5] [--seconds 2] [--sizes 60,1514]
                                                  [--layout split|shared|pinned|alone --cpus 2,4,6]
                                                  [--loads 0.5,1,2,4] [--cost [--rt] [--loss-limit F]]
+                                                 [--moderation US]
 
 Needs root (testpmd's runtime directories, apt-get for dpdk-dev).
 """
@@ -149,13 +153,13 @@ def main_cpus(a, cpus):
     return cpus["tx"] if a.rt else None
 
 
-def paced(sock, size, mpps_load, a, rx, cpus=None):
+def paced(sock, size, mpps_load, a, rx, cpus=None, event_idx=False):
     """vhost-paced into `sock` at the load, counted at testpmd `rx`: {offered, delivered, loss,
     backlog} (frames per second over the sender's seconds, loss a fraction)."""
     before = rx.stats()["rx"]
     out = common.subprocess.run(
         [*(sender_prefix(a, cpus) if cpus else []), f"{common.BIN}/vhost-paced", "--socket", sock, "--rate", str(mpps_load * 1e6),
-         "--seconds", str(a.seconds), "--len", str(size), "--dst", RX_MAC],
+         "--seconds", str(a.seconds), "--len", str(size), "--dst", RX_MAC, *(["--event-idx"] if event_idx else [])],
         capture_output=True, text=True, timeout=a.seconds + 60)
     if out.returncode != 0:
         raise RuntimeError(f"vhost-paced: {out.stderr.strip()}")
@@ -254,7 +258,7 @@ class SyncPaced:
         self.seconds = a.seconds
         self.proc = common.spawn([*sender_prefix(a, cpus), f"{common.BIN}/vhost-paced", "--socket", sock,
                                   "--rate", str(mpps_load * 1e6), "--seconds", str(a.seconds), "--len", str(size),
-                                  "--dst", RX_MAC, "--sync"],
+                                  "--dst", RX_MAC, "--sync", "--event-idx"],
                                  stdin=common.subprocess.PIPE, stdout=common.subprocess.PIPE,
                                  stderr=common.subprocess.PIPE, text=True)
 
@@ -397,7 +401,7 @@ def sender_bound_run(d, size, load, a, cpus, dpdk):
         rt_middle(a, sink)
         rx = receiver(s1, cpus, dpdk)
         try:
-            return paced(s0, size, load, a, sink, cpus)
+            return paced(s0, size, load, a, sink, cpus, event_idx=a.cost)
         finally:
             rx.kill()
     finally:
@@ -486,6 +490,7 @@ def cost_main(a, v, socks, d, sizes, cpus, dpdk, systems):
     print(f"\nvhost-paced -> middle -> virtio_user rxonly: the middle's CPU cycles per delivered frame "
           f"(TSC at {hz / 1e6:.1f} MHz), {a.runs} runs of {a.seconds} s per load, medians; "
           f"layout {a.layout}: sender cpu {cpus['tx']}, middle cpu {cpus['middle']}, receiver cpu {cpus['rx']}; "
+          f"valed's ports' moderation {a.moderation} us; "
           f"{common.machine()}")
     print("vale: all of valed's threads' CPU time; testpmd: its forwarding loop's TSC cycles in bursts that "
           "received something (--record-core-cycles), and all its threads' CPU time (busy-polling included)")
@@ -523,12 +528,15 @@ def peer_run(d, size, a, cpus, dpdk):
 class ValeVhost(common.Valed):
     """valed (pinned to the middle's CPUs) with vale1:vm1 and vale1:vm2 listening at `socks`."""
 
-    def __init__(self, cpus, socks, busy_poll_us=0, wrapper=()):
-        """`wrapper`: a command valed runs under (valgrind; chrt for --rt)."""
+    def __init__(self, cpus, socks, busy_poll_us=0, wrapper=(), moderation_us=0):
+        """`wrapper`: a command valed runs under (valgrind; chrt for --rt); `moderation_us`:
+        the ports' moderation knob (interrupts toward the guests, kicks from them)."""
         super().__init__({"valed": cpus["middle"], "tx": cpus["tx"], "rx": cpus["rx"]},
                          extra=("--busy-poll-us", str(busy_poll_us)), wrapper=wrapper)
         for port, s in zip(("vale1:vm1", "vale1:vm2"), socks):
             self.ctl("attach", port, "--vhost-user", s)
+            if moderation_us:
+                self.ctl("set", port, "moderation", str(moderation_us))
 
     def wait_state(self, state, limit=30.0, ports=("vale1:vm1", "vale1:vm2")):
         deadline = time.monotonic() + limit
@@ -549,6 +557,10 @@ def main():
     ap.add_argument("--busy-poll-us", type=int, default=0,
                     help="valed --busy-poll-us: how long its threads keep looking at a dry ring or guest "
                          "before they sleep (default 0, valed's default)")
+    ap.add_argument("--moderation", type=int, default=0, metavar="US",
+                    help="the vhost-user ports' moderation knob (vale-ctl set PORT moderation US): interrupts "
+                         "toward the guests at most every US, and with --cost (whose sender negotiates event "
+                         "indices) kick moderation: a sending guest's kicks about every US (default 0: off)")
     ap.add_argument("--warmup", type=float, default=1.0, help="seconds of traffic before counting (default 1; --quick 0.5)")
     ap.add_argument("--loads", metavar="MPPS", help="fixed offered loads instead of saturation, "
                                                     "e.g. 0.5,1,2,4 (Mpps; the sender is vhost-paced)")
@@ -591,7 +603,8 @@ def main():
     d = tempfile.mkdtemp(prefix="vb-vhost-")
     on_exit(lambda: shutil.rmtree(d, ignore_errors=True))
     socks = (f"{d}/vm1.sock", f"{d}/vm2.sock")
-    v = ValeVhost(cpus, socks, a.busy_poll_us, wrapper=("chrt", "-f", "1") if a.rt else ())
+    v = ValeVhost(cpus, socks, a.busy_poll_us, wrapper=("chrt", "-f", "1") if a.rt else (),
+                  moderation_us=a.moderation)
 
     systems = ["vale"] + ([] if a.no_peers else ["dpdk_vhost"])
     if a.cost:
@@ -601,10 +614,10 @@ def main():
         common.stop(v.proc, common.signal.SIGTERM)
         layout = {"name": a.layout, "sender": cpus["tx"], "receiver_lcores": cpus["rx"],
                   "middle": cpus["middle"], "valed_busy_poll_us": a.busy_poll_us, "nice": a.nice,
-                  "middle_realtime": a.rt}
+                  "middle_realtime": a.rt, "valed_moderation_us": a.moderation}
         setup = {"dpdk": peers.testpmd_version() if not a.dpdk else "DPDK from --dpdk folder",
-                 "sender": "vhost-paced --sync on the sender's CPUs: VERSION_1 only, queue_size 1024, "
-                           "bursts every 20 us",
+                 "sender": "vhost-paced --sync --event-idx on the sender's CPUs: VERSION_1 and EVENT_IDX, "
+                           "queue_size 1024, bursts every 20 us, transmit interrupts off",
                  "receiver": "testpmd rxonly, net_virtio_user0 queues=1 queue_size=1024",
                  "dpdk_vhost": "testpmd --forward-mode=io --record-core-cycles, net_vhost0 and net_vhost1",
                  "vale_cycles": "sum over valed's threads of /proc/PID/task/TID/schedstat run time between the "
