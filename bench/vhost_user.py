@@ -42,7 +42,7 @@ empty polls) and from its threads' run time (busy polling included). Beside them
 bound (vhost-paced into a vhost PMD port that frees every frame) and the receiver's (a vhost
 PMD port sending as fast as it can into the receiver), on the same CPUs. The sender negotiates
 event indices (as Linux's virtio-net does) and takes no transmit interrupts; --moderation US
-sets valed's ports' moderation knob, which with event indices spaces the sender's kicks
+sets the sending port's moderation knob, which with event indices spaces the sender's kicks
 about US apart (docs/virtual-machines.md). Default layout
 alone: the middle alone on the last CPU, sender and receiver on the first; --rt makes the
 middle SCHED_FIFO. JSON: bench/results/vhost_user_cost.json. See bench/README.md.
@@ -490,7 +490,7 @@ def cost_main(a, v, socks, d, sizes, cpus, dpdk, systems):
     print(f"\nvhost-paced -> middle -> virtio_user rxonly: the middle's CPU cycles per delivered frame "
           f"(TSC at {hz / 1e6:.1f} MHz), {a.runs} runs of {a.seconds} s per load, medians; "
           f"layout {a.layout}: sender cpu {cpus['tx']}, middle cpu {cpus['middle']}, receiver cpu {cpus['rx']}; "
-          f"valed's ports' moderation {a.moderation} us; "
+          f"the sending port's moderation {a.moderation} us; "
           f"{common.machine()}")
     print("vale: all of valed's threads' CPU time; testpmd: its forwarding loop's TSC cycles in bursts that "
           "received something (--record-core-cycles), and all its threads' CPU time (busy-polling included)")
@@ -530,13 +530,13 @@ class ValeVhost(common.Valed):
 
     def __init__(self, cpus, socks, busy_poll_us=0, wrapper=(), moderation_us=0):
         """`wrapper`: a command valed runs under (valgrind; chrt for --rt); `moderation_us`:
-        the ports' moderation knob (interrupts toward the guests, kicks from them)."""
+        the sending port's (vale1:vm1) moderation knob (kicks from its guest)."""
         super().__init__({"valed": cpus["middle"], "tx": cpus["tx"], "rx": cpus["rx"]},
                          extra=("--busy-poll-us", str(busy_poll_us)), wrapper=wrapper)
         for port, s in zip(("vale1:vm1", "vale1:vm2"), socks):
             self.ctl("attach", port, "--vhost-user", s)
-            if moderation_us:
-                self.ctl("set", port, "moderation", str(moderation_us))
+        if moderation_us:
+            self.ctl("set", "vale1:vm1", "moderation", str(moderation_us))
 
     def wait_state(self, state, limit=30.0, ports=("vale1:vm1", "vale1:vm2")):
         deadline = time.monotonic() + limit
@@ -558,9 +558,9 @@ def main():
                     help="valed --busy-poll-us: how long its threads keep looking at a dry ring or guest "
                          "before they sleep (default 0, valed's default)")
     ap.add_argument("--moderation", type=int, default=0, metavar="US",
-                    help="the vhost-user ports' moderation knob (vale-ctl set PORT moderation US): interrupts "
-                         "toward the guests at most every US, and with --cost (whose sender negotiates event "
-                         "indices) kick moderation: a sending guest's kicks about every US (default 0: off)")
+                    help="the sending vhost-user port's moderation knob (vale-ctl set vale1:vm1 moderation US): "
+                         "with --cost, whose sender negotiates event indices, kick moderation: the sender's "
+                         "kicks about every US while it streams (default 0: off)")
     ap.add_argument("--warmup", type=float, default=1.0, help="seconds of traffic before counting (default 1; --quick 0.5)")
     ap.add_argument("--loads", metavar="MPPS", help="fixed offered loads instead of saturation, "
                                                     "e.g. 0.5,1,2,4 (Mpps; the sender is vhost-paced)")
