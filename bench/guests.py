@@ -28,7 +28,7 @@ the namespace with its bridge and TAPs, sockets, temporary directories) goes on 
 error, on Ctrl-C and on SIGTERM. About 2.5 minutes with the defaults (a boot takes 5-15 s), 1 with
 --quick.
 
-    cargo build --release && bench/guests.py [--runs 5] [--seconds 5] [--cpus A,B]
+    cargo build --release && bench/guests.py [--runs 5] [--seconds 5] [--cpus A,B] [--moderation US]
 """
 import glob, json, os, shutil, subprocess, tempfile, time
 
@@ -73,11 +73,13 @@ class ValePath:
     """valed with two vhost-user ports; valed listens on their sockets."""
     name = "vale"
 
-    def __init__(self, valed_cpus=None):
+    def __init__(self, valed_cpus=None, moderation_us=0):
         self.v = common.Valed("shared", cpus=valed_cpus or f"0-{os.cpu_count() - 1}", persistent=False)
         self.socks = [os.path.join(self.v.run_dir, f"g{i + 1}.sock") for i in range(2)]
         for port, sock in zip(PORTS, self.socks):
             self.v.ctl("attach", port, "--vhost-user", sock)
+            if moderation_us:
+                self.v.ctl("set", port, "moderation", str(moderation_us))
 
     def args(self, n):
         return ["--path", "vale", "--vhost-user", ",".join(self.socks), "--run-dir", self.v.run_dir,
@@ -167,6 +169,9 @@ def main():
     ap.add_argument("--omit", type=int, default=1,
                     help="seconds at the start of each iperf3 run left out of the figures (default 1)")
     ap.add_argument("--cpus", help="A,B: pin g1's QEMU to CPU A and g2's to CPU B (default: nothing pinned)")
+    ap.add_argument("--moderation", type=int, default=0, metavar="US",
+                    help="vale's ports' moderation knob (interrupts toward the guests; their kicks, which "
+                         "Linux's virtio-net spaces by event indices; default 0: off)")
     ap.add_argument("--valed-cpus", help="CPU list for valed, taskset -c syntax (default: any)")
     a = common.parse(ap)
     a.iperf_seconds = max(1, round(a.seconds))    # iperf3 takes whole seconds
@@ -200,7 +205,7 @@ def main():
     on_exit(lambda: shutil.rmtree(a.tmp, ignore_errors=True))
     made = {}
     if "vale" in paths:
-        made["vale"] = ValePath(a.valed_cpus)
+        made["vale"] = ValePath(a.valed_cpus, a.moderation)
     if "bridge" in paths:
         made["bridge"] = BridgePath()
     reports = {p: [] for p in paths}
