@@ -442,8 +442,8 @@ impl Net {
             }
             SPINNER.set(spinner);
             // After a burst, with moderation, the guest is asked to kick only after the
-            // chains of half an interval, and the pair's timer comes back if it sends fewer
-            // (see [`Pace`]).
+            // chains of an interval, and the backstop comes back if it sends fewer (see
+            // [`Pace`]).
             let streaming = nap_ns != 0 && took >= NAP_MIN && !tx_stuck;
             let kick_at = match streaming {
                 true => {
@@ -578,7 +578,8 @@ impl Pace {
     /// rate of the `took` chains that came since the worker last slept. None (no
     /// moderation) at rates that bring more than twice [`NAP_MOST`] an interval: a wake-up
     /// takes as many as the cap on its own there, and the bigger bursts cost the receivers
-    /// (2 Mpps on two vCPUs: 1.26x the cycles a frame, 0.25-2.5% lost).
+    /// (without this limit, 2 Mpps on two vCPUs: 1.07-1.35x the cycles a frame, 0.25-2.5%
+    /// lost).
     /// `size`: the transmit queue's.
     fn chains(&self, took: usize, now: u64, nap_ns: u64, size: u16) -> Option<u16> {
         let since = now.saturating_sub(self.slept.load(Relaxed)).max(1);
