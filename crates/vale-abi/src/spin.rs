@@ -16,6 +16,9 @@
 //!   every [`CHECK_NS`]), another task had the CPU for that long — one that waited for the
 //!   spinner's time slice to end — so it goes on *yielding*. A task that wakes, preempts the
 //!   spinner and soon sleeps again (a sleeping partner) leaves a short gap: it needs no yield.
+//!   A partner that yields back within microseconds leaves no gap either, though it waited
+//!   for the spinner's whole time slice: so a spin of [`CHECK_NS`] or more that ends with the
+//!   count moved since its last reading goes on yielding too (see `spin_over`).
 //! - **yielding**: `sched_yield()` in every pause, so a runnable task on this CPU runs at once
 //!   (a partner that yields too hands the CPU back within microseconds: three busy parties on
 //!   one CPU take some 10 µs a round trip). One yield in [`SAMPLE_EVERY`] is bracketed by two
@@ -75,6 +78,8 @@ pub struct Spinner {
     /// Clock of the last pause of the current spin; 0: none yet (the spin began, or the
     /// waiter found work, since: the time between says nothing of the CPU).
     last_pause: u64,
+    /// Clock of the first pause of the current spin (0: none yet).
+    spin_began: u64,
     /// Spinning: when the context switch count was read last (0: never); yielding: when the
     /// current check began.
     checked_at: u64,
@@ -101,6 +106,7 @@ impl Spinner {
         Spinner {
             mode: Mode::Spinning,
             last_pause: 0,
+            spin_began: 0,
             checked_at: 0,
             switches: 0,
             yields: 0,
@@ -118,7 +124,7 @@ impl Spinner {
 
     /// At the start of a wait: whether to spin (false while backing off: sleep instead).
     pub fn begin(&mut self) -> bool {
-        self.last_pause = 0;
+        self.spin_over();
         self.may_spin(now_ns())
     }
 
@@ -133,6 +139,26 @@ impl Spinner {
 
     /// The waiter found work: the time until its next pause is work, not a gap.
     pub fn worked(&mut self) {
+        self.spin_over();
+    }
+
+    /// The current spin is over. One that went on for [`CHECK_NS`] or more and during which
+    /// another task had the CPU (the count moved since its last reading) held the CPU for a
+    /// whole time slice while that task waited: the partner that yields back within
+    /// microseconds leaves no gap to see, so this is how such a spinner learns to yield too
+    /// (two spinners on one CPU, one yielding and one not, took 1-4 ms a turn). No clock
+    /// read; a `getrusage` only after a long spin.
+    fn spin_over(&mut self) {
+        if self.mode == Mode::Spinning
+            && self.spin_began != 0
+            && self.last_pause.wrapping_sub(self.spin_began) >= CHECK_NS
+        {
+            let fresh = self.checked_at != 0;
+            if self.read_switches() && fresh {
+                self.enter_yielding(self.last_pause);
+            }
+        }
+        self.spin_began = 0;
         self.last_pause = 0;
     }
 
@@ -144,6 +170,9 @@ impl Spinner {
         match self.mode {
             Mode::Spinning => {
                 let gap = self.last_pause != 0 && now - self.last_pause > GAP_NS;
+                if self.last_pause == 0 {
+                    self.spin_began = now;
+                }
                 self.last_pause = now;
                 if gap || now.wrapping_sub(self.checked_at) >= CHECK_NS {
                     let fresh = self.checked_at != 0;
