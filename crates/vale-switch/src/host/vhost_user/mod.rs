@@ -33,6 +33,8 @@
 //! thread that delivers to it first moves them into the guest itself ([`DirectSink::drain`],
 //! pair 0's steps tried, never waited for) rather than queueing behind them until pair 0's
 //! worker wakes. Used elements are published and the interrupt decided once per burst.
+//! With the port's `moderation` set and event indices negotiated, a streaming guest is asked
+//! for a kick only every interval's worth of chains (kick moderation, `rx.rs`'s `Pace`).
 //!
 //! Counted with callgrind (`bench/instructions.py --paths vhost-user`, testpmd's virtio_user
 //! front ends, AMD EPYC, 2 vCPUs; docs/benchmarks.md has the runs and what each change
@@ -412,7 +414,8 @@ struct Pair {
     /// The port's steps: pair 0 has the port's own (it also empties the port's rx ring
     /// toward the guest); the others a pipeline of their own for their transmit queue.
     steps: Arc<Mutex<Steps>>,
-    /// Armed when this pair's forwarding deferred interrupts toward other ports (moderation).
+    /// Armed when this pair's forwarding deferred interrupts toward other ports (moderation),
+    /// or as kick moderation's backstop (see [`rx::Pace`]).
     timer: OwnedFd,
     /// Kick moderation's state (see [`rx::Pace`]), the pair's worker's alone.
     pace: rx::Pace,
