@@ -642,7 +642,8 @@ def main():
         common.stop(v.proc, common.signal.SIGTERM)
         layout = {"name": a.layout, "sender": cpus["tx"], "receiver_lcores": cpus["rx"],
                   "middle": cpus["middle"], "valed_busy_poll_us": a.busy_poll_us}
-        setup = {"sender": "vhost-paced: VERSION_1 only, queue_size 1024, bursts every 20 us",
+        setup = {"sender": "vhost-paced: VERSION_1 only, queue_size 1024, bursts every 20 us, "
+                           "transmit interrupts off",
                  "receiver": "testpmd rxonly, net_virtio_user0 queues=1 queue_size=1024",
                  "loss": "1 - receiver's RX-packets delta / frames posted"}
         common.write_report(a.out, "vhost_user_loads", a, layout, results, setup=setup, systems=systems)

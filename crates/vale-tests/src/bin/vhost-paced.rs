@@ -7,7 +7,7 @@
 //! `--seconds`, in bursts every 20 µs, reusing descriptors as the back end returns them. A
 //! frame it cannot post because all descriptors are still with the back end is not sent
 //! (counted as `backlog`: the back end did not keep up). Prints one JSON line: frames posted,
-//! the seconds it took, and the backlog. With `--rate 0` it posts nothing: a connected guest
+//! the seconds it took, the backlog, and the kicks it made. With `--rate 0` it posts nothing: a connected guest
 //! whose driver is idle for `--seconds` (bench/vhost_many.py's idle ports). `--tick-us` sets
 //! the time between bursts (many senders at low rates: fewer wake-ups each). Its transmit
 //! interrupts are off, as a polling driver has them (it reclaims descriptors by reading the

@@ -698,5 +698,30 @@ fn notify(vring: &Vring, on: bool) -> bool {
     }
 }
 
+/// Asks the guest for a kick only once it has made `k` more chains available than the
+/// device took (the used ring's avail event, with EVENT_IDX; kick moderation, see
+/// `rx::Pace`): true when it has already. `notify(vring, true)` is this with `k` = 1.
+fn kick_after(vring: &Vring, mem: &GuestMemoryMmap, k: u16) -> bool {
+    let st = vring.get_ref();
+    let q = st.get_queue();
+    if !st.is_enabled() || !q.ready() {
+        return false;
+    }
+    let next = q.next_avail();
+    // The avail event follows the used ring's elements; the guest kicks once its avail
+    // index passes it.
+    let at = q.used_ring() + 4 + 8 * u64::from(q.size());
+    let event = next.wrapping_add(k - 1);
+    if mem
+        .store(event.to_le(), vm_memory::GuestAddress(at), Relaxed)
+        .is_err()
+    {
+        return false;
+    }
+    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+    q.avail_idx(mem, std::sync::atomic::Ordering::Acquire)
+        .is_ok_and(|idx| idx.0.wrapping_sub(next) >= k)
+}
+
 // SAFETY: the pointers are only used during one batch, under the scratch's lock.
 unsafe impl Send for TxScratch {}

@@ -468,13 +468,16 @@ impl Net {
         }
         // The pair's timer: the deadline of deferred interrupts toward other ports if there
         // is one; else, while napping, the backstop, armed once a stretch and stopped when
-        // the stream stops or has gone unmoderated for a while (see [`Pace`]).
+        // the stream stops, has gone unmoderated for a while, or moderation was turned off
+        // (see [`Pace`]). Without moderation nothing here reads the clock.
+        let mut calm = 0;
+        if nap_ns != 0 {
+            if !napping {
+                calm = pair.pace.calm.load(Relaxed).saturating_add(1);
+            }
+            pair.pace.calm.store(calm, Relaxed);
+        }
         let armed = pair.pace.armed.load(Relaxed);
-        let calm = match napping {
-            true => 0,
-            false => pair.pace.calm.load(Relaxed).saturating_add(1),
-        };
-        pair.pace.calm.store(calm, Relaxed);
         if let Some(ns) = steps.fire_due() {
             // At least 1 µs: a moderation deadline due now is served by the next event anyway.
             epoll::arm_timer(&pair.timer, ns.max(1000));
@@ -482,11 +485,13 @@ impl Net {
         } else if napping && !armed {
             epoll::arm_periodic(&pair.timer, BACKSTOP * nap_ns);
             pair.pace.armed.store(true, Relaxed);
-        } else if armed && (took < NAP_MIN || calm >= CALM) {
+        } else if armed && (nap_ns == 0 || took < NAP_MIN || calm >= CALM) {
             epoll::disarm_timer(&pair.timer);
             pair.pace.armed.store(false, Relaxed);
         }
-        pair.pace.slept.store(self.now_ns(), Relaxed);
+        if nap_ns != 0 {
+            pair.pace.slept.store(self.now_ns(), Relaxed);
+        }
     }
 
     /// What waits in the port's rx ring, into receive queue 0 from a forwarding thread
@@ -587,30 +592,6 @@ impl Pace {
         let most = (size / 4).clamp(1, NAP_MOST);
         (k <= 2 * NAP_MOST as u128).then(|| (k.min(most as u128) as u16).max(1))
     }
-}
-
-/// Asks the guest for a kick only once it has made `k` more chains available than the
-/// device took (the used ring's avail event, with EVENT_IDX): true when it has already.
-fn kick_after(vring: &Vring, mem: &GuestMemoryMmap, k: u16) -> bool {
-    let st = vring.get_ref();
-    let q = st.get_queue();
-    if !st.is_enabled() || !q.ready() {
-        return false;
-    }
-    let next = q.next_avail();
-    // The avail event follows the used ring's elements; the guest kicks once its avail
-    // index passes it.
-    let at = q.used_ring() + 4 + 8 * u64::from(q.size());
-    let event = next.wrapping_add(k - 1);
-    if mem
-        .store(event.to_le(), vm_memory::GuestAddress(at), Relaxed)
-        .is_err()
-    {
-        return false;
-    }
-    std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-    q.avail_idx(mem, std::sync::atomic::Ordering::Acquire)
-        .is_ok_and(|idx| idx.0.wrapping_sub(next) >= k)
 }
 
 /// Chains a wake-up takes before kick moderation starts.
