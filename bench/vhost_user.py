@@ -45,7 +45,10 @@ event indices (as Linux's virtio-net does) and takes no transmit interrupts; --m
 sets the sending port's moderation knob, which with event indices spaces the sender's kicks
 about US apart (docs/virtual-machines.md). Default layout
 alone: the middle alone on the last CPU, sender and receiver on the first; --rt makes the
-middle SCHED_FIFO. JSON: bench/results/vhost_user_cost.json. See bench/README.md.
+middle SCHED_FIFO. --receiver sink (--loads, --cost) receives with vhost-paced --role sink
+instead of testpmd rxonly: a front end that sleeps on its interrupt and takes its buffers as
+Linux's NAPI does (--sink-bufs of them), so that on two CPUs it leaves the sender the CPU they
+share, where a busy-polling receiver takes most of it. JSON: bench/results/vhost_user_cost.json. See bench/README.md.
 
     cargo build --release && bench/vhost_user.py [--runs 5] [--seconds 2] [--sizes 60,1514]
                                                  [--layout split|shared|pinned|alone --cpus 2,4,6]
@@ -64,6 +67,9 @@ TX_MAC, RX_MAC = "02:00:00:00:0e:01", "02:00:00:00:0e:02"
 LAYOUTS = ("alone", "pinned", "shared", "split")
 COST_LOADS = "0.5,1,1.5,2,3,4"
 LOSS_LIMIT = 0.001    # --cost: a load is delivered "without loss" below this fraction lost (--loss-limit)
+RECEIVERS = {"testpmd": "testpmd rxonly, net_virtio_user0 queues=1 queue_size=1024",
+             "sink": "vhost-paced --role sink --event-idx: queue_size 1024, all buffers posted, sleeps in poll on "
+                     "its call eventfd, takes and gives back buffers with interrupts off until dry (NAPI)"}
 CYCLES_RE = (r"CPU cycles/packet=([0-9.]+) \(total cycles=(\d+) / total (\w+) packets=(\d+)\) "
              r"at (\d+) MHz Clock")
 
@@ -94,7 +100,7 @@ class Side:
     def __init__(self, s0, s1, size, cpus, dpdk, limit=30.0):
         """`limit`: seconds each testpmd may take to connect and start (longer for a middle
         under valgrind)."""
-        self.rx = receiver(s1, cpus, dpdk, limit)
+        self.rx = receiver(s1, cpus, dpdk, limit=limit)
         vu = "net_virtio_user0,path={},queues=1,queue_size=1024,mac={}"
         self.tx = peers.Testpmd("tx", [vu.format(s0, TX_MAC)], "txonly", cpus["tx"],
                                 [f"--txpkts={size}", f"--eth-peer=0,{RX_MAC}"], dpdk=dpdk)
@@ -170,8 +176,55 @@ def paced(sock, size, mpps_load, a, rx, cpus=None, event_idx=False):
             "loss": 1 - got / max(r["posted"], 1), "backlog_pps": r["backlog"] / r["seconds"]}
 
 
-def receiver(sock, cpus, dpdk, limit=30.0):
-    """The receiving testpmd (rxonly, virtio_user at `sock`), forwarding (within `limit` s)."""
+class Sink:
+    """vhost-paced --role sink at `sock` on the receiver's CPUs (--receiver sink): a receiver
+    that sleeps on its interrupt and takes its buffers as a guest's driver does (NAPI), where
+    testpmd rxonly busy-polls; stats() and kill() as a Testpmd's."""
+
+    def __init__(self, sock, cpus, bufs=1024, limit=30.0):
+        self.proc = common.spawn(["taskset", "-c", cpus["rx"], f"{common.BIN}/vhost-paced", "--socket", sock,
+                                  "--role", "sink", "--mac", RX_MAC, "--event-idx", "--bufs", str(bufs)],
+                                 stdin=common.subprocess.PIPE, stdout=common.subprocess.PIPE,
+                                 stderr=common.subprocess.PIPE, text=True)
+        self._line(limit)
+
+    def _line(self, limit):
+        import select
+        r, _, _ = select.select([self.proc.stdout], [], [], limit)
+        line = self.proc.stdout.readline() if r else ""
+        if not line:
+            common.stop(self.proc, common.signal.SIGKILL, 2)
+            raise RuntimeError(f"vhost-paced --role sink: no answer in {limit:g} s: {self.proc.stderr.read()[-1500:]}")
+        return common.json.loads(line)
+
+    def stats(self, limit=10.0):
+        """{rx, tx, t}: the frames taken so far (tx 0), and when they were read."""
+        t0 = time.monotonic()
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+        r = self._line(limit)
+        return {"rx": r["rx"], "tx": 0, "t": (t0 + time.monotonic()) / 2}
+
+    def kill(self):
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        common.stop(self.proc, common.signal.SIGTERM, 5)
+
+
+def receiver_setup(a):
+    """What the reports say of the receiver."""
+    if a.receiver == "sink":
+        return f"{RECEIVERS['sink']}; {a.sink_bufs} buffers posted"
+    return RECEIVERS["testpmd"]
+
+
+def receiver(sock, cpus, dpdk, a=None, limit=30.0):
+    """The receiver at `sock`, taking frames (within `limit` s): testpmd rxonly on virtio_user,
+    or with `a.receiver` "sink" vhost-paced's sink."""
+    if getattr(a, "receiver", "testpmd") == "sink":
+        return Sink(sock, cpus, a.sink_bufs, limit)
     rx = peers.Testpmd("rx", [f"net_virtio_user0,path={sock},queues=1,queue_size=1024,mac={RX_MAC}"],
                        "rxonly", cpus["rx"], dpdk=dpdk)
     rx.wait_forwarding(limit)
@@ -179,7 +232,7 @@ def receiver(sock, cpus, dpdk, limit=30.0):
 
 
 def vale_load_run(v, socks, size, load, a, cpus, dpdk):
-    rx = receiver(socks[1], cpus, dpdk)
+    rx = receiver(socks[1], cpus, dpdk, a)
     try:
         v.wait_state("up", ports=("vale1:vm2",))
         return paced(socks[0], size, load, a, rx)
@@ -203,7 +256,7 @@ def peer_load_run(d, size, load, a, cpus, dpdk):
     mid, s0, s1 = vhost_pmd(d, cpus, dpdk)
     try:
         mid.wait_forwarding()
-        rx = receiver(s1, cpus, dpdk)
+        rx = receiver(s1, cpus, dpdk, a)
         try:
             return paced(s0, size, load, a, rx)
         finally:
@@ -319,7 +372,7 @@ def cost_figures(rep, got, threads, hz):
 
 
 def cost_vale_run(v, socks, size, load, a, cpus, dpdk, hz):
-    rx = receiver(socks[1], cpus, dpdk)
+    rx = receiver(socks[1], cpus, dpdk, a)
     try:
         v.wait_state("up", ports=("vale1:vm2",))
         paced = SyncPaced(socks[0], size, load, a, cpus)
@@ -359,7 +412,7 @@ def cost_peer_run(d, size, load, a, cpus, dpdk, hz):
     try:
         mid.wait_forwarding()
         rt_middle(a, mid)
-        rx = receiver(s1, cpus, dpdk)
+        rx = receiver(s1, cpus, dpdk, a)
         try:
             paced = SyncPaced(s0, size, load, a, cpus)
             try:
@@ -399,7 +452,7 @@ def sender_bound_run(d, size, load, a, cpus, dpdk):
     try:
         sink.wait_forwarding()
         rt_middle(a, sink)
-        rx = receiver(s1, cpus, dpdk)
+        rx = receiver(s1, cpus, dpdk, a)
         try:
             return paced(s0, size, load, a, sink, cpus, event_idx=a.cost)
         finally:
@@ -420,7 +473,7 @@ def receiver_bound_run(d, size, a, cpus, dpdk):
     try:
         src.wait_forwarding()
         rt_middle(a, src)
-        rx = receiver(s1, cpus, dpdk)
+        rx = receiver(s1, cpus, dpdk, a)
         try:
             deadline = time.monotonic() + 30
             while rx.stats()["rx"] == 0:
@@ -561,6 +614,14 @@ def main():
                     help="the sending vhost-user port's moderation knob (vale-ctl set vale1:vm1 moderation US): "
                          "with --cost, whose sender negotiates event indices, kick moderation: the sender's "
                          "kicks about every US while it streams (default 0: off)")
+    ap.add_argument("--receiver", choices=("testpmd", "sink"), default="testpmd",
+                    help="with --loads and --cost: the receiver, testpmd rxonly on virtio_user (busy-polling; "
+                         "default) or vhost-paced --role sink (sleeps on its interrupt and takes its buffers "
+                         "as a guest's driver does, event indices negotiated: on two CPUs it leaves the sender "
+                         "the CPU they share)")
+    ap.add_argument("--sink-bufs", type=int, default=1024, metavar="N",
+                    help="with --receiver sink: the receive buffers it posts, 1-1024 (default 1024, as testpmd's "
+                         "queue; QEMU's virtio-net posts 256)")
     ap.add_argument("--warmup", type=float, default=1.0, help="seconds of traffic before counting (default 1; --quick 0.5)")
     ap.add_argument("--loads", metavar="MPPS", help="fixed offered loads instead of saturation, "
                                                     "e.g. 0.5,1,2,4 (Mpps; the sender is vhost-paced)")
@@ -591,6 +652,8 @@ def main():
         a.layout = "alone"
     if a.quick:
         a.warmup = min(a.warmup, 0.5)
+    if not 1 <= a.sink_bufs <= 1024:
+        ap.error("--sink-bufs must be 1..1024")
     sizes = common.int_list(a.sizes)
     if any(not 60 <= s <= 1514 for s in sizes):
         ap.error("sizes must be 60..1514")
@@ -618,7 +681,7 @@ def main():
         setup = {"dpdk": peers.testpmd_version() if not a.dpdk else "DPDK from --dpdk folder",
                  "sender": "vhost-paced --sync --event-idx on the sender's CPUs: VERSION_1 and EVENT_IDX, "
                            "queue_size 1024, bursts every 20 us, transmit interrupts off",
-                 "receiver": "testpmd rxonly, net_virtio_user0 queues=1 queue_size=1024",
+                 "receiver": receiver_setup(a),
                  "dpdk_vhost": "testpmd --forward-mode=io --record-core-cycles, net_vhost0 and net_vhost1",
                  "vale_cycles": "sum over valed's threads of /proc/PID/task/TID/schedstat run time between the "
                                 "sender's start and the return of its last descriptor, x TSC rate / frames "
@@ -644,7 +707,7 @@ def main():
                   "middle": cpus["middle"], "valed_busy_poll_us": a.busy_poll_us}
         setup = {"sender": "vhost-paced: VERSION_1 only, queue_size 1024, bursts every 20 us, "
                            "transmit interrupts off",
-                 "receiver": "testpmd rxonly, net_virtio_user0 queues=1 queue_size=1024",
+                 "receiver": receiver_setup(a),
                  "loss": "1 - receiver's RX-packets delta / frames posted"}
         common.write_report(a.out, "vhost_user_loads", a, layout, results, setup=setup, systems=systems)
         return

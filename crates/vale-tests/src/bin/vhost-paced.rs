@@ -32,8 +32,21 @@
 //! `--busy` they spin on the used index instead. Transmit interrupts are off
 //! (VRING_AVAIL_F_NO_INTERRUPT): they reclaim transmit descriptors by reading the used index.
 //!
+//! `--role sink` is a receiver as a guest's driver is one (bench/vhost_user.py's `--receiver
+//! sink`): the receive queue (1024 entries) gets `--bufs` buffers of 2 KiB (default 1024;
+//! QEMU's virtio-net has 256) and interrupts on; it sleeps in
+//! poll(2) on the queue's call eventfd, and on a wake-up turns interrupts off, takes every
+//! used buffer and gives it back (one avail index store and at most one kick a pass, the kick
+//! only if the back end asks for it), until the queue is dry, then turns interrupts on again
+//! (with `--event-idx`, through the used event) and looks once more before it sleeps: a NAPI
+//! poll. It never reads the frames. It prints `{"ready": true}` once set up, and for each line
+//! on its standard input `{"rx": FRAMES, "bytes": BYTES}` (what it took so far, frame bytes
+//! without the virtio-net header); it ends when its standard input closes, or after
+//! `--seconds` (default 3600 for the sink).
+//!
 //!     vhost-paced --socket PATH --rate PPS [--seconds 2] [--len 60] [--dst MAC] [--mac MAC]
 //!                 [--tick-us 20] [--sync] [--event-idx]
+//!     vhost-paced --socket PATH --role sink [--seconds S] [--mac MAC] [--event-idx] [--bufs N]
 //!     vhost-paced --socket PATH --role pong [--seconds S] [--mac MAC] [--busy]
 //!     vhost-paced --socket PATH --role ping --dst MAC [--seconds 2] [--len 60] [--mac MAC] [--busy]
 
@@ -84,6 +97,7 @@ enum Role {
     Paced,
     Ping,
     Pong,
+    Sink,
 }
 
 struct Args {
@@ -98,6 +112,8 @@ struct Args {
     busy: bool,
     tick: Duration,
     event_idx: bool,
+    /// The sink's receive buffers.
+    bufs: u16,
 }
 
 fn parse_mac(s: &str) -> Result<[u8; 6], String> {
@@ -122,14 +138,19 @@ fn args() -> Result<Args, String> {
         busy: false,
         tick: Duration::from_micros(20),
         event_idx: false,
+        bufs: QSZ,
     };
+    let mut seconds_given = false;
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
         let mut v = || it.next().ok_or(format!("{k} needs a value"));
         match k.as_str() {
             "--socket" => a.socket = v()?,
             "--rate" => a.rate = v()?.parse().map_err(|e| format!("--rate: {e}"))?,
-            "--seconds" => a.seconds = v()?.parse().map_err(|e| format!("--seconds: {e}"))?,
+            "--seconds" => {
+                a.seconds = v()?.parse().map_err(|e| format!("--seconds: {e}"))?;
+                seconds_given = true;
+            }
             "--len" => a.len = v()?.parse().map_err(|e| format!("--len: {e}"))?,
             "--dst" => a.dst = parse_mac(&v()?).map_err(|e| format!("--dst {e}"))?,
             "--mac" => a.mac = parse_mac(&v()?).map_err(|e| format!("--mac {e}"))?,
@@ -138,12 +159,19 @@ fn args() -> Result<Args, String> {
                     "ping" => Role::Ping,
                     "pong" => Role::Pong,
                     "paced" => Role::Paced,
-                    r => return Err(format!("--role {r}: not ping, pong or paced")),
+                    "sink" => Role::Sink,
+                    r => return Err(format!("--role {r}: not ping, pong, sink or paced")),
                 }
             }
             "--sync" => a.sync = true,
             "--busy" => a.busy = true,
             "--event-idx" => a.event_idx = true,
+            "--bufs" => {
+                a.bufs = v()?.parse().map_err(|e| format!("--bufs: {e}"))?;
+                if !(1..=QSZ).contains(&a.bufs) {
+                    return Err(format!("--bufs: 1-{QSZ}"));
+                }
+            }
             "--tick-us" => {
                 let us: u64 = v()?.parse().map_err(|e| format!("--tick-us: {e}"))?;
                 if !(1..=1_000_000).contains(&us) {
@@ -156,14 +184,22 @@ fn args() -> Result<Args, String> {
                     "vhost-paced --socket PATH --rate PPS [--seconds S] [--len 60-1514] [--dst MAC] [--mac MAC] \
                      [--tick-us US] [--sync] [--event-idx]\n\
                      vhost-paced --socket PATH --role ping|pong [--seconds S] [--len 60-1514] [--dst MAC] \
-                     [--mac MAC] [--busy]"
+                     [--mac MAC] [--busy]\n\
+                     vhost-paced --socket PATH --role sink [--seconds S] [--mac MAC] [--event-idx] [--bufs N]"
                 );
                 std::process::exit(0);
             }
             _ => return Err(format!("unknown argument {k}")),
         }
     }
-    if a.socket.is_empty() || !(60..=1514).contains(&a.len) || a.seconds <= 0.0 {
+    if a.role == Role::Sink && !seconds_given {
+        a.seconds = 3600.0;
+    }
+    if a.socket.is_empty()
+        || !(60..=1514).contains(&a.len)
+        || a.seconds.is_nan()
+        || a.seconds <= 0.0
+    {
         return Err("need --socket, --len 60-1514 and --seconds above 0".into());
     }
     if a.role == Role::Paced && (!a.rate.is_finite() || a.rate < 0.0) {
@@ -276,12 +312,18 @@ fn main() {
         .map(|_| EventFd::new(libc::EFD_NONBLOCK).unwrap())
         .collect();
     if a.role != Role::Paced {
-        // Receive buffers posted before the queue starts; transmit interrupts off.
-        for i in 0..RX_BUFS as u64 {
+        // Receive buffers posted before the queue starts (the sink: the whole queue);
+        // transmit interrupts off.
+        let bufs = if a.role == Role::Sink {
+            a.bufs
+        } else {
+            RX_BUFS
+        };
+        for i in 0..bufs as u64 {
             set_desc(&m, 0, i, RX_BUFS_AT + i * BUF, BUF as u32, DESC_F_WRITE);
             m.set_u16(avail(0) + 4 + 2 * i, i as u16);
         }
-        m.set_u16(avail(0) + 2, RX_BUFS);
+        m.set_u16(avail(0) + 2, bufs);
         m.set_u16(avail(1), AVAIL_F_NO_INTERRUPT);
     }
     for q in 0..2usize {
@@ -305,6 +347,12 @@ fn main() {
         if offered & F_PROTOCOL_FEATURES != 0 {
             fe.set_vring_enable(q, true).expect("SET_VRING_ENABLE");
         }
+    }
+    if a.role == Role::Sink {
+        let _ = kicks[0].write(1);
+        sink(&a, &m, &kicks[0], &calls[0], event_idx);
+        drop(fe);
+        return;
     }
     if a.role != Role::Paced {
         let _ = kicks[0].write(1);
@@ -381,8 +429,7 @@ fn main() {
             let kick = match event_idx {
                 true => {
                     let ev = m.u16_at(used(tx) + 4 + 8 * QSZ as u64);
-                    let old = next_avail.wrapping_sub(n as u16);
-                    next_avail.wrapping_sub(ev).wrapping_sub(1) < next_avail.wrapping_sub(old)
+                    need_event(ev, next_avail, next_avail.wrapping_sub(n as u16))
                 }
                 false => m.u16_at(used(tx)) & USED_F_NO_NOTIFY == 0,
             };
@@ -411,6 +458,106 @@ fn main() {
         while stdin.lock().read_line(&mut line).unwrap_or(0) != 0 {}
     }
     drop(fe);
+}
+
+/// The virtio spec's vring_need_event: whether moving an index from `old` to `new` passes
+/// the other side's event index `ev`.
+fn need_event(ev: u16, new: u16, old: u16) -> bool {
+    new.wrapping_sub(ev).wrapping_sub(1) < new.wrapping_sub(old)
+}
+
+/// `--role sink` (see the module's doc): takes and gives back receive buffers, NAPI-like,
+/// until its standard input closes or `--seconds` pass.
+fn sink(a: &Args, m: &Memory, kick: &EventFd, call: &EventFd, event_idx: bool) {
+    use std::io::Write;
+    use std::sync::atomic::{fence, Ordering};
+    let used_event = avail(0) + 4 + 2 * QSZ as u64;
+    let avail_event = used(0) + 4 + 8 * QSZ as u64;
+    // Interrupts off while it takes buffers, on before it sleeps.
+    let interrupts = |on: bool, seen: u16| match event_idx {
+        true => m.set_u16(
+            used_event,
+            if on { seen } else { seen.wrapping_add(0x8000) },
+        ),
+        false => m.set_u16(avail(0), if on { 0 } else { AVAIL_F_NO_INTERRUPT }),
+    };
+    let (mut seen, mut next) = (0u16, a.bufs);
+    let (mut frames, mut bytes) = (0u64, 0u64);
+    let end = Instant::now() + Duration::from_secs_f64(a.seconds);
+    let mut out = std::io::stdout();
+    let _ = writeln!(out, "{{\"ready\": true}}").and_then(|_| out.flush());
+    let mut line = [0u8; 256];
+    loop {
+        let idx = m_used_idx(m, 0);
+        if idx != seen {
+            fence(Ordering::Acquire);
+            let n = idx.wrapping_sub(seen);
+            for k in 0..n {
+                let at = used(0) + 4 + 8 * (seen.wrapping_add(k) % QSZ) as u64;
+                // The back end's word for which buffer it used: ours are 0..QSZ, and a
+                // wrong id only puts one buffer twice on the ring (the back end's fault to
+                // see).
+                let id = (m.u32_at(at) % QSZ as u32) as u16;
+                bytes += (m.u32_at(at + 4) as u64).saturating_sub(HDR as u64);
+                m.set_u16(avail(0) + 4 + 2 * (next.wrapping_add(k) % QSZ) as u64, id);
+            }
+            seen = idx;
+            frames += n as u64;
+            let old = next;
+            next = next.wrapping_add(n);
+            fence(Ordering::Release);
+            m.set_u16(avail(0) + 2, next);
+            fence(Ordering::SeqCst);
+            let ask = match event_idx {
+                true => need_event(m.u16_at(avail_event), next, old),
+                false => m_used_idx_flags(m, 0) & USED_F_NO_NOTIFY == 0,
+            };
+            if ask {
+                let _ = kick.write(1);
+            }
+            continue;
+        }
+        interrupts(true, seen);
+        fence(Ordering::SeqCst);
+        if m_used_idx(m, 0) != seen {
+            interrupts(false, seen);
+            continue;
+        }
+        let now = Instant::now();
+        if now >= end {
+            break;
+        }
+        let mut p = [
+            libc::pollfd {
+                fd: call.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: 0,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let ms = (end - now).as_millis().clamp(1, 1000) as i32;
+        // SAFETY: two pollfds of ours.
+        unsafe { libc::poll(p.as_mut_ptr(), 2, ms) };
+        if p[0].revents != 0 {
+            let _ = call.read();
+        }
+        if p[1].revents != 0 {
+            // SAFETY: reads into our buffer, at most its length.
+            let got = unsafe { libc::read(0, line.as_mut_ptr().cast(), line.len()) };
+            if got <= 0 {
+                break;
+            }
+            for _ in line[..got as usize].iter().filter(|&&b| b == b'\n') {
+                let _ = writeln!(out, "{{\"rx\": {frames}, \"bytes\": {bytes}}}")
+                    .and_then(|_| out.flush());
+            }
+        }
+        interrupts(false, seen);
+    }
 }
 
 /// The receive side of ping and pong: queue 0's buffers, its used index seen so far, and the

@@ -74,7 +74,8 @@ impl VhostUserBackend for Net {
         if device_event == self.ev_irq() {
             lock(&self.0.pairs[0].steps).drain_irq();
         } else if device_event == self.ev_timer() {
-            eventfd::drain(&self.0.pairs[p].timer);
+            eventfd::drain(&pair.timer);
+            pair.pace.timer_fired();
         } else if device_event == self.ev_guest_timer() {
             eventfd::drain(&self.0.guest_timer);
         }

@@ -467,27 +467,18 @@ impl Net {
             }
         }
         // The pair's timer: the deadline of deferred interrupts toward other ports if there
-        // is one; else, while napping, the backstop, armed once a stretch and stopped when
-        // the stream stops, has gone unmoderated for a while, or moderation was turned off
-        // (see [`Pace`]). Without moderation nothing here reads the clock.
-        let mut calm = 0;
-        if nap_ns != 0 {
-            if !napping {
-                calm = pair.pace.calm.load(Relaxed).saturating_add(1);
-            }
-            pair.pace.calm.store(calm, Relaxed);
-        }
-        let armed = pair.pace.armed.load(Relaxed);
+        // is one; else, with moderation, kick moderation's backstop (see [`Pace`]). Without
+        // moderation nothing here reads the clock.
         if let Some(ns) = steps.fire_due() {
             // At least 1 µs: a moderation deadline due now is served by the next event anyway.
             epoll::arm_timer(&pair.timer, ns.max(1000));
             pair.pace.armed.store(false, Relaxed);
-        } else if napping && !armed {
-            epoll::arm_periodic(&pair.timer, BACKSTOP * nap_ns);
-            pair.pace.armed.store(true, Relaxed);
-        } else if armed && (nap_ns == 0 || took < NAP_MIN || calm >= CALM) {
-            epoll::disarm_timer(&pair.timer);
-            pair.pace.armed.store(false, Relaxed);
+        } else {
+            match pair.pace.backstop(napping, took, nap_ns) {
+                Backstop::Keep => {}
+                Backstop::Every(ns) => epoll::arm_periodic(&pair.timer, ns),
+                Backstop::Stop => epoll::disarm_timer(&pair.timer),
+            }
         }
         if nap_ns != 0 {
             pair.pace.slept.store(self.now_ns(), Relaxed);
@@ -562,10 +553,14 @@ impl Net {
 /// whose interval brings more than twice that is not moderated: its wake-ups take as many
 /// on their own. A stream that stops short of the kick leaves a few chains waiting: a
 /// periodic timer of [`BACKSTOP`] intervals, armed once when the moderation begins, takes
-/// them. The first wake-up that takes fewer than [`NAP_MIN`] chains (the stream over, or a
-/// request and its answer) asks for the next kick at once and stops the timer (as do
-/// [`CALM`] wake-ups in a row of a stream too fast to moderate), so an idle guest costs
-/// nothing and a ping-pong no time. Without event indices a guest can only be told to kick
+/// them. The first wake-up that takes between 1 and [`NAP_MIN`] - 1 chains, or a round of
+/// the backstop that follows no kick since the last and takes fewer than [`NAP_MIN`] (the
+/// stream over, or a request and its answer), asks for the next kick at once and stops the
+/// timer (as do [`CALM`] wake-ups in a row of a stream too fast to moderate); a wake-up that
+/// takes nothing (another event of the same epoll round took it all) and a round that
+/// follows kicks (the stream goes on) change nothing: the timer is armed and stopped once a
+/// stream, not at every turn of a wake-up (7 µs each here). So an idle guest costs nothing
+/// and a ping-pong no time. Without event indices a guest can only be told to kick
 /// or not, and the timer alone, dearer than the kicks it saves, would have to bring the
 /// worker back: no moderation. A receive queue waiting for buffers keeps its kick.
 #[derive(Default)]
@@ -574,8 +569,23 @@ pub(super) struct Pace {
     slept: AtomicU64,
     /// The pair's timer is the backstop's.
     armed: AtomicBool,
+    /// The backstop fired since the worker last looked (set by the timer's event).
+    fired: AtomicBool,
+    /// A moderated kick woke the worker since the backstop's last round.
+    kicked: AtomicBool,
     /// Wake-ups in a row that took chains without moderation (a fast stream).
     calm: std::sync::atomic::AtomicU32,
+}
+
+/// What the pair's timer does after a wake-up (see [`Pace::backstop`]).
+#[derive(Debug, PartialEq)]
+pub(super) enum Backstop {
+    /// As it is.
+    Keep,
+    /// Armed, periodic, every so many nanoseconds.
+    Every(u64),
+    /// Disarmed.
+    Stop,
 }
 
 impl Pace {
@@ -592,14 +602,66 @@ impl Pace {
         let most = (size / 4).clamp(1, NAP_MOST);
         (k <= 2 * NAP_MOST as u128).then(|| (k.min(most as u128) as u16).max(1))
     }
+
+    /// The pair's timer went off (its event, before the worker's pass).
+    pub(super) fn timer_fired(&self) {
+        self.fired.store(true, Relaxed);
+    }
+
+    /// The timer as kick moderation's backstop, after a wake-up that `took` chains and asked
+    /// for a moderated kick (`napping`) or not; `nap_ns`: the interval, 0 without moderation.
+    fn backstop(&self, napping: bool, took: usize, nap_ns: u64) -> Backstop {
+        let fired = self.fired.swap(false, Relaxed);
+        if nap_ns == 0 {
+            return match self.armed.swap(false, Relaxed) {
+                true => Backstop::Stop,
+                false => Backstop::Keep,
+            };
+        }
+        let calm = match (napping, took) {
+            (true, _) => 0,
+            (false, 0) => self.calm.load(Relaxed),
+            (false, _) => self.calm.load(Relaxed).saturating_add(1),
+        };
+        self.calm.store(calm, Relaxed);
+        let kicked = match fired {
+            true => self.kicked.swap(false, Relaxed),
+            false => {
+                if napping {
+                    self.kicked.store(true, Relaxed);
+                }
+                false
+            }
+        };
+        if !self.armed.load(Relaxed) {
+            if !napping {
+                return Backstop::Keep;
+            }
+            self.armed.store(true, Relaxed);
+            return Backstop::Every(BACKSTOP * nap_ns);
+        }
+        let over = match fired {
+            // A round that follows no kick: the stream stopped short, or slowed below NAP_MIN.
+            true => !kicked && took < NAP_MIN,
+            false => (1..NAP_MIN).contains(&took),
+        };
+        if over || calm >= CALM {
+            self.armed.store(false, Relaxed);
+            return Backstop::Stop;
+        }
+        Backstop::Keep
+    }
 }
 
 /// Chains a wake-up takes before kick moderation starts.
 pub(super) const NAP_MIN: usize = 8;
-/// The most chains a kick waits for: a burst that a receiving guest's queue of 256 buffers
-/// (DPDK's and QEMU's default) takes whole. With 256, a guest sharing a CPU with the sender
-/// lost 39% at 2 Mpps (the avail event a quarter of the sender's 1024-chain queue ahead).
-pub(super) const NAP_MOST: u16 = 64;
+/// The most chains a kick waits for (and a quarter of the queue at most): a burst that a
+/// receiving guest's queue of 256 buffers (QEMU's default) takes whole. At 64 (the first
+/// version), 1 Mpps and up went unmoderated at 100 µs; at 256, 0.84-0.89x the cycles a frame
+/// at 1 and 2 Mpps and nothing more lost with a receiver that sleeps on its interrupts, 1%
+/// lost at 2 Mpps with a busy-polling one that shares a CPU with the sender (none at 64);
+/// docs/benchmarks.md "Kick moderation".
+pub(super) const NAP_MOST: u16 = 256;
 /// The backstop's period, in moderation intervals: the longest the last chains of a stream
 /// that stopped short of the kick wait for the worker.
 pub(super) const BACKSTOP: u64 = 8;
@@ -627,16 +689,62 @@ mod tests {
         p.slept.store(1_000_000, Relaxed);
         // 40 chains in 100 µs, an interval of 100 µs: 40.
         assert_eq!(p.chains(40, 1_100_000, 100_000, 1024), Some(40));
-        // 100 in 100 µs: the cap.
-        assert_eq!(p.chains(100, 1_100_000, 100_000, 1024), Some(NAP_MOST));
-        // A small queue: a quarter of it.
-        assert_eq!(p.chains(100, 1_100_000, 100_000, 64), Some(16));
+        // 400 in 100 µs: the cap.
+        assert_eq!(p.chains(400, 1_100_000, 100_000, 1024), Some(NAP_MOST));
+        // A smaller queue: a quarter of it.
+        assert_eq!(p.chains(100, 1_100_000, 100_000, 256), Some(64));
         assert_eq!(p.chains(100, 1_100_000, 100_000, 2), Some(1));
         // A slow stream: at least one.
         assert_eq!(p.chains(8, 10_000_000, 100_000, 1024), Some(1));
-        // 200 in 100 µs: too fast to gain.
-        assert_eq!(p.chains(200, 1_100_000, 100_000, 1024), None);
+        // More than twice the cap in 100 µs: too fast to gain.
+        let fast = 2 * NAP_MOST as usize + 1;
+        assert_eq!(p.chains(fast, 1_100_000, 100_000, 1024), None);
         // A clock that went nowhere.
         assert_eq!(p.chains(8, 0, 100_000, 1024), None);
+    }
+
+    /// The backstop is armed once a stream and stopped once: not by a wake-up that took
+    /// nothing, nor by a round of its own that follows kicks; it stops at a wake-up that took
+    /// a few chains, at a round that follows no kick, after CALM unmoderated wake-ups, and
+    /// when moderation is turned off.
+    #[test]
+    fn backstop_is_armed_and_stopped_once_a_stream() {
+        const M: u64 = 100_000;
+        let p = Pace::default();
+        let every = Backstop::Every(BACKSTOP * M);
+        // Unmoderated wake-ups arm nothing.
+        assert_eq!(p.backstop(false, 3, M), Backstop::Keep);
+        // The stream: armed at the first moderated wake-up, then left as it is.
+        assert_eq!(p.backstop(true, 40, M), every);
+        assert_eq!(p.backstop(true, 40, M), Backstop::Keep);
+        // Another event of the same round finds nothing.
+        assert_eq!(p.backstop(false, 0, M), Backstop::Keep);
+        // A round of the backstop after kicks, taking a few: the stream goes on.
+        p.timer_fired();
+        assert_eq!(p.backstop(false, 3, M), Backstop::Keep);
+        // A round that follows no kick and takes a few: the stream is over.
+        p.timer_fired();
+        assert_eq!(p.backstop(false, 3, M), Backstop::Stop);
+        // Armed again by the next stream; a wake-up that takes a few stops it.
+        assert_eq!(p.backstop(true, 40, M), every);
+        assert_eq!(p.backstop(false, 5, M), Backstop::Stop);
+        // A round after the kick finds nothing; the next follows no kick but takes many: the
+        // stream goes on, moderated.
+        assert_eq!(p.backstop(true, 40, M), every);
+        p.timer_fired();
+        assert_eq!(p.backstop(false, 0, M), Backstop::Keep);
+        p.timer_fired();
+        assert_eq!(p.backstop(true, 30, M), Backstop::Keep);
+        // A stream too fast to moderate: stopped after CALM wake-ups that took chains
+        // unmoderated, those that took nothing not counted.
+        for _ in 0..CALM - 1 {
+            assert_eq!(p.backstop(false, 500, M), Backstop::Keep);
+            assert_eq!(p.backstop(false, 0, M), Backstop::Keep);
+        }
+        assert_eq!(p.backstop(false, 500, M), Backstop::Stop);
+        // Moderation turned off: stopped at the next wake-up, whatever it took.
+        assert_eq!(p.backstop(true, 40, M), every);
+        assert_eq!(p.backstop(true, 40, 0), Backstop::Stop);
+        assert_eq!(p.backstop(true, 40, 0), Backstop::Keep);
     }
 }
