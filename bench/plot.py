@@ -256,8 +256,10 @@ def main():
             ax.grid(alpha=0.3, which="both")
             ax.legend(fontsize=7)
             lay = d["cpu_layout"]
+            rx = "sink" if "sink" in d.get("setup", {}).get("receiver", "") else "testpmd"
+            mod = lay.get("valed_moderation_us", 0)
             title(ax, f"VM path's middle, {size} B; cpus: sender {lay['sender']}, middle {lay['middle']}, "
-                      f"receiver {lay['receiver_lcores']}\nred ring: > {LOSSY:.1%} lost; load average "
+                      f"receiver ({rx}) {lay['receiver_lcores']}\nmoderation {mod} us; red ring: > {LOSSY:.1%} lost; load average "
                       f"{d['loadavg']['start'][0]:.1f}", d)
         save(plt, fig, a.outdir, "vhost_cost.png", made)
 
