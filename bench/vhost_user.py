@@ -48,7 +48,8 @@ alone: the middle alone on the last CPU, sender and receiver on the first; --rt 
 middle SCHED_FIFO. --receiver sink (--loads, --cost) receives with vhost-paced --role sink
 instead of testpmd rxonly: a front end that sleeps on its interrupt and takes its buffers as
 Linux's NAPI does (--sink-bufs of them), so that on two CPUs it leaves the sender the CPU they
-share, where a busy-polling receiver takes most of it. JSON: bench/results/vhost_user_cost.json. See bench/README.md.
+share, where a busy-polling receiver takes most of it. JSON: bench/results/vhost_user_cost.json.
+See bench/README.md.
 
     cargo build --release && bench/vhost_user.py [--runs 5] [--seconds 2] [--sizes 60,1514]
                                                  [--layout split|shared|pinned|alone --cpus 2,4,6]
@@ -68,7 +69,7 @@ LAYOUTS = ("alone", "pinned", "shared", "split")
 COST_LOADS = "0.5,1,1.5,2,3,4"
 LOSS_LIMIT = 0.001    # --cost: a load is delivered "without loss" below this fraction lost (--loss-limit)
 RECEIVERS = {"testpmd": "testpmd rxonly, net_virtio_user0 queues=1 queue_size=1024",
-             "sink": "vhost-paced --role sink --event-idx: queue_size 1024, all buffers posted, sleeps in poll on "
+             "sink": "vhost-paced --role sink --event-idx: queue_size 1024, sleeps in poll on "
                      "its call eventfd, takes and gives back buffers with interrupts off until dry (NAPI)"}
 CYCLES_RE = (r"CPU cycles/packet=([0-9.]+) \(total cycles=(\d+) / total (\w+) packets=(\d+)\) "
              r"at (\d+) MHz Clock")
@@ -176,6 +177,18 @@ def paced(sock, size, mpps_load, a, rx, cpus=None, event_idx=False):
             "loss": 1 - got / max(r["posted"], 1), "backlog_pps": r["backlog"] / r["seconds"]}
 
 
+def json_line(proc, limit, what):
+    """The next line `proc` prints, parsed as JSON, within `limit` s; else `proc` is killed and
+    the error quotes its standard error."""
+    import select
+    r, _, _ = select.select([proc.stdout], [], [], limit)
+    line = proc.stdout.readline() if r else ""
+    if not line:
+        common.stop(proc, common.signal.SIGKILL, 2)
+        raise RuntimeError(f"{what}: no answer in {limit:g} s: {proc.stderr.read()[-1500:]}")
+    return common.json.loads(line)
+
+
 class Sink:
     """vhost-paced --role sink at `sock` on the receiver's CPUs (--receiver sink): a receiver
     that sleeps on its interrupt and takes its buffers as a guest's driver does (NAPI), where
@@ -189,13 +202,7 @@ class Sink:
         self._line(limit)
 
     def _line(self, limit):
-        import select
-        r, _, _ = select.select([self.proc.stdout], [], [], limit)
-        line = self.proc.stdout.readline() if r else ""
-        if not line:
-            common.stop(self.proc, common.signal.SIGKILL, 2)
-            raise RuntimeError(f"vhost-paced --role sink: no answer in {limit:g} s: {self.proc.stderr.read()[-1500:]}")
-        return common.json.loads(line)
+        return json_line(self.proc, limit, "vhost-paced --role sink")
 
     def stats(self, limit=10.0):
         """{rx, tx, t}: the frames taken so far (tx 0), and when they were read."""
@@ -316,13 +323,7 @@ class SyncPaced:
                                  stderr=common.subprocess.PIPE, text=True)
 
     def _line(self, limit):
-        import select
-        r, _, _ = select.select([self.proc.stdout], [], [], limit)
-        line = self.proc.stdout.readline() if r else ""
-        if not line:
-            common.stop(self.proc, common.signal.SIGKILL, 2)
-            raise RuntimeError(f"vhost-paced --sync: no answer in {limit:g} s: {self.proc.stderr.read()[-1500:]}")
-        return common.json.loads(line)
+        return json_line(self.proc, limit, "vhost-paced --sync")
 
     def ready(self, limit=30.0):
         self._line(limit)

@@ -34,15 +34,15 @@
 //!
 //! `--role sink` is a receiver as a guest's driver is one (bench/vhost_user.py's `--receiver
 //! sink`): the receive queue (1024 entries) gets `--bufs` buffers of 2 KiB (default 1024;
-//! QEMU's virtio-net has 256) and interrupts on; it sleeps in
-//! poll(2) on the queue's call eventfd, and on a wake-up turns interrupts off, takes every
-//! used buffer and gives it back (one avail index store and at most one kick a pass, the kick
-//! only if the back end asks for it), until the queue is dry, then turns interrupts on again
-//! (with `--event-idx`, through the used event) and looks once more before it sleeps: a NAPI
-//! poll. It never reads the frames. It prints `{"ready": true}` once set up, and for each line
-//! on its standard input `{"rx": FRAMES, "bytes": BYTES}` (what it took so far, frame bytes
-//! without the virtio-net header); it ends when its standard input closes, or after
-//! `--seconds` (default 3600 for the sink).
+//! QEMU's virtio-net posts 256) and interrupts on. It sleeps in poll(2) on the queue's call
+//! eventfd; on a wake-up it turns interrupts off, takes every used buffer and gives it back
+//! (one avail index store and at most one kick a pass, the kick only if the back end asks for
+//! it) until the queue is dry, then turns interrupts on again (with `--event-idx`, through
+//! the used event) and looks once more before it sleeps: a NAPI poll. It never reads the
+//! frames. It prints `{"ready": true}` once set up, and for each line on its standard input
+//! `{"rx": FRAMES, "bytes": BYTES}` (what it took so far, frame bytes without the virtio-net
+//! header); it ends when its standard input closes, or after `--seconds` (default 3600 for
+//! the sink).
 //!
 //!     vhost-paced --socket PATH --rate PPS [--seconds 2] [--len 60] [--dst MAC] [--mac MAC]
 //!                 [--tick-us 20] [--sync] [--event-idx]
@@ -197,7 +197,7 @@ fn args() -> Result<Args, String> {
     }
     if a.socket.is_empty()
         || !(60..=1514).contains(&a.len)
-        || a.seconds.is_nan()
+        || !a.seconds.is_finite()
         || a.seconds <= 0.0
     {
         return Err("need --socket, --len 60-1514 and --seconds above 0".into());
@@ -312,7 +312,7 @@ fn main() {
         .map(|_| EventFd::new(libc::EFD_NONBLOCK).unwrap())
         .collect();
     if a.role != Role::Paced {
-        // Receive buffers posted before the queue starts (the sink: the whole queue);
+        // Receive buffers posted before the queue starts (the sink: --bufs of them);
         // transmit interrupts off.
         let bufs = if a.role == Role::Sink {
             a.bufs

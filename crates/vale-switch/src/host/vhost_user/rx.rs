@@ -657,10 +657,10 @@ impl Pace {
 pub(super) const NAP_MIN: usize = 8;
 /// The most chains a kick waits for (and a quarter of the queue at most): a burst that a
 /// receiving guest's queue of 256 buffers (QEMU's default) takes whole. At 64 (the first
-/// version), 1 Mpps and up went unmoderated at 100 µs; at 256, 0.84-0.89x the cycles a frame
-/// at 1 and 2 Mpps and nothing more lost with a receiver that sleeps on its interrupts, 1%
-/// lost at 2 Mpps with a busy-polling one that shares a CPU with the sender (none at 64);
-/// docs/benchmarks.md "Kick moderation".
+/// version), 1 Mpps and up went unmoderated at 100 µs; at 256, 0.74-0.75x the cycles a frame
+/// at 1 Mpps and 0.56-0.68x at 2 Mpps, and nothing more lost, with a receiver that sleeps on
+/// its interrupts; 1% lost at 2 Mpps with a busy-polling one that shares a CPU with the
+/// sender (none at 64); docs/benchmarks.md "VM path: a receiver on interrupts".
 pub(super) const NAP_MOST: u16 = 256;
 /// The backstop's period, in moderation intervals: the longest the last chains of a stream
 /// that stopped short of the kick wait for the worker.
