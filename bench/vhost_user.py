@@ -177,47 +177,58 @@ def paced(sock, size, mpps_load, a, rx, cpus=None, event_idx=False):
             "loss": 1 - got / max(r["posted"], 1), "backlog_pps": r["backlog"] / r["seconds"]}
 
 
-def json_line(proc, limit, what):
-    """The next line `proc` prints, parsed as JSON, within `limit` s; else `proc` is killed and
-    the error quotes its standard error."""
-    import select
-    r, _, _ = select.select([proc.stdout], [], [], limit)
-    line = proc.stdout.readline() if r else ""
-    if not line:
-        common.stop(proc, common.signal.SIGKILL, 2)
-        raise RuntimeError(f"{what}: no answer in {limit:g} s: {proc.stderr.read()[-1500:]}")
-    return common.json.loads(line)
+class Talking:
+    """A vhost-paced of the bench's that talks by lines: it prints a JSON line when set up and
+    one for each line it is given on its standard input, and ends when that input closes."""
 
-
-class Sink:
-    """vhost-paced --role sink at `sock` on the receiver's CPUs (--receiver sink): a receiver
-    that sleeps on its interrupt and takes its buffers as a guest's driver does (NAPI), where
-    testpmd rxonly busy-polls; stats() and kill() as a Testpmd's."""
-
-    def __init__(self, sock, cpus, bufs=1024, limit=30.0):
-        self.proc = common.spawn(["taskset", "-c", cpus["rx"], f"{common.BIN}/vhost-paced", "--socket", sock,
-                                  "--role", "sink", "--mac", RX_MAC, "--event-idx", "--bufs", str(bufs)],
-                                 stdin=common.subprocess.PIPE, stdout=common.subprocess.PIPE,
+    def __init__(self, args, what):
+        self.what = what
+        self.proc = common.spawn([*args], stdin=common.subprocess.PIPE, stdout=common.subprocess.PIPE,
                                  stderr=common.subprocess.PIPE, text=True)
-        self._line(limit)
 
-    def _line(self, limit):
-        return json_line(self.proc, limit, "vhost-paced --role sink")
+    def line(self, limit):
+        """Its next line, parsed, within `limit` s; else it is killed and the error quotes its
+        standard error."""
+        import select
+        r, _, _ = select.select([self.proc.stdout], [], [], limit)
+        line = self.proc.stdout.readline() if r else ""
+        if not line:
+            common.stop(self.proc, common.signal.SIGKILL, 2)
+            raise RuntimeError(f"{self.what}: no answer in {limit:g} s: {self.proc.stderr.read()[-1500:]}")
+        return common.json.loads(line)
 
-    def stats(self, limit=10.0):
-        """{rx, tx, t}: the frames taken so far (tx 0), and when they were read."""
-        t0 = time.monotonic()
-        self.proc.stdin.write("\n")
+    def ask(self, text, limit):
+        """Gives it `text` (a line) and returns its answer."""
+        self.proc.stdin.write(text + "\n")
         self.proc.stdin.flush()
-        r = self._line(limit)
-        return {"rx": r["rx"], "tx": 0, "t": (t0 + time.monotonic()) / 2}
+        return self.line(limit)
 
-    def kill(self):
+    def close(self):
         try:
             self.proc.stdin.close()
         except OSError:
             pass
         common.stop(self.proc, common.signal.SIGTERM, 5)
+
+
+class Sink(Talking):
+    """vhost-paced --role sink at `sock` on the receiver's CPUs (--receiver sink): a receiver
+    that sleeps on its interrupt and takes its buffers as a guest's driver does (NAPI), where
+    testpmd rxonly busy-polls; stats() and kill() as a Testpmd's."""
+
+    def __init__(self, sock, cpus, bufs=1024, limit=30.0):
+        super().__init__(["taskset", "-c", cpus["rx"], f"{common.BIN}/vhost-paced", "--socket", sock, "--role",
+                          "sink", "--mac", RX_MAC, "--event-idx", "--bufs", str(bufs)], "vhost-paced --role sink")
+        self.line(limit)
+
+    def stats(self, limit=10.0):
+        """{rx, tx, t}: the frames taken so far (tx 0), and when they were read."""
+        t0 = time.monotonic()
+        r = self.ask("", limit)
+        return {"rx": r["rx"], "tx": 0, "t": (t0 + time.monotonic()) / 2}
+
+    def kill(self):
+        self.close()
 
 
 def receiver_setup(a):
@@ -309,36 +320,22 @@ def loads_main(a, v, socks, d, sizes, cpus, dpdk, systems):
 
 # ---------------------------------------------------------------- --cost: cycles per frame
 
-class SyncPaced:
+class SyncPaced(Talking):
     """vhost-paced --sync into `sock` at the load: connected and set up first (ready()), then
     sending when told (go()), then connected until closed, so that the middle's threads all
     live between the reads around the sending."""
 
     def __init__(self, sock, size, mpps_load, a, cpus):
         self.seconds = a.seconds
-        self.proc = common.spawn([*sender_prefix(a, cpus), f"{common.BIN}/vhost-paced", "--socket", sock,
-                                  "--rate", str(mpps_load * 1e6), "--seconds", str(a.seconds), "--len", str(size),
-                                  "--dst", RX_MAC, "--sync", "--event-idx"],
-                                 stdin=common.subprocess.PIPE, stdout=common.subprocess.PIPE,
-                                 stderr=common.subprocess.PIPE, text=True)
-
-    def _line(self, limit):
-        return json_line(self.proc, limit, "vhost-paced --sync")
+        super().__init__([*sender_prefix(a, cpus), f"{common.BIN}/vhost-paced", "--socket", sock,
+                          "--rate", str(mpps_load * 1e6), "--seconds", str(a.seconds), "--len", str(size),
+                          "--dst", RX_MAC, "--sync", "--event-idx"], "vhost-paced --sync")
 
     def ready(self, limit=30.0):
-        self._line(limit)
+        self.line(limit)
 
     def go(self):
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.flush()
-        return self._line(self.seconds + 30)
-
-    def close(self):
-        try:
-            self.proc.stdin.close()
-        except OSError:
-            pass
-        common.stop(self.proc, common.signal.SIGTERM, 5)
+        return self.ask("go", self.seconds + 30)
 
 
 def cost_window(paced, rx, middle_pid, before=None, after=None):
