@@ -591,16 +591,16 @@ pub(super) enum Backstop {
 impl Pace {
     /// The chains the guest may post before its next kick: an interval of `nap_ns` at the
     /// rate of the `took` chains that came since the worker last slept. None (no
-    /// moderation) at rates that bring more than twice [`NAP_MOST`] an interval: a wake-up
-    /// takes as many as the cap on its own there, and the bigger bursts cost the receivers
-    /// (without this limit, 2 Mpps on two vCPUs: 1.07-1.35x the cycles a frame, 0.25-2.5%
-    /// lost).
+    /// moderation) at rates above [`NAP_FAST_PPS`], whatever the interval.
     /// `size`: the transmit queue's.
     fn chains(&self, took: usize, now: u64, nap_ns: u64, size: u16) -> Option<u16> {
-        let since = now.saturating_sub(self.slept.load(Relaxed)).max(1);
-        let k = took as u128 * nap_ns as u128 / since as u128;
+        let since = now.saturating_sub(self.slept.load(Relaxed)).max(1) as u128;
+        if took as u128 * 1_000_000_000 > NAP_FAST_PPS as u128 * since {
+            return None;
+        }
+        let k = took as u128 * nap_ns as u128 / since;
         let most = (size / 4).clamp(1, NAP_MOST);
-        (k <= 2 * NAP_MOST as u128).then(|| (k.min(most as u128) as u16).max(1))
+        Some((k.min(most as u128) as u16).max(1))
     }
 
     /// The pair's timer went off (its event, before the worker's pass).
@@ -662,6 +662,13 @@ pub(super) const NAP_MIN: usize = 8;
 /// its interrupts; 1% lost at 2 Mpps with a busy-polling one that shares a CPU with the
 /// sender (none at 64); docs/benchmarks.md "VM path: a receiver on interrupts".
 pub(super) const NAP_MOST: u16 = 256;
+/// Chains a second above which a stream is not moderated: twice [`NAP_MOST`] in 100 µs. A
+/// wake-up takes as many as the cap on its own there, and the bigger bursts cost the
+/// receivers (without a limit, 2 Mpps on two vCPUs in the first version: 1.07-1.35x the
+/// cycles a frame, 0.25-2.5% lost). A rate, not chains an interval: with chains an interval
+/// (the first versions), a longer interval turned moderation off at lower rates (200 µs: at
+/// 4 Mpps, 241 cycles a frame against 207 at 100 µs).
+pub(super) const NAP_FAST_PPS: u64 = 2 * NAP_MOST as u64 * 10_000;
 /// The backstop's period, in moderation intervals: the longest the last chains of a stream
 /// that stopped short of the kick wait for the worker.
 pub(super) const BACKSTOP: u64 = 8;
@@ -669,8 +676,11 @@ pub(super) const BACKSTOP: u64 = 8;
 /// stops: a rate near the limit goes in and out of moderation without arming and stopping
 /// the timer each time (7 µs an arming on the 2-vCPU VM).
 pub(super) const CALM: u32 = 16;
-/// The longest moderation interval for kicks, whatever `moderation` says of interrupts.
-pub(super) const NAP_MAX_NS: u64 = 100_000;
+/// The longest moderation interval for kicks, whatever `moderation` says of interrupts: the
+/// last chains of a stream that stops short wait up to 8 of them (1.6 ms). At 200 µs, 0.5 and
+/// 1 Mpps from a sender of 20-µs bursts cost valed 0.60-0.66x its cycles a frame at 100 µs on
+/// the 2-vCPU VM (docs/benchmarks.md "VM path: a receiver on interrupts").
+pub(super) const NAP_MAX_NS: u64 = 200_000;
 
 thread_local! {
     /// The busy poll's state on each queue pair's thread (the library runs one per pair).
@@ -696,9 +706,12 @@ mod tests {
         assert_eq!(p.chains(100, 1_100_000, 100_000, 2), Some(1));
         // A slow stream: at least one.
         assert_eq!(p.chains(8, 10_000_000, 100_000, 1024), Some(1));
-        // More than twice the cap in 100 µs: too fast to gain.
+        // More than twice the cap in 100 µs: too fast to gain, whatever the interval.
         let fast = 2 * NAP_MOST as usize + 1;
         assert_eq!(p.chains(fast, 1_100_000, 100_000, 1024), None);
+        assert_eq!(p.chains(fast, 1_100_000, 200_000, 1024), None);
+        // 400 in 100 µs (4 Mpps) with an interval of 200 µs: moderated, at the cap.
+        assert_eq!(p.chains(400, 1_100_000, 200_000, 1024), Some(NAP_MOST));
         // A clock that went nowhere.
         assert_eq!(p.chains(8, 0, 100_000, 1024), None);
     }
