@@ -1452,8 +1452,10 @@ fn vhost_user_the_mtu_holds_both_ways() {
         .map(|(i, &n)| frame(0x7, [0xff; 6], i as u32, n))
         .collect();
     g.transmit(TXQ, 0, &sent);
-    // (Failed about once in 40-60 runs of the whole suite on the 2-vCPU machine, before and
-    // after 2026-11-26's changes: what the peer and the counters had then says which way.)
+    // (Failed about once in 40-200 runs of the whole suite on the 2-vCPU machine until the
+    // worker read the MTU at each pass: the peer had all five frames, tx_packets 5, so a
+    // worker held by the scheduler in a wake-up that began before the MTU was set took them
+    // with what it had read then. What the peer and the counters have is shown if it fails.)
     wait_showing(
         "the frames within the MTU at the peer",
         || wire.from_switch.lock().unwrap().len() == 3,

@@ -396,13 +396,12 @@ impl Net {
         let pair = &self.0.pairs[p];
         let mut steps = lock(&pair.steps);
         let mem = self.0.mem.memory();
-        let acked = self.acked_now();
         let busy_poll = steps.busy_poll;
         let rx = (p == 0).then_some(rx);
         self.note_enabled(p, tx);
         // Kick moderation (see [`Pace`]): the interval (none without event indices), and the
         // chains taken so far.
-        let nap_ns = match acked.event_idx {
+        let nap_ns = match self.acked_now().event_idx {
             true => self.0.shared.moderation_ns.load(Relaxed).min(NAP_MAX_NS),
             false => 0,
         };
@@ -423,6 +422,11 @@ impl Net {
             let mut dry_since: Option<std::time::Instant> = None;
             let mut spinner = SPINNER.get();
             loop {
+                // What the guest acked and the MTU its front end set, read at each pass: a
+                // NET_SET_MTU that comes while this worker is busy holds from its next pass
+                // (read once a wake-up, a worker that the scheduler held in a pass for long
+                // took later frames with the MTU before: a test failed 1 in 40-200 runs).
+                let acked = self.acked_now();
                 let moved_in;
                 (moved_in, tx_stuck) = self.guest_tx(p, &mut steps, tx, &mem, &acked);
                 took += moved_in;
