@@ -120,6 +120,8 @@ def guest_pair(path, n, a):
            "--omit", str(a.omit)]
     if a.cpus:
         cmd += ["--cpus", a.cpus]
+    if a.no_offloads:
+        cmd += ["--no-offloads"]
     log = tempfile.TemporaryFile(mode="w+")
     # The guests' consoles and command sockets go under a directory of ours: removed at exit
     # even where guest-pair was killed.
@@ -173,6 +175,9 @@ def main():
                     help="vale's ports' moderation knob (interrupts toward the guests; their kicks, which "
                          "Linux's virtio-net spaces by event indices; default 0: off)")
     ap.add_argument("--valed-cpus", help="CPU list for valed, taskset -c syntax (default: any)")
+    ap.add_argument("--no-offloads", action="store_true",
+                    help="the guests' virtio-net devices without checksum and segmentation offloads: every "
+                         "TCP segment a frame of at most 1514 bytes (default: QEMU's offloads on)")
     a = common.parse(ap)
     a.iperf_seconds = max(1, round(a.seconds))    # iperf3 takes whole seconds
     paths = [p for p in a.paths.split(",") if p]
@@ -256,8 +261,9 @@ def main():
         noisy_runs=noisy,
         reports={keys[p]: reports[p] for p in paths},
         ratio="vale's median receiver Gbit/s / the Linux bridge's",
-        setup={"guests": "QEMU -accel tcg -smp 1 -m 256, virtio-net-pci with QEMU's default offloads "
-                         "(vectors=0), Debian kernel, busybox initramfs with iperf3; a fresh pair per run",
+        setup={"guests": "QEMU -accel tcg -smp 1 -m 256, virtio-net-pci "
+                         + ("without offloads" if a.no_offloads else "with QEMU's default offloads")
+                         + " (vectors=0), Debian kernel, busybox initramfs with iperf3; a fresh pair per run",
                "vale": "valed --workers 1, vale0:g1 and vale0:g2 attached --vhost-user (valed listens, QEMU "
                        "reconnect=1), guest RAM memory-backend-memfd share=on",
                "linux_bridge": "QEMU -netdev tap,script=no,downscript=no,vhost=off in a namespace of its own; "

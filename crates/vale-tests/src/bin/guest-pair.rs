@@ -5,7 +5,7 @@
 //! ```text
 //! guest-pair --path vale --vhost-user SOCK1,SOCK2 [--run-dir DIR --ports P1,P2] [--valed-pid PID]
 //! guest-pair --path bridge --netns NS --taps TAP1,TAP2 --bridge BR
-//!   common: [--runs N] [--seconds S] [--omit S] [--cpus A,B]
+//!   common: [--runs N] [--seconds S] [--omit S] [--cpus A,B] [--no-offloads]
 //! ```
 //!
 //! - `vale`: each guest's virtio-net device is a vhost-user device on the socket given (valed
@@ -16,7 +16,8 @@
 //!   (`-netdev tap,...,vhost=off`); once it is there it is made a port of bridge `BR` (which
 //!   must exist in `NS`) and brought up. The receiving TAP's counters are read like the ports'.
 //!
-//! Both paths: the device's checksum and segmentation offloads on (QEMU's defaults), MTU 1500,
+//! Both paths: the device's checksum and segmentation offloads on (QEMU's defaults; off with
+//! `--no-offloads`: then every TCP segment is a frame of at most 1514 bytes), MTU 1500,
 //! guests of one vCPU and 256 MiB. `--cpus A,B` pins g1's QEMU to CPU A and g2's to B.
 //! Each run is `iperf3 -c G2 -t S -O OMIT -J` in g1 (the first OMIT seconds, slow start and
 //! TCG's first translations, are left out of the figures), bounded by S + 60 s. QEMU is killed
@@ -55,13 +56,16 @@ struct Args {
     seconds: u32,
     omit: u32,
     cpus: Vec<usize>,
+    /// The devices' checksum and segmentation offloads off.
+    no_offloads: bool,
 }
 
 fn usage(why: &str) -> ! {
     eprintln!(
         "guest-pair: {why}\nusage: guest-pair --path vale --vhost-user SOCK1,SOCK2 [--run-dir DIR \
          --ports P1,P2] [--valed-pid PID]\n       guest-pair --path bridge --netns NS --taps \
-         TAP1,TAP2 --bridge BR\n  common: [--runs N] [--seconds S] [--omit S] [--cpus A,B]"
+         TAP1,TAP2 --bridge BR\n  common: [--runs N] [--seconds S] [--omit S] [--cpus A,B] \
+         [--no-offloads]"
     );
     std::process::exit(2)
 }
@@ -108,6 +112,7 @@ fn parse_args() -> Args {
                     .map(|c| num(c, "--cpus") as usize)
                     .collect()
             }
+            "--no-offloads" => a.no_offloads = true,
             "-h" | "--help" => usage("help"),
             _ => usage(&format!("unknown option {k}")),
         }
@@ -138,7 +143,7 @@ fn config(a: &Args, i: usize) -> GuestConfig {
         c.netns = a.netns.clone();
         c
     };
-    c.offloads = true;
+    c.offloads = !a.no_offloads;
     c.cpus = a.cpus.get(i).map(|&c| vec![c]).unwrap_or_default();
     c
 }
