@@ -183,7 +183,7 @@ class Talking:
 
     def __init__(self, args, what):
         self.what = what
-        self.proc = common.spawn([*args], stdin=common.subprocess.PIPE, stdout=common.subprocess.PIPE,
+        self.proc = common.spawn(args, stdin=common.subprocess.PIPE, stdout=common.subprocess.PIPE,
                                  stderr=common.subprocess.PIPE, text=True)
 
     def line(self, limit):

@@ -91,6 +91,10 @@ fn avail(q: u64) -> u64 {
 fn used(q: u64) -> u64 {
     desc(q) + 0x8000
 }
+/// The used event (EVENT_IDX): after the avail ring's entries.
+fn used_event(q: u64) -> u64 {
+    avail(q) + 4 + 2 * QSZ as u64
+}
 
 #[derive(Clone, Copy, PartialEq)]
 enum Role {
@@ -374,9 +378,8 @@ fn main() {
     // reading the used index (with event indices, the used event kept half the index space
     // ahead of it).
     let tx = 1u64;
-    let used_event = avail(tx) + 4 + 2 * QSZ as u64;
     m.set_u16(avail(tx), AVAIL_F_NO_INTERRUPT);
-    m.set_u16(used_event, 0x8000);
+    m.set_u16(used_event(tx), 0x8000);
     let mut frame = vec![0u8; HDR + a.len];
     frame[HDR..HDR + 6].copy_from_slice(&a.dst);
     frame[HDR + 6..HDR + 12].copy_from_slice(&a.mac);
@@ -408,7 +411,7 @@ fn main() {
         let returned = m.u16_at(used(tx) + 2);
         let in_flight = next_avail.wrapping_sub(returned) as u64;
         if event_idx {
-            m.set_u16(used_event, returned.wrapping_add(0x8000));
+            m.set_u16(used_event(tx), returned.wrapping_add(0x8000));
         }
         let free = QSZ as u64 - in_flight;
         let want = due - posted - backlog;
@@ -424,16 +427,13 @@ fn main() {
             m.set_u16(avail(tx) + 2, next_avail);
             posted += n;
             std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
-            // With event indices: a kick once the avail index passes the back end's avail
-            // event (the virtio spec's vring_need_event); else unless the back end said no.
-            let kick = match event_idx {
-                true => {
-                    let ev = m.u16_at(used(tx) + 4 + 8 * QSZ as u64);
-                    need_event(ev, next_avail, next_avail.wrapping_sub(n as u16))
-                }
-                false => m.u16_at(used(tx)) & USED_F_NO_NOTIFY == 0,
-            };
-            if kick {
+            if asks_kick(
+                &m,
+                tx,
+                event_idx,
+                next_avail,
+                next_avail.wrapping_sub(n as u16),
+            ) {
                 let _ = kicks[tx as usize].write(1);
                 kicked += 1;
             }
@@ -460,10 +460,17 @@ fn main() {
     drop(fe);
 }
 
-/// The virtio spec's vring_need_event: whether moving an index from `old` to `new` passes
-/// the other side's event index `ev`.
-fn need_event(ev: u16, new: u16, old: u16) -> bool {
-    new.wrapping_sub(ev).wrapping_sub(1) < new.wrapping_sub(old)
+/// Whether the back end wants a kick for queue `q` now that its avail index went from `old`
+/// to `new`: with event indices once the index passes the back end's avail event (after the
+/// used ring's entries; the virtio spec's vring_need_event), else unless it said no.
+fn asks_kick(m: &Memory, q: u64, event_idx: bool, new: u16, old: u16) -> bool {
+    match event_idx {
+        true => {
+            let ev = m.u16_at(used(q) + 4 + 8 * QSZ as u64);
+            new.wrapping_sub(ev).wrapping_sub(1) < new.wrapping_sub(old)
+        }
+        false => m_used_idx_flags(m, q) & USED_F_NO_NOTIFY == 0,
+    }
 }
 
 /// `--role sink` (see the module's doc): takes and gives back receive buffers, NAPI-like,
@@ -471,12 +478,10 @@ fn need_event(ev: u16, new: u16, old: u16) -> bool {
 fn sink(a: &Args, m: &Memory, kick: &EventFd, call: &EventFd, event_idx: bool) {
     use std::io::Write;
     use std::sync::atomic::{fence, Ordering};
-    let used_event = avail(0) + 4 + 2 * QSZ as u64;
-    let avail_event = used(0) + 4 + 8 * QSZ as u64;
     // Interrupts off while it takes buffers, on before it sleeps.
     let interrupts = |on: bool, seen: u16| match event_idx {
         true => m.set_u16(
-            used_event,
+            used_event(0),
             if on { seen } else { seen.wrapping_add(0x8000) },
         ),
         false => m.set_u16(avail(0), if on { 0 } else { AVAIL_F_NO_INTERRUPT }),
@@ -508,11 +513,7 @@ fn sink(a: &Args, m: &Memory, kick: &EventFd, call: &EventFd, event_idx: bool) {
             fence(Ordering::Release);
             m.set_u16(avail(0) + 2, next);
             fence(Ordering::SeqCst);
-            let ask = match event_idx {
-                true => need_event(m.u16_at(avail_event), next, old),
-                false => m_used_idx_flags(m, 0) & USED_F_NO_NOTIFY == 0,
-            };
-            if ask {
+            if asks_kick(m, 0, event_idx, next, old) {
                 let _ = kick.write(1);
             }
             continue;

@@ -554,8 +554,7 @@ impl Net {
 /// chains or more, the worker asks for the guest's next kick only once it has posted as many
 /// chains as came in M at the rate just seen (the used ring's avail event set that far
 /// ahead; at most [`NAP_MOST`]): about one wake-up every M while the stream lasts. A stream
-/// whose interval brings more than twice that is not moderated: its wake-ups take as many
-/// on their own. A stream that stops short of the kick leaves a few chains waiting: a
+/// faster than [`NAP_FAST_PPS`] is not moderated: its wake-ups take as many on their own. A stream that stops short of the kick leaves a few chains waiting: a
 /// periodic timer of [`BACKSTOP`] intervals, armed once when the moderation begins, takes
 /// them. The first wake-up that takes between 1 and [`NAP_MIN`] - 1 chains, or a round of
 /// the backstop that follows no kick since the last and takes fewer than [`NAP_MIN`] (the
@@ -696,7 +695,8 @@ mod tests {
     use super::*;
 
     /// The kick comes after an interval's chains at the rate seen, within the caps; a rate
-    /// that brings more than twice the cap an interval is not moderated.
+    /// faster than NAP_FAST_PPS (twice the cap in 100 µs) is not moderated, whatever the
+    /// interval.
     #[test]
     fn pace_asks_for_an_interval_of_chains() {
         let p = Pace::default();
