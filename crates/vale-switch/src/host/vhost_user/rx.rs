@@ -423,9 +423,7 @@ impl Net {
             let mut spinner = SPINNER.get();
             loop {
                 // What the guest acked and the MTU its front end set, read at each pass: a
-                // NET_SET_MTU that comes while this worker is busy holds from its next pass
-                // (read once a wake-up, a worker that the scheduler held in a pass for long
-                // took later frames with the MTU before: a test failed 1 in 40-200 runs).
+                // NET_SET_MTU that comes while this worker is busy holds from its next pass.
                 let acked = self.acked_now();
                 let moved_in;
                 (moved_in, tx_stuck) = self.guest_tx(p, &mut steps, tx, &mem, &acked);
