@@ -130,12 +130,19 @@ pub(super) const MTU_OVERHEAD: usize = 18;
 pub(super) const MAX_MTU: u64 = (MAX_FRAME_LEN as usize - MTU_OVERHEAD) as u64;
 
 impl Net {
-    /// The MTU the front end gives the guest (NET_SET_MTU): false when out of range.
+    /// The MTU the front end gives the guest (NET_SET_MTU): false when out of range. It holds
+    /// for every chain the guest makes available after the answer: each pair's worker reads
+    /// the MTU at each pass, and a pass begun before the change (which may still take chains
+    /// posted after it) is waited for (its steps held for the pass). A front end that keeps
+    /// its worker busy-polling without end keeps its own answer waiting, nobody else's.
     pub(super) fn set_mtu(&self, mtu: u64) -> bool {
         if !(68..=MAX_MTU).contains(&mtu) {
             return false;
         }
         self.0.mtu.store(mtu as u32, Relaxed);
+        for pair in &self.0.pairs {
+            drop(lock(&pair.steps));
+        }
         self.describe();
         true
     }

@@ -423,7 +423,8 @@ impl Net {
             let mut spinner = SPINNER.get();
             loop {
                 // What the guest acked and the MTU its front end set, read at each pass: a
-                // NET_SET_MTU that comes while this worker is busy holds from its next pass.
+                // NET_SET_MTU that comes while this worker is busy holds from its next pass,
+                // and is answered once this pump is over (`Net::set_mtu`).
                 let acked = self.acked_now();
                 let moved_in;
                 (moved_in, tx_stuck) = self.guest_tx(p, &mut steps, tx, &mem, &acked);
