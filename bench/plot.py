@@ -258,8 +258,10 @@ def main():
             lay = d["cpu_layout"]
             rx = "sink" if "sink" in d.get("setup", {}).get("receiver", "") else "testpmd"
             mod = lay.get("valed_moderation_us", 0)
+            rx_mod = lay.get("valed_rx_moderation_us", 0)
+            mod = f"{mod} us" + (f" (receiving port {rx_mod} us)" if rx_mod else "")
             title(ax, f"VM path's middle, {size} B; cpus: sender {lay['sender']}, middle {lay['middle']}, "
-                      f"receiver ({rx}) {lay['receiver_lcores']}\nmoderation {mod} us; red ring: > {LOSSY:.1%} lost; load average "
+                      f"receiver ({rx}) {lay['receiver_lcores']}\nmoderation {mod}; red ring: > {LOSSY:.1%} lost; load average "
                       f"{d['loadavg']['start'][0]:.1f}", d)
         save(plt, fig, a.outdir, "vhost_cost.png", made)
 

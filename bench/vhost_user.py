@@ -48,13 +48,16 @@ alone: the middle alone on the last CPU, sender and receiver on the first; --rt 
 middle SCHED_FIFO. --receiver sink (--loads, --cost) receives with vhost-paced --role sink
 instead of testpmd rxonly: a front end that sleeps on its interrupt and takes its buffers as
 Linux's NAPI does (--sink-bufs of them), so that on two CPUs it leaves the sender the CPU they
-share, where a busy-polling receiver takes most of it. JSON: bench/results/vhost_user_cost.json.
+share, where a busy-polling receiver takes most of it; the sender then stamps each frame with
+the time it posts it and the sink counts each frame's delay (vhost-paced --stamp): median and
+99th percentile per system and load, in the tables and the JSON (delay_us_*), the price of
+--moderation beside what it saves. JSON: bench/results/vhost_user_cost.json.
 See bench/README.md.
 
     cargo build --release && bench/vhost_user.py [--runs 5] [--seconds 2] [--sizes 60,1514]
                                                  [--layout split|shared|pinned|alone --cpus 2,4,6]
                                                  [--loads 0.5,1,2,4] [--cost [--rt] [--loss-limit F]]
-                                                 [--moderation US]
+                                                 [--moderation US] [--rx-moderation US]
 
 Needs root (testpmd's runtime directories, apt-get for dpdk-dev).
 """
@@ -69,8 +72,9 @@ LAYOUTS = ("alone", "pinned", "shared", "split")
 COST_LOADS = "0.5,1,1.5,2,3,4"
 LOSS_LIMIT = 0.001    # --cost: a load is delivered "without loss" below this fraction lost (--loss-limit)
 RECEIVERS = {"testpmd": "testpmd rxonly, net_virtio_user0 queues=1 queue_size=1024",
-             "sink": "vhost-paced --role sink --event-idx: queue_size 1024, sleeps in poll on "
-                     "its call eventfd, takes and gives back buffers with interrupts off until dry (NAPI)"}
+             "sink": "vhost-paced --role sink --event-idx --stamp: queue_size 1024, sleeps in poll on "
+                     "its call eventfd, takes and gives back buffers with interrupts off until dry (NAPI), "
+                     "counts each stamped frame's delay"}
 CYCLES_RE = (r"CPU cycles/packet=([0-9.]+) \(total cycles=(\d+) / total (\w+) packets=(\d+)\) "
              r"at (\d+) MHz Clock")
 
@@ -160,21 +164,37 @@ def main_cpus(a, cpus):
     return cpus["tx"] if a.rt else None
 
 
+def stamping(a):
+    """vhost-paced's --stamp where the receiver is the sink (which counts the delays)."""
+    return ["--stamp"] if getattr(a, "receiver", "testpmd") == "sink" else []
+
+
+def delay_fields(after):
+    """The delay fields of a run from the receiver's count after it (the sink's delays of
+    the frames it took since the count before; None with testpmd)."""
+    d = after.get("delay") or {}
+    return {"delay_us_median": d.get("median"), "delay_us_p99": d.get("p99"), "delay_us_max": d.get("max")}
+
+
 def paced(sock, size, mpps_load, a, rx, cpus=None, event_idx=False):
     """vhost-paced into `sock` at the load, counted at testpmd `rx`: {offered, delivered, loss,
-    backlog} (frames per second over the sender's seconds, loss a fraction)."""
+    backlog} (frames per second over the sender's seconds, loss a fraction), and the frames'
+    delays where the receiver counts them."""
     before = rx.stats()["rx"]
     out = common.subprocess.run(
         [*(sender_prefix(a, cpus) if cpus else []), f"{common.BIN}/vhost-paced", "--socket", sock, "--rate", str(mpps_load * 1e6),
-         "--seconds", str(a.seconds), "--len", str(size), "--dst", RX_MAC, *(["--event-idx"] if event_idx else [])],
+         "--seconds", str(a.seconds), "--len", str(size), "--dst", RX_MAC, *(["--event-idx"] if event_idx else []),
+         *stamping(a)],
         capture_output=True, text=True, timeout=a.seconds + 60)
     if out.returncode != 0:
         raise RuntimeError(f"vhost-paced: {out.stderr.strip()}")
     r = common.json.loads(out.stdout.strip().splitlines()[-1])
     time.sleep(0.3)
-    got = rx.stats()["rx"] - before
+    after = rx.stats()
+    got = after["rx"] - before
     return {"offered_pps": r["posted"] / r["seconds"], "delivered_pps": got / r["seconds"],
-            "loss": 1 - got / max(r["posted"], 1), "backlog_pps": r["backlog"] / r["seconds"]}
+            "loss": 1 - got / max(r["posted"], 1), "backlog_pps": r["backlog"] / r["seconds"],
+            **delay_fields(after)}
 
 
 class Talking:
@@ -212,20 +232,23 @@ class Talking:
 
 
 class Sink(Talking):
-    """vhost-paced --role sink at `sock` on the receiver's CPUs (--receiver sink): a receiver
-    that sleeps on its interrupt and takes its buffers as a guest's driver does (NAPI), where
-    testpmd rxonly busy-polls; stats() and kill() as a Testpmd's."""
+    """vhost-paced --role sink --stamp at `sock` on the receiver's CPUs (--receiver sink): a
+    receiver that sleeps on its interrupt and takes its buffers as a guest's driver does
+    (NAPI), where testpmd rxonly busy-polls, and counts the delay of each frame the sender
+    stamped; stats() and kill() as a Testpmd's."""
 
     def __init__(self, sock, cpus, bufs=1024, limit=30.0):
         super().__init__(["taskset", "-c", cpus["rx"], f"{common.BIN}/vhost-paced", "--socket", sock, "--role",
-                          "sink", "--mac", RX_MAC, "--event-idx", "--bufs", str(bufs)], "vhost-paced --role sink")
+                          "sink", "--mac", RX_MAC, "--event-idx", "--bufs", str(bufs), "--stamp"],
+                         "vhost-paced --role sink")
         self.line(limit)
 
     def stats(self, limit=10.0):
-        """{rx, tx, t}: the frames taken so far (tx 0), and when they were read."""
+        """{rx, tx, t, delay}: the frames taken so far (tx 0), when they were read, and the
+        delays (µs: samples, median, p99, max) of the frames taken since the last stats()."""
         t0 = time.monotonic()
         r = self.ask("", limit)
-        return {"rx": r["rx"], "tx": 0, "t": (t0 + time.monotonic()) / 2}
+        return {"rx": r["rx"], "tx": 0, "t": (t0 + time.monotonic()) / 2, "delay": r.get("delay_us")}
 
     def kill(self):
         self.close()
@@ -306,13 +329,18 @@ def loads_main(a, v, socks, d, sizes, cpus, dpdk, systems):
         for k in systems:
             x = r[k]
             row += [mpps(x["offered_pps"]), mpps(x["delivered_pps"]), f"{x['loss']['median'] * 100:.2f}%"]
+            row += [fmt_delay(x)] if stamping(a) else []
         rows.append(row)
-    print(f"\nvhost-paced -> middle -> virtio_user rxonly, {a.runs} runs of {a.seconds} s per load; "
-          f"layout {a.layout}: sender cpu {cpus['tx']}, middle cpu {cpus['middle']}, receiver cpu {cpus['rx']}")
+    print(f"\nvhost-paced -> middle -> {receiver_setup(a)}, {a.runs} runs of {a.seconds} s per load; "
+          f"layout {a.layout}: sender cpu {cpus['tx']}, middle cpu {cpus['middle']}, receiver cpu {cpus['rx']}"
+          + (f"; the sending port's moderation {a.moderation} us, the receiving port's {a.rx_moderation}; "
+             "delay: sender's post to the sink's "
+             "pass, median/p99 us" if stamping(a) else ""))
     headers = ["len", "load Mpps"]
     for k in systems:
         name = "vale" if k == "vale" else "vhost PMD"
         headers += [f"{name} offered", f"{name} delivered", f"{name} loss"]
+        headers += [f"{name} delay"] if stamping(a) else []
     common.table(headers, rows)
     return results
 
@@ -329,7 +357,7 @@ class SyncPaced(Talking):
         self.seconds = a.seconds
         super().__init__([*sender_prefix(a, cpus), f"{common.BIN}/vhost-paced", "--socket", sock,
                           "--rate", str(mpps_load * 1e6), "--seconds", str(a.seconds), "--len", str(size),
-                          "--dst", RX_MAC, "--sync", "--event-idx"], "vhost-paced --sync")
+                          "--dst", RX_MAC, "--sync", "--event-idx", *stamping(a)], "vhost-paced --sync")
 
     def ready(self, limit=30.0):
         self.line(limit)
@@ -340,8 +368,9 @@ class SyncPaced(Talking):
 
 def cost_window(paced, rx, middle_pid, before=None, after=None):
     """Sends the load and reads, around it: the receiver's count, the middle's threads; returns
-    (vhost-paced's report, frames delivered, thread_delta of the middle). `before`/`after`:
-    what to do right before the sending starts and right after it ends (testpmd's fwd stats)."""
+    (vhost-paced's report, the receiver's count after it (its delays), frames delivered,
+    thread_delta of the middle). `before`/`after`: what to do right before the sending starts
+    and right after it ends (testpmd's fwd stats)."""
     r0 = rx.stats()["rx"]
     if before:
         before()
@@ -350,17 +379,20 @@ def cost_window(paced, rx, middle_pid, before=None, after=None):
     c1 = common.thread_times(middle_pid)
     extra = after() if after else None
     time.sleep(0.3)          # the last frames the middle forwarded reach the receiver's count
-    got = rx.stats()["rx"] - r0
-    return rep, got, common.thread_delta(c0, c1), extra
+    r1 = rx.stats()
+    rep["receiver"] = r1
+    return rep, r1["rx"] - r0, common.thread_delta(c0, c1), extra
 
 
 def cost_figures(rep, got, threads, hz):
-    """The fields every system's cost run has: offered, delivered, loss, backlog, middle's CPU
-    cycles per delivered frame, its threads' share (cycles per frame by thread name)."""
+    """The fields every system's cost run has: offered, delivered, loss, backlog, the frames'
+    delays (with the sink), middle's CPU cycles per delivered frame, its threads' share
+    (cycles per frame by thread name)."""
     secs = rep["seconds"]
     per = lambda ns: ns * hz / 1e9 / got if got else None
     return {"offered_pps": rep["posted"] / secs, "delivered_pps": got / secs,
             "loss": 1 - got / max(rep["posted"], 1), "backlog_pps": rep["backlog"] / secs,
+            **delay_fields(rep["receiver"]),
             "cpu_cycles_per_frame": per(threads["total_ns"]),
             "cores": threads["total_ns"] / 1e9 / secs,
             "threads": {n: {"cycles_per_frame": per(x["run_ns"]), "threads": x["threads"],
@@ -497,6 +529,12 @@ def fmt_cycles(x):
     return "-" if x is None else f"{x:,.0f}"
 
 
+def fmt_delay(x):
+    """A system's delays as median/p99 µs (medians of the runs), or -."""
+    m, p = med(x, "delay_us_median"), med(x, "delay_us_p99")
+    return "-" if m is None or p is None else f"{m:.1f}/{p:.1f}"
+
+
 def cost_main(a, v, socks, d, sizes, cpus, dpdk, systems):
     """--cost: per size and load, the middle's cycles per delivered frame of each system, the
     sender's bound at the load, the receiver's bound at the size; a system stops at the first
@@ -538,27 +576,31 @@ def cost_main(a, v, socks, d, sizes, cpus, dpdk, systems):
             for k in list(going):
                 if r[k]["loss"]["median"] > a.loss_limit:
                     going.discard(k)
-    print(f"\nvhost-paced -> middle -> virtio_user rxonly: the middle's CPU cycles per delivered frame "
+    print(f"\nvhost-paced -> middle -> {receiver_setup(a)}: the middle's CPU cycles per delivered frame "
           f"(TSC at {hz / 1e6:.1f} MHz), {a.runs} runs of {a.seconds} s per load, medians; "
           f"layout {a.layout}: sender cpu {cpus['tx']}, middle cpu {cpus['middle']}, receiver cpu {cpus['rx']}; "
-          f"the sending port's moderation {a.moderation} us; "
+          f"the sending port's moderation {a.moderation} us, the receiving port's {a.rx_moderation}; "
           f"{common.machine()}")
     print("vale: all of valed's threads' CPU time; testpmd: its forwarding loop's TSC cycles in bursts that "
-          "received something (--record-core-cycles), and all its threads' CPU time (busy-polling included)")
+          "received something (--record-core-cycles), and all its threads' CPU time (busy-polling included)"
+          + ("; delay: from the sender's post to the sink's pass that took the frame, median/p99 us "
+             "(medians of the runs)" if stamping(a) else ""))
     rows = []
     for r in results:
         v_, p_ = r.get("vale"), r.get("dpdk_vhost")
         rb = next(b for b in bounds if b["frame_len"] == r["frame_len"])["receiver_rx_pps"]
         lost = lambda x: "-" if not x else f"{x['delivered_pps']['median'] / 1e6:.2f} ({x['loss']['median'] * 100:.2f}%)"
         sb = r["sender_bound"]
+        delays = [fmt_delay(v_), fmt_delay(p_)] if stamping(a) else []
         rows.append([r["frame_len"], r["load_mpps"], lost(v_), fmt_cycles(med(v_, "cpu_cycles_per_frame")),
                      lost(p_), fmt_cycles(med(p_, "testpmd_cycles_per_frame")),
                      fmt_cycles(med(p_, "cpu_cycles_per_frame")), fmt_ratio(r["ratio_to_testpmd_cycles"]),
-                     fmt_ratio(r["ratio_to_testpmd_cpu"]),
+                     fmt_ratio(r["ratio_to_testpmd_cpu"]), *delays,
                      f"{sb['offered_pps']['median'] / 1e6:.2f}/{sb['delivered_pps']['median'] / 1e6:.2f}",
                      f"{rb['median'] / 1e6:.2f}"])
     common.table(["len", "load", "vale Mpps (lost)", "valed cyc/frame", "PMD Mpps (lost)", "testpmd cyc/frame",
-                  "testpmd CPU cyc/frame", "vale/testpmd", "vale/testpmd CPU", "sender bound off/dlv",
+                  "testpmd CPU cyc/frame", "vale/testpmd", "vale/testpmd CPU",
+                  *(["vale delay us", "PMD delay us"] if stamping(a) else []), "sender bound off/dlv",
                   "rx bound Mpps"], rows)
     return results, bounds
 
@@ -579,15 +621,18 @@ def peer_run(d, size, a, cpus, dpdk):
 class ValeVhost(common.Valed):
     """valed (pinned to the middle's CPUs) with vale1:vm1 and vale1:vm2 listening at `socks`."""
 
-    def __init__(self, cpus, socks, busy_poll_us=0, wrapper=(), moderation_us=0):
+    def __init__(self, cpus, socks, busy_poll_us=0, wrapper=(), moderation_us=0, rx_moderation_us=0):
         """`wrapper`: a command valed runs under (valgrind; chrt for --rt); `moderation_us`:
-        the sending port's (vale1:vm1) moderation knob (kicks from its guest)."""
+        the sending port's (vale1:vm1) moderation knob (kicks from its guest);
+        `rx_moderation_us`: the receiving port's (vale1:vm2: interrupts to its guest)."""
         super().__init__({"valed": cpus["middle"], "tx": cpus["tx"], "rx": cpus["rx"]},
                          extra=("--busy-poll-us", str(busy_poll_us)), wrapper=wrapper)
         for port, s in zip(("vale1:vm1", "vale1:vm2"), socks):
             self.ctl("attach", port, "--vhost-user", s)
         if moderation_us:
             self.ctl("set", "vale1:vm1", "moderation", str(moderation_us))
+        if rx_moderation_us:
+            self.ctl("set", "vale1:vm2", "moderation", str(rx_moderation_us))
 
     def wait_state(self, state, limit=30.0, ports=("vale1:vm1", "vale1:vm2")):
         deadline = time.monotonic() + limit
@@ -612,6 +657,10 @@ def main():
                     help="the sending vhost-user port's moderation knob (vale-ctl set vale1:vm1 moderation US): "
                          "with --cost, whose sender negotiates event indices, kick moderation: the sender's "
                          "kicks about every US while it streams (default 0: off)")
+    ap.add_argument("--rx-moderation", type=int, default=0, metavar="US",
+                    help="the receiving vhost-user port's moderation knob (vale-ctl set vale1:vm2 moderation "
+                         "US): at most one interrupt to the receiver every US (default 0: off; the vhost PMD "
+                         "has no such knob)")
     ap.add_argument("--receiver", choices=("testpmd", "sink"), default="testpmd",
                     help="with --loads and --cost: the receiver, testpmd rxonly on virtio_user (busy-polling; "
                          "default) or vhost-paced --role sink (sleeps on its interrupt and takes its buffers "
@@ -665,7 +714,7 @@ def main():
     on_exit(lambda: shutil.rmtree(d, ignore_errors=True))
     socks = (f"{d}/vm1.sock", f"{d}/vm2.sock")
     v = ValeVhost(cpus, socks, a.busy_poll_us, wrapper=("chrt", "-f", "1") if a.rt else (),
-                  moderation_us=a.moderation)
+                  moderation_us=a.moderation, rx_moderation_us=a.rx_moderation)
 
     systems = ["vale"] + ([] if a.no_peers else ["dpdk_vhost"])
     if a.cost:
@@ -675,7 +724,8 @@ def main():
         common.stop(v.proc, common.signal.SIGTERM)
         layout = {"name": a.layout, "sender": cpus["tx"], "receiver_lcores": cpus["rx"],
                   "middle": cpus["middle"], "valed_busy_poll_us": a.busy_poll_us, "nice": a.nice,
-                  "middle_realtime": a.rt, "valed_moderation_us": a.moderation}
+                  "middle_realtime": a.rt, "valed_moderation_us": a.moderation,
+                  "valed_rx_moderation_us": a.rx_moderation}
         setup = {"dpdk": peers.testpmd_version() if not a.dpdk else "DPDK from --dpdk folder",
                  "sender": "vhost-paced --sync --event-idx on the sender's CPUs: VERSION_1 and EVENT_IDX, "
                            "queue_size 1024, bursts every 20 us, transmit interrupts off",

@@ -234,7 +234,8 @@ fn a_stopped_valed_removes_its_vhost_user_sockets() {
 /// receiver that sleeps on its interrupts) on vale1:vm2. The sink takes what valed delivered
 /// and answers each line on its input with the count; the counters add up to what the sender
 /// posted; with vm1's `moderation` set the sender kicks far fewer times than it sends bursts
-/// (bursts of 8, so that every wake-up of valed takes enough to moderate).
+/// (bursts of 8, so that every wake-up of valed takes enough to moderate). Both stamp
+/// (`--stamp`): the sink counts the delay of every frame it took, once.
 #[test]
 fn a_paced_sender_reaches_a_sink_through_two_ports() {
     use std::io::BufRead;
@@ -247,7 +248,7 @@ fn a_paced_sender_reaches_a_sink_through_two_ports() {
     v.ctl_ok(&["attach", "vale1:vm2", "--vhost-user", &s2]);
     v.ctl_ok(&["set", "vale1:vm1", "moderation", "100"]);
     let mut sink = Command::new(bin("vhost-paced"))
-        .args(["--socket", &s2, "--role", "sink", "--event-idx"])
+        .args(["--socket", &s2, "--role", "sink", "--event-idx", "--stamp"])
         .args(["--mac", "02:00:00:00:0e:02", "--seconds", "60"])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -267,7 +268,7 @@ fn a_paced_sender_reaches_a_sink_through_two_ports() {
     // 400,000 frames a second for 0.5 s: 25,000 bursts of 8, one every 20 µs.
     let out = Command::new(bin("vhost-paced"))
         .args(["--socket", &s1, "--rate", "400000", "--seconds", "0.5"])
-        .args(["--dst", "02:00:00:00:0e:02", "--event-idx"])
+        .args(["--dst", "02:00:00:00:0e:02", "--event-idx", "--stamp"])
         .output()
         .expect("run vhost-paced");
     let sent = report(&out, "vhost-paced");
@@ -278,10 +279,19 @@ fn a_paced_sender_reaches_a_sink_through_two_ports() {
     assert!(num(&sent, "kicks") < 12_000, "{sent}");
     // Every frame valed took is in the sink or counted dropped at vm2 (a sink kept off its
     // CPU for milliseconds by a loaded machine), and the sink took what vm2 delivered.
-    let mut took = 0;
+    let (mut took, mut delays, mut stamped) = (0, Vec::new(), 0);
     let settled = wait_until(T, || {
         input.write_all(b"\n").unwrap();
-        took = line()["rx"].as_u64().unwrap();
+        let answer = line();
+        took = answer["rx"].as_u64().unwrap();
+        // Each answer counts the delays of the frames taken since the one before.
+        let d = answer["delay_us"].clone();
+        stamped += d["samples"].as_u64().expect("delays counted");
+        if stamped != 0 && delays.is_empty() {
+            delays = ["median", "p99", "max"]
+                .map(|k| d[k].as_f64().unwrap())
+                .to_vec();
+        }
         let c = v.counters("vale1:vm2");
         took == c.rx_packets && c.rx_packets + c.rx_drops == posted
     });
@@ -292,6 +302,12 @@ fn a_paced_sender_reaches_a_sink_through_two_ports() {
     );
     assert_eq!(c1.tx_packets, posted);
     assert_eq!((c1.bad_input, c2.bad_input), (0, 0));
+    assert_eq!(stamped, took, "each frame's delay counted once");
+    // Median and 99th percentile are their 100-ns steps' middles, the maximum exact.
+    assert!(
+        delays[0] > 0.0 && delays[0] <= delays[1] && delays[1] <= delays[2] + 0.05,
+        "delays (median, p99, max) {delays:?}"
+    );
     drop(input);
     let status = sink.wait().expect("the sink ends");
     assert!(

@@ -197,9 +197,8 @@ impl OutFrames for DirectBatch<'_> {
                 self.a = next;
                 self.last_was_seg = false;
                 let p = &mut *self.pipe;
-                p.iov.clear();
                 // The sink's header goes first.
-                p.iov.extend_from_slice(&[
+                let iov = [
                     libc::iovec {
                         iov_base: ptr::null_mut(),
                         iov_len: 0,
@@ -208,7 +207,16 @@ impl OutFrames for DirectBatch<'_> {
                         iov_base: g.ptr as *mut libc::c_void,
                         iov_len: g.len as usize,
                     },
-                ]);
+                ];
+                // Written over the last frame's two where it had two (two stores; `Vec`'s
+                // append is a call).
+                match p.iov.len() {
+                    2 => p.iov.copy_from_slice(&iov),
+                    _ => {
+                        p.iov.clear();
+                        p.iov.extend_from_slice(&iov);
+                    }
+                }
                 return Some(OutFrame {
                     iov: &mut p.iov,
                     offload: Offload::default(),

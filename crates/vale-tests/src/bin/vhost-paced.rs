@@ -38,15 +38,25 @@
 //! eventfd; on a wake-up it turns interrupts off, takes every used buffer and gives it back
 //! (one avail index store and at most one kick a pass, the kick only if the back end asks for
 //! it) until the queue is dry, then turns interrupts on again (with `--event-idx`, through
-//! the used event) and looks once more before it sleeps: a NAPI poll. It never reads the
-//! frames. It prints `{"ready": true}` once set up, and for each line on its standard input
-//! `{"rx": FRAMES, "bytes": BYTES}` (what it took so far, frame bytes without the virtio-net
-//! header); it ends when its standard input closes, or after `--seconds` (default 3600 for
-//! the sink).
+//! the used event) and looks once more before it sleeps: a NAPI poll. Without `--stamp` it
+//! never reads the frames. It prints `{"ready": true}` once set up, and for each line on its
+//! standard input `{"rx": FRAMES, "bytes": BYTES}` (what it took so far, frame bytes without
+//! the virtio-net header); it ends when its standard input closes, or after `--seconds`
+//! (default 3600 for the sink).
+//!
+//! `--stamp`, given to the paced sender and to the sink, measures how long each frame took
+//! from its sender to its receiver: the sender writes the time (CLOCK_MONOTONIC, ns) it posts
+//! each frame into the frame (EtherType 0x88b6, IEEE local experimental, the time in its
+//! first 8 bytes), and the sink, which then reads each frame, takes the time once a pass over
+//! its used ring and counts each stamped frame's delay in a histogram of 100-ns steps up to
+//! 20 ms (longer ones in the last, the maximum kept exact). Each answer of the sink then also
+//! has `"delay_us": {"samples", "median", "p99", "max"}` of the frames taken since its last
+//! answer: a frame's wait in the middle (moderation's included) and the receiver's wake-up.
 //!
 //!     vhost-paced --socket PATH --rate PPS [--seconds 2] [--len 60] [--dst MAC] [--mac MAC]
-//!                 [--tick-us 20] [--sync] [--event-idx]
+//!                 [--tick-us 20] [--sync] [--event-idx] [--stamp]
 //!     vhost-paced --socket PATH --role sink [--seconds S] [--mac MAC] [--event-idx] [--bufs N]
+//!                 [--stamp]
 //!     vhost-paced --socket PATH --role pong [--seconds S] [--mac MAC] [--busy]
 //!     vhost-paced --socket PATH --role ping --dst MAC [--seconds 2] [--len 60] [--mac MAC] [--busy]
 
@@ -71,6 +81,13 @@ const DESC_F_WRITE: u16 = 2;
 const AVAIL_F_NO_INTERRUPT: u16 = 1;
 /// EtherType of ping and pong's frames (IEEE local experimental).
 const ETH_PINGPONG: [u8; 2] = [0x88, 0xb5];
+/// EtherType of `--stamp`'s frames (IEEE local experimental 2): the time posted after it.
+const ETH_STAMPED: [u8; 2] = [0x88, 0xb6];
+/// Where a stamped frame's time lies: after the virtio-net header and the Ethernet header.
+const STAMP_AT: u64 = (HDR + 14) as u64;
+/// The sink's delay histogram: steps of this many ns, up to `DELAY_STEPS` of them.
+const DELAY_STEP_NS: u64 = 100;
+const DELAY_STEPS: usize = 200_000;
 /// How long ping waits for an echo before it counts the request lost.
 const ECHO_LIMIT: Duration = Duration::from_secs(1);
 /// How long ping tries, before it measures, to get a first echo.
@@ -118,6 +135,8 @@ struct Args {
     event_idx: bool,
     /// The sink's receive buffers.
     bufs: u16,
+    /// The sender stamps its frames, the sink counts their delays.
+    stamp: bool,
 }
 
 fn parse_mac(s: &str) -> Result<[u8; 6], String> {
@@ -143,6 +162,7 @@ fn args() -> Result<Args, String> {
         tick: Duration::from_micros(20),
         event_idx: false,
         bufs: QSZ,
+        stamp: false,
     };
     let mut seconds_given = false;
     let mut it = std::env::args().skip(1);
@@ -170,6 +190,7 @@ fn args() -> Result<Args, String> {
             "--sync" => a.sync = true,
             "--busy" => a.busy = true,
             "--event-idx" => a.event_idx = true,
+            "--stamp" => a.stamp = true,
             "--bufs" => {
                 a.bufs = v()?.parse().map_err(|e| format!("--bufs: {e}"))?;
                 if !(1..=QSZ).contains(&a.bufs) {
@@ -186,10 +207,11 @@ fn args() -> Result<Args, String> {
             "-h" | "--help" => {
                 println!(
                     "vhost-paced --socket PATH --rate PPS [--seconds S] [--len 60-1514] [--dst MAC] [--mac MAC] \
-                     [--tick-us US] [--sync] [--event-idx]\n\
+                     [--tick-us US] [--sync] [--event-idx] [--stamp]\n\
                      vhost-paced --socket PATH --role ping|pong [--seconds S] [--len 60-1514] [--dst MAC] \
                      [--mac MAC] [--busy]\n\
-                     vhost-paced --socket PATH --role sink [--seconds S] [--mac MAC] [--event-idx] [--bufs N]"
+                     vhost-paced --socket PATH --role sink [--seconds S] [--mac MAC] [--event-idx] [--bufs N] \
+                     [--stamp]"
                 );
                 std::process::exit(0);
             }
@@ -208,6 +230,9 @@ fn args() -> Result<Args, String> {
     }
     if a.role == Role::Paced && (!a.rate.is_finite() || a.rate < 0.0) {
         return Err("need a --rate of 0 (idle) or more (frames per second)".into());
+    }
+    if a.stamp && !matches!(a.role, Role::Paced | Role::Sink) {
+        return Err("--stamp is for the paced sender and the sink".into());
     }
     Ok(a)
 }
@@ -383,7 +408,10 @@ fn main() {
     let mut frame = vec![0u8; HDR + a.len];
     frame[HDR..HDR + 6].copy_from_slice(&a.dst);
     frame[HDR + 6..HDR + 12].copy_from_slice(&a.mac);
-    frame[HDR + 12..HDR + 14].copy_from_slice(&[0x08, 0x00]);
+    frame[HDR + 12..HDR + 14].copy_from_slice(match a.stamp {
+        true => &ETH_STAMPED,
+        false => &[0x08, 0x00],
+    });
     for i in 0..QSZ as u64 {
         let at = BUFS_AT + i * BUF;
         m.put(at, &frame);
@@ -418,8 +446,15 @@ fn main() {
         let n = want.min(free);
         backlog += want - n;
         if n != 0 {
+            let posted_ns = if a.stamp { mono_ns() } else { 0 };
             for _ in 0..n {
                 let slot = next_avail % QSZ;
+                if a.stamp {
+                    m.put(
+                        BUFS_AT + slot as u64 * BUF + STAMP_AT,
+                        &posted_ns.to_le_bytes(),
+                    );
+                }
                 m.set_u16(avail(tx) + 4 + 2 * slot as u64, slot);
                 next_avail = next_avail.wrapping_add(1);
             }
@@ -488,6 +523,7 @@ fn sink(a: &Args, m: &Memory, kick: &EventFd, call: &EventFd, event_idx: bool) {
     };
     let (mut seen, mut next) = (0u16, a.bufs);
     let (mut frames, mut bytes) = (0u64, 0u64);
+    let mut delays = a.stamp.then(Delays::new);
     let end = Instant::now() + Duration::from_secs_f64(a.seconds);
     let mut out = std::io::stdout();
     let _ = writeln!(out, "{{\"ready\": true}}").and_then(|_| out.flush());
@@ -497,13 +533,19 @@ fn sink(a: &Args, m: &Memory, kick: &EventFd, call: &EventFd, event_idx: bool) {
         if idx != seen {
             fence(Ordering::Acquire);
             let n = idx.wrapping_sub(seen);
+            let now = delays.as_ref().map_or(0, |_| mono_ns());
             for k in 0..n {
                 let at = used(0) + 4 + 8 * (seen.wrapping_add(k) % QSZ) as u64;
                 // The back end's word for which buffer it used: ours are 0..QSZ, and a
                 // wrong id only puts one buffer twice on the ring (the back end's fault to
                 // see).
                 let id = (m.u32_at(at) % QSZ as u32) as u16;
-                bytes += (m.u32_at(at + 4) as u64).saturating_sub(HDR as u64);
+                let len = m.u32_at(at + 4) as u64;
+                bytes += len.saturating_sub(HDR as u64);
+                if let Some(d) = delays.as_mut() {
+                    let buf = m.get(RX_BUFS_AT + id as u64 * BUF, BUF as usize);
+                    d.frame(&buf[..(len as usize).min(buf.len())], now);
+                }
                 m.set_u16(avail(0) + 4 + 2 * (next.wrapping_add(k) % QSZ) as u64, id);
             }
             seen = idx;
@@ -553,11 +595,88 @@ fn sink(a: &Args, m: &Memory, kick: &EventFd, call: &EventFd, event_idx: bool) {
                 break;
             }
             for _ in line[..got as usize].iter().filter(|&&b| b == b'\n') {
-                let _ = writeln!(out, "{{\"rx\": {frames}, \"bytes\": {bytes}}}")
+                let delay = match delays.as_mut() {
+                    Some(d) => format!(", \"delay_us\": {}", d.take()),
+                    None => String::new(),
+                };
+                let _ = writeln!(out, "{{\"rx\": {frames}, \"bytes\": {bytes}{delay}}}")
                     .and_then(|_| out.flush());
             }
         }
         interrupts(false, seen);
+    }
+}
+
+/// CLOCK_MONOTONIC in ns: the clock `--stamp`'s sender and sink share.
+fn mono_ns() -> u64 {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: fills our timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+}
+
+/// The sink's count of stamped frames' delays (`--stamp`), since its last answer.
+struct Delays {
+    steps: Vec<u32>,
+    samples: u64,
+    max_ns: u64,
+}
+
+impl Delays {
+    fn new() -> Delays {
+        Delays {
+            steps: vec![0; DELAY_STEPS],
+            samples: 0,
+            max_ns: 0,
+        }
+    }
+
+    /// A frame of `b` (virtio-net header first) taken at `now`: its delay counted if it is
+    /// stamped (a frame from elsewhere, or a time after `now`, is not).
+    fn frame(&mut self, b: &[u8], now: u64) {
+        let at = STAMP_AT as usize;
+        if b.len() < at + 8 || b[HDR + 12..HDR + 14] != ETH_STAMPED {
+            return;
+        }
+        let posted = u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+        let Some(ns) = now.checked_sub(posted) else {
+            return;
+        };
+        let step = ((ns / DELAY_STEP_NS) as usize).min(DELAY_STEPS - 1);
+        self.steps[step] += 1;
+        self.samples += 1;
+        self.max_ns = self.max_ns.max(ns);
+    }
+
+    /// The delays counted so far as JSON (µs), and a fresh count.
+    fn take(&mut self) -> String {
+        let at = |q: f64| {
+            let want = ((self.samples as f64 * q).ceil() as u64).max(1);
+            let mut sum = 0u64;
+            for (k, &c) in self.steps.iter().enumerate() {
+                sum += c as u64;
+                if sum >= want {
+                    // The step's middle.
+                    return (k as f64 + 0.5) * DELAY_STEP_NS as f64 / 1000.0;
+                }
+            }
+            0.0
+        };
+        let s = match self.samples {
+            0 => "{\"samples\": 0}".to_string(),
+            n => format!(
+                "{{\"samples\": {n}, \"median\": {:.1}, \"p99\": {:.1}, \"max\": {:.1}}}",
+                at(0.5),
+                at(0.99),
+                self.max_ns as f64 / 1000.0
+            ),
+        };
+        self.steps.fill(0);
+        (self.samples, self.max_ns) = (0, 0);
+        s
     }
 }
 

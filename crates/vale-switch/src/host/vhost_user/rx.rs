@@ -475,7 +475,7 @@ impl Net {
         if let Some(ns) = steps.fire_due() {
             // At least 1 µs: a moderation deadline due now is served by the next event anyway.
             epoll::arm_timer(&pair.timer, ns.max(1000));
-            pair.pace.armed.store(false, Relaxed);
+            pair.pace.timer_taken();
         } else {
             match pair.pace.backstop(napping, took, nap_ns) {
                 Backstop::Keep => {}
@@ -608,6 +608,12 @@ impl Pace {
     /// The pair's timer went off (its event, before the worker's pass).
     pub(super) fn timer_fired(&self) {
         self.fired.store(true, Relaxed);
+    }
+
+    /// Deferred interrupts toward other ports took the pair's timer: the backstop is no
+    /// longer armed (the next moderated wake-up arms it again).
+    fn timer_taken(&self) {
+        self.armed.store(false, Relaxed);
     }
 
     /// The timer as kick moderation's backstop, after a wake-up that `took` chains and asked
