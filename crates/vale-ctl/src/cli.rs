@@ -276,7 +276,8 @@ Port knobs:\n  \
 moderation US    microseconds between interrupts toward the client,\n                   \
 0-1000000; 0 = immediate (default). A vhost-user guest that\n                   \
 negotiated event indices also kicks about this far apart\n                   \
-(at most 200) while it streams\n  \
+(at most 200) while it streams: fewer wake-ups of valed, each\n                   \
+frame about half the interval later\n  \
 learn-limit N    most source MACs the learning bridge keeps for the port,\n                   \
 0-1048576 (default 1024; 0: learn none). A port at its limit\n                   \
 learns a new address only in place of one of its own; no port\n                   \
