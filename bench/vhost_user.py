@@ -368,9 +368,10 @@ class SyncPaced(Talking):
 
 def cost_window(paced, rx, middle_pid, before=None, after=None):
     """Sends the load and reads, around it: the receiver's count, the middle's threads; returns
-    (vhost-paced's report, the receiver's count after it (its delays), frames delivered,
-    thread_delta of the middle). `before`/`after`: what to do right before the sending starts
-    and right after it ends (testpmd's fwd stats)."""
+    (vhost-paced's report, with the receiver's count after the sending under "receiver" (the
+    sink's delays), frames delivered, thread_delta of the middle, what `after` returned).
+    `before`/`after`: what to do right before the sending starts and right after it ends
+    (testpmd's fwd stats)."""
     r0 = rx.stats()["rx"]
     if before:
         before()

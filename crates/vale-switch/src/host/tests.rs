@@ -994,11 +994,11 @@ fn vhost_user_guest_interrupts_are_moderated() {
 /// Kick moderation (see `vhost_user::rx::Pace`): a guest with event indices sends bursts of 8
 /// frames every 50 µs (200 of them once valed has returned its first chains: a worker kept
 /// off its CPU for the first milliseconds by a loaded machine sees a stream all the same) and
-/// kicks only when its avail index passes valed's avail event, as a driver does. With the port's moderation set, valed asks for a kick only after several
-/// bursts (its avail event several chains ahead, up to 15 here; never without), every frame
-/// delivered in order; once the stream stops, the last frames are taken by the backstop and
-/// the next kick is asked for at once again (an idle guest wakes nobody, a lone frame waits
-/// for nothing).
+/// kicks only when its avail index passes valed's avail event, as a driver does. With the
+/// port's moderation set, valed asks for a kick only after several bursts (its avail event
+/// several chains ahead, up to 15 here; never without), every frame delivered in order; once
+/// the stream stops, the last frames are taken by the backstop and the next kick is asked
+/// for at once again (an idle guest wakes nobody, a lone frame waits for nothing).
 #[test]
 fn vhost_user_guest_kicks_are_moderated() {
     const BURSTS: u16 = 200;

@@ -609,13 +609,7 @@ fn sink(a: &Args, m: &Memory, kick: &EventFd, call: &EventFd, event_idx: bool) {
 
 /// CLOCK_MONOTONIC in ns: the clock `--stamp`'s sender and sink share.
 fn mono_ns() -> u64 {
-    let mut t = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: fills our timespec.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
-    t.tv_sec as u64 * 1_000_000_000 + t.tv_nsec as u64
+    vale_abi::clock::ns(libc::CLOCK_MONOTONIC)
 }
 
 /// The sink's count of stamped frames' delays (`--stamp`), since its last answer.

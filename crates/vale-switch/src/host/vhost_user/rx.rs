@@ -553,18 +553,19 @@ impl Net {
 /// chains or more, the worker asks for the guest's next kick only once it has posted as many
 /// chains as came in M at the rate just seen (the used ring's avail event set that far
 /// ahead; at most [`NAP_MOST`]): about one wake-up every M while the stream lasts. A stream
-/// faster than [`NAP_FAST_PPS`] is not moderated: its wake-ups take as many on their own. A stream that stops short of the kick leaves a few chains waiting: a
-/// periodic timer of [`BACKSTOP`] intervals, armed once when the moderation begins, takes
-/// them. The first wake-up that takes between 1 and [`NAP_MIN`] - 1 chains, or a round of
-/// the backstop that follows no kick since the last and takes fewer than [`NAP_MIN`] (the
-/// stream over, or a request and its answer), asks for the next kick at once and stops the
-/// timer (as do [`CALM`] wake-ups in a row of a stream too fast to moderate); a wake-up that
-/// takes nothing (another event of the same epoll round took it all) and a round that
-/// follows kicks (the stream goes on) change nothing: the timer is armed and stopped once a
-/// stream, not at every turn of a wake-up (7 µs each here). So an idle guest costs nothing
-/// and a ping-pong no time. Without event indices a guest can only be told to kick
-/// or not, and the timer alone, dearer than the kicks it saves, would have to bring the
-/// worker back: no moderation. A receive queue waiting for buffers keeps its kick.
+/// faster than [`NAP_FAST_PPS`] is not moderated: its wake-ups take as many on their own. A
+/// stream that stops short of the kick leaves a few chains waiting: a periodic timer of
+/// [`BACKSTOP`] intervals, armed once when the moderation begins, takes them. The first wake-up
+/// that takes between 1 and [`NAP_MIN`] - 1 chains, or a round of the backstop that follows no
+/// kick since the last and takes fewer than [`NAP_MIN`] (the stream over, or a request and its
+/// answer), asks for the next kick at once and stops the timer (as do [`CALM`] wake-ups in a
+/// row of a stream too fast to moderate); a wake-up that takes nothing (another event of the
+/// same epoll round took it all) and a round that follows kicks (the stream goes on) change
+/// nothing: the timer is armed and stopped once a stream, not at every turn of a wake-up (7 µs
+/// each here). So an idle guest costs nothing and a ping-pong no time. Without event indices a
+/// guest can only be told to kick or not, and the timer alone, dearer than the kicks it saves,
+/// would have to bring the worker back: no moderation. A receive queue waiting for buffers
+/// keeps its kick.
 #[derive(Default)]
 pub(super) struct Pace {
     /// When the worker last went to sleep (nanoseconds since the connection's epoch).
