@@ -59,9 +59,10 @@ vale-pktgen ping and pong in the same CPU layout, in the same run:
 and the VM path in the same layouts: a ping-pong between two vhost-user front ends
 (`vhost-paced --role ping|pong`, each sleeping in poll on its receive queue's call eventfd
 between frames, as a guest's driver sleeps on its interrupt) through vale (vale1:vm1,
-vale1:vm2, valed listening) and through DPDK's vhost PMD (testpmd --forward-mode=io between
-net_vhost0 and net_vhost1, both its lcores where valed would be: it busy-polls, sharing that
-CPU with whoever else is there). --no-vm skips the VM path (it needs testpmd).
+vale1:vm2, valed listening; in its default mode, and polling with --busy-poll-us, like with
+like for the PMD) and through DPDK's vhost PMD (testpmd --forward-mode=io between net_vhost0
+and net_vhost1, both its lcores where valed would be: it busy-polls, sharing that CPU with
+whoever else is there). --no-vm skips the VM path (it needs testpmd).
 
     cargo build --release && bench/latency.py [--runs 5] [--seconds 2] [--sizes 60,1514]
     bench/latency.py --no-peers --variants busy,busy-ping --busy-cpus 2,4,6 --sizes 60
@@ -130,12 +131,13 @@ class VmPath:
 
     serial = 0
 
-    def __init__(self, system, cpus, d, dpdk):
+    def __init__(self, system, cpus, d, dpdk, valed_args=()):
         self.system, self.cpus = system, cpus
         VmPath.serial += 1     # fresh socket paths: a killed testpmd leaves its sockets behind
         self.socks = tuple(f"{d}/{system}-{VmPath.serial}-{i}.sock" for i in (0, 1))
         if system == "vale":
-            self.v = common.Valed({"name": "vm-path", "valed": cpus[0], "tx": cpus[1], "rx": cpus[2]})
+            self.v = common.Valed({"name": "vm-path", "valed": cpus[0], "tx": cpus[1], "rx": cpus[2]},
+                                  extra=valed_args)
             for port, sock in zip(("vale1:vm1", "vale1:vm2"), self.socks):
                 self.v.ctl("attach", port, "--vhost-user", sock)
             self.pid = self.v.pid
@@ -204,27 +206,33 @@ def like_for_like(a, sizes, names):
         v = common.Valed({"name": name, "valed": cpus[0], "tx": cpus[1], "rx": cpus[2]})
         vm = {} if a.no_vm else {"vale_vhost_user": VmPath("vale", cpus, d, dpdk)}
         for s in sizes:
-            runs = {k: [] for k in ["vale", "linux_bridge_udp"] + ([] if a.no_vm else ["vale_vhost_user", "dpdk_vhost"])}
+            vm_keys = ["vale_vhost_user", "vale_vhost_user_busy", "dpdk_vhost"]
+            runs = {k: [] for k in ["vale", "linux_bridge_udp"] + ([] if a.no_vm else vm_keys)}
             for _ in range(a.runs):
                 runs["vale"].append(vale_ping(v, s, a.seconds))
                 runs["linux_bridge_udp"].append(bridge_udp(b, s, a.seconds, cpus[1], cpus[2]))
                 if not a.no_vm:
                     runs["vale_vhost_user"].append(vm["vale_vhost_user"].ping(s, a.seconds))
-                    # testpmd busy-polls: started for its run only, so that it does not take
-                    # the CPU from the other systems' runs.
-                    peer = VmPath("dpdk_vhost", cpus, d, dpdk)
-                    try:
-                        runs["dpdk_vhost"].append(peer.ping(s, a.seconds))
-                    finally:
-                        peer.close()
+                    # The polling middles (testpmd; valed with --busy-poll-us, like with like
+                    # for it) are started for their runs only, so that they do not take the CPU
+                    # from the other systems' runs.
+                    for k, system, args in (("vale_vhost_user_busy", "vale", ("--busy-poll-us", str(a.busy_poll_us))),
+                                            ("dpdk_vhost", "dpdk_vhost", ())):
+                        peer = VmPath(system, cpus, d, dpdk, args)
+                        try:
+                            runs[k].append(peer.ping(s, a.seconds))
+                        finally:
+                            peer.close()
             r = {"layout": name, "cpus": {"middle": cpus[0], "ping": cpus[1], "pong": cpus[2]}, "frame_len": s}
             for k, x in runs.items():
                 r[k] = rtt_summary(x)
-                if k in ("vale_vhost_user", "dpdk_vhost"):
+                if k in vm_keys:
                     r[k]["lost"] = sum(y.get("lost", 0) for y in x)
             r["vale_over_bridge_udp"] = common.ratio(r["vale"]["median"], r["linux_bridge_udp"]["median"])
             if not a.no_vm:
                 r["vale_over_vhost_pmd"] = common.ratio(r["vale_vhost_user"]["median"], r["dpdk_vhost"]["median"])
+                r["vale_busy_over_vhost_pmd"] = common.ratio(r["vale_vhost_user_busy"]["median"],
+                                                             r["dpdk_vhost"]["median"])
             rows.append(r)
             print(f"like-for-like {name} {s} B: " + ", ".join(f"{k} {fmt(r[k]['median'])}" for k in runs) + " us",
                   flush=True)
@@ -346,7 +354,8 @@ def main():
     ap.add_argument("--no-vm", action="store_true",
                     help="no VM path in the like-for-like table (it needs DPDK's testpmd)")
     ap.add_argument("--busy-poll-us", type=int, default=1000,
-                    help="valed --busy-poll-us in the variants where valed busy-polls (default 1000)")
+                    help="valed --busy-poll-us in the variants where valed busy-polls, and in the VM path's "
+                         "'vale polling' column (default 1000)")
     a = common.parse(ap)
     sizes = common.int_list(a.sizes)
     names = [] if a.variants == "none" else [n.strip() for n in a.variants.split(",") if n.strip()]
@@ -438,15 +447,16 @@ def main():
               f"front ends; {common.machine()}")
         heads = ["layout", "middle", "ping", "pong", "len", "vale", "bridge UDP", "vale/bridge"]
         if not a.no_vm:
-            heads += ["vale vhost-user", "vhost PMD", "vale/PMD"]
+            heads += ["vale vhost-user", "vale polling", "vhost PMD", "vale/PMD", "polling/PMD"]
         rows = []
         for r in like_rows:
             row = [r["layout"], r["cpus"]["middle"], r["cpus"]["ping"], r["cpus"]["pong"], r["frame_len"],
                    fmt(r["vale"]["median"]), fmt(r["linux_bridge_udp"]["median"]),
                    common.fmt_ratio(r["vale_over_bridge_udp"])]
             if not a.no_vm:
-                row += [fmt(r["vale_vhost_user"]["median"]), fmt(r["dpdk_vhost"]["median"]),
-                        common.fmt_ratio(r["vale_over_vhost_pmd"])]
+                row += [fmt(r["vale_vhost_user"]["median"]), fmt(r["vale_vhost_user_busy"]["median"]),
+                        fmt(r["dpdk_vhost"]["median"]), common.fmt_ratio(r["vale_over_vhost_pmd"]),
+                        common.fmt_ratio(r["vale_busy_over_vhost_pmd"])]
             rows.append(row)
         common.table(heads, rows)
         setup["like_for_like"] = {
@@ -455,6 +465,8 @@ def main():
                                 "bridge (br_netfilter off, static fdb), frames of the same size on the wire",
             "vale_vhost_user": "vhost-paced --role ping / pong (sleeping in poll on the rx call eventfd), "
                                "valed's vale1:vm1 and vale1:vm2 listening",
+            "vale_vhost_user_busy": f"the same with valed --busy-poll-us {a.busy_poll_us}: its vhost-user "
+                                    "threads (one per port) poll, as the vhost PMD does",
             "dpdk_vhost": "the same front ends, testpmd --forward-mode=io between net_vhost0 and net_vhost1 "
                           "(busy-polling, both lcores on the middle CPU)"}
         if not a.no_vm:
