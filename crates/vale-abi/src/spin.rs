@@ -18,7 +18,9 @@
 //!   spinner and soon sleeps again (a sleeping partner) leaves a short gap: it needs no yield.
 //!   A partner that yields back within microseconds leaves no gap either, though it waited
 //!   for the spinner's whole time slice: so a spin of [`CHECK_NS`] or more that ends with the
-//!   count moved since its last reading goes on yielding too (see `spin_over`).
+//!   count moved since its last reading goes on yielding too (see `spin_over`). A spinner
+//!   made with [`Spinner::yielding_every`] also yields once in every so long of a fruitless
+//!   spin, for a woken task that did not preempt it ([`YIELD_EVERY_NS`]).
 //! - **yielding**: `sched_yield()` in every pause, so a runnable task on this CPU runs at once
 //!   (a partner that yields too hands the CPU back within microseconds: three busy parties on
 //!   one CPU take some 10 µs a round trip). One yield in [`SAMPLE_EVERY`] is bracketed by two
@@ -58,6 +60,17 @@ pub const LONG_YIELDS: u32 = 2;
 /// First back-off, and the longest (doubled with each back-off in a row).
 pub const BACKOFF_MIN_NS: u64 = 20_000_000;
 pub const BACKOFF_MAX_NS: u64 = 1_000_000_000;
+/// For a spinner made with [`Spinner::yielding_every`]: a spin that has found nothing for
+/// this long yields the CPU once, and again each time as long, so that a task woken on its CPU
+/// that the scheduler did not let preempt it (Linux's EEVDF need not) runs then, not after the
+/// spinner's time slice, which the spinner would only notice once it ended. For threads that
+/// share CPUs as a matter of course: valed's vhost-user pair workers, a thread per queue pair
+/// (two of them polling on one CPU with the front ends they serve: a round trip's 99th
+/// percentile at 1-2 ms in most runs without, 23-57 µs with; docs/benchmarks.md). Not for
+/// the rest: the native ping-pong's default mode, whose adaptive spin pauses this way too,
+/// lost 0.3-1.7 µs of median and up to 20 µs of 99th percentile with it. Alone on its CPU a
+/// yield returns at once (about 0.5 µs).
+pub const YIELD_EVERY_NS: u64 = 10_000;
 
 /// What a busy waiter does next (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,6 +93,10 @@ pub struct Spinner {
     last_pause: u64,
     /// Clock of the first pause of the current spin (0: none yet).
     spin_began: u64,
+    /// Spinning: how long a spin goes without a yield (0: no limit), and when the current one
+    /// yields next (see [`YIELD_EVERY_NS`]).
+    yield_every: u64,
+    next_yield: u64,
     /// Spinning: when the context switch count was read last (0: never); yielding: when the
     /// current check began.
     checked_at: u64,
@@ -103,10 +120,18 @@ impl Default for Spinner {
 
 impl Spinner {
     pub const fn new() -> Spinner {
+        Spinner::yielding_every(0)
+    }
+
+    /// A spinner that, spinning, yields the CPU after every `ns` of a spin that finds nothing
+    /// (0: never; see [`YIELD_EVERY_NS`]).
+    pub const fn yielding_every(ns: u64) -> Spinner {
         Spinner {
+            yield_every: ns,
             mode: Mode::Spinning,
             last_pause: 0,
             spin_began: 0,
+            next_yield: 0,
             checked_at: 0,
             switches: 0,
             yields: 0,
@@ -172,6 +197,7 @@ impl Spinner {
                 let gap = self.last_pause != 0 && now - self.last_pause > GAP_NS;
                 if self.last_pause == 0 {
                     self.spin_began = now;
+                    self.next_yield = now + self.yield_every;
                 }
                 self.last_pause = now;
                 if gap || now.wrapping_sub(self.checked_at) >= CHECK_NS {
@@ -182,6 +208,14 @@ impl Spinner {
                         self.enter_yielding(now);
                         return self.yield_now(now);
                     }
+                }
+                if self.yield_every != 0 && now >= self.next_yield {
+                    // A task that runs long in this yield leaves a gap the next pause sees,
+                    // as a preemption would.
+                    // SAFETY: sched_yield has no preconditions.
+                    unsafe { libc::sched_yield() };
+                    self.next_yield = now_ns() + self.yield_every;
+                    return true;
                 }
                 std::hint::spin_loop();
                 true

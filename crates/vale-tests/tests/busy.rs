@@ -1,10 +1,11 @@
 //! Busy-waiting clients (`vale::Wait::Busy`, `vale-pktgen --busy`): ping-pong through a valed
 //! that busy-polls and through one that sleeps, clients whose valed is killed, and what a busy
 //! wait asks of valed (no interrupt). Most checks are of correctness (frames delivered, exit
-//! status, flags), never of a latency: busy clients on a small machine share its CPUs. Two
+//! status, flags), never of a latency: busy clients on a small machine share its CPUs. Three
 //! are of a count in a time, with margins of ten times and more: busy parties that share one
-//! CPU, alone or beside a task that never gives way, must take turns at once or sleep, not
-//! hold the CPU for a time slice a turn (see `vale_abi::spin`).
+//! CPU, alone or beside a task that never gives way, and valed's polling vhost-user workers
+//! beside the front ends they serve, must take turns at once or sleep, not hold the CPU for a
+//! time slice a turn (see `vale_abi::spin`).
 
 use std::process::Output;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
@@ -252,6 +253,72 @@ fn busy_parties_beside_a_cpu_hog_sleep_instead() {
     assert!(
         num(&r, "crowded_waits") > 0,
         "ping never slept beside the hog: {r}"
+    );
+}
+
+/// Round trips through two vhost-user ports of a polling valed with everything on one CPU, in
+/// [`VM_ONE_CPU_SECONDS`]: 66,800-139,500 in 20 runs here (2-vCPU AMD EPYC) now that the
+/// ports' pair workers yield now and then while they spin; before, 2 runs of 6 held at a time
+/// slice a round trip (1,047 and 1,866 in 2 s; 73,700-134,700 in the others).
+const VM_ONE_CPU_ROUND_TRIPS: u64 = 6_000;
+const VM_ONE_CPU_SECONDS: &str = "2";
+
+/// valed polling (`--busy-poll-us`) two vhost-user ports, whose front ends (vhost-paced ping
+/// and pong) sleep on their interrupts, all on one CPU: each port's pair worker is a thread
+/// that spins, and a front end woken on that CPU need not preempt it (Linux's EEVDF); the
+/// workers' spins yield the CPU every few microseconds (`Spinner::yielding_every`), so the
+/// front ends run at once instead of after a spinner's time slice.
+#[test]
+fn polling_vhost_user_workers_sharing_one_cpu_take_turns() {
+    use std::process::{Command, Stdio};
+    let _s = serial();
+    let _cpu = OneCpu::pin();
+    let v = Valed::start_with(&["--busy-poll-us", "1000"]);
+    let dir = TempDir::new("vhost-one-cpu");
+    let sock = |n: &str| dir.0.join(n).to_str().unwrap().to_string();
+    let (s1, s2) = (sock("vm1.sock"), sock("vm2.sock"));
+    v.ctl_ok(&["attach", "vale1:vm1", "--vhost-user", &s1]);
+    v.ctl_ok(&["attach", "vale1:vm2", "--vhost-user", &s2]);
+    let mut pong = Command::new(bin("vhost-paced"))
+        .args([
+            "--socket",
+            &s2,
+            "--role",
+            "pong",
+            "--mac",
+            "02:00:00:00:0e:02",
+        ])
+        .args(["--seconds", "60"])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("run vhost-paced --role pong");
+    assert!(wait_until(T, || v
+        .port("vale1:vm2")
+        .is_some_and(|p| p.state == "up")));
+    let out = Command::new(bin("vhost-paced"))
+        .args([
+            "--socket",
+            &s1,
+            "--role",
+            "ping",
+            "--dst",
+            "02:00:00:00:0e:02",
+        ])
+        .args([
+            "--mac",
+            "02:00:00:00:0e:01",
+            "--seconds",
+            VM_ONE_CPU_SECONDS,
+        ])
+        .output()
+        .expect("run vhost-paced --role ping");
+    let _ = pong.kill();
+    let _ = pong.wait();
+    let r = report(&out, "vhost-paced ping");
+    eprintln!("vhost-user ping-pong, valed polling, one CPU: {r}");
+    assert!(
+        num(&r, "samples") >= VM_ONE_CPU_ROUND_TRIPS,
+        "fewer than {VM_ONE_CPU_ROUND_TRIPS} round trips in {VM_ONE_CPU_SECONDS} s: {r}"
     );
 }
 

@@ -693,7 +693,9 @@ pub(super) const NAP_MAX_NS: u64 = 200_000;
 
 thread_local! {
     /// The busy poll's state on each queue pair's thread (the library runs one per pair).
-    static SPINNER: std::cell::Cell<Spinner> = const { std::cell::Cell::new(Spinner::new()) };
+    /// Such threads share CPUs as a matter of course, so the spin yields now and then.
+    static SPINNER: std::cell::Cell<Spinner> =
+        const { std::cell::Cell::new(Spinner::yielding_every(vale_abi::spin::YIELD_EVERY_NS)) };
 }
 
 #[cfg(test)]
