@@ -466,7 +466,7 @@ def main():
             "vale_vhost_user": "vhost-paced --role ping / pong (sleeping in poll on the rx call eventfd), "
                                "valed's vale1:vm1 and vale1:vm2 listening",
             "vale_vhost_user_busy": f"the same with valed --busy-poll-us {a.busy_poll_us}: its vhost-user "
-                                    "threads (one per port) poll, as the vhost PMD does",
+                                    "threads (one per queue pair, one pair a port here) poll, as the vhost PMD does",
             "dpdk_vhost": "the same front ends, testpmd --forward-mode=io between net_vhost0 and net_vhost1 "
                           "(busy-polling, both lcores on the middle CPU)"}
         if not a.no_vm:
