@@ -764,6 +764,87 @@ fn hostile_memif_client_beside_a_checked_stream() {
     assert!(v.alive(), "valed died; its log:\n{}", v.log());
 }
 
+/// A client that fills its S2C interrupt eventfd's counter and clears `O_NONBLOCK` on it in a
+/// loop (the flag is the file's, which the client shares with valed): the write that would
+/// interrupt it sleeps, and valed cuts it short and ends that connection alone. Meanwhile the
+/// checked stream c -> d loses nothing, root's `vale-ctl list` answers within a second, the
+/// port detaches within a second, and valed lives.
+#[test]
+fn a_client_whose_interrupt_eventfd_blocks_costs_only_its_own_port() {
+    use client::*;
+    use std::os::fd::AsRawFd;
+    use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+    let Some(_serial) = as_root() else { return };
+    let s = memif_port();
+    let v = &s.v;
+    let d = s.sink("vale0:d", NAMES.mac_d);
+    let c = s.c_to_d();
+    let b = v.open("vale0:b");
+    let mac_b = [2, 0, 0, 0, 0xe0, 0x0b];
+    let mac_k = [2, 0, 0, 0, 0xe0, 0x01];
+    send_waiting(&b, &test_frame(60, mac_b, BROADCAST, 0));
+    wait_tx_drained(&b, 0);
+    let mut k = connect(&s.sock).expect("served");
+    assert!(wait_until(T, || s.state() == "up"));
+    // The switch learns where the client is.
+    k.queue(&test_frame(60, mac_k, mac_b, 0));
+    k.publish();
+    assert!(k.drained());
+    assert_eq!(recv_n(&b, 1), vec![test_frame(60, mac_k, mac_b, 0)]);
+    // It asks for interrupts, gives buffers, and fills its counter: one more would sleep.
+    k.mem.word(1, 4).store(0, Relaxed);
+    k.give(SLOTS, |s| (0, k.mem.buf_off(1, s), BUF as u32));
+    let irq = k.irq[1].as_raw_fd();
+    let full: u64 = 0xffff_ffff_ffff_fffe;
+    // SAFETY: 8 bytes to the client's own eventfd, whose counter is 0.
+    assert_eq!(unsafe { libc::write(irq, (&raw const full).cast(), 8) }, 8);
+    let done = std::sync::Arc::new(AtomicBool::new(false));
+    let clearing = {
+        let done = done.clone();
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            while !done.load(Relaxed) && t.elapsed() < Duration::from_secs(30) {
+                // SAFETY: fcntl on the client's descriptor, which outlives the thread.
+                unsafe { libc::fcntl(irq, libc::F_SETFL, 0) };
+                std::thread::yield_now();
+            }
+        })
+    };
+    for seq in 1..4 {
+        send_waiting(&b, &test_frame(200, mac_b, mac_k, seq));
+        wait_tx_drained(&b, 0);
+    }
+    let ended = wait_until(Duration::from_secs(2), || s.state() == "down");
+    let t = Instant::now();
+    let list = v.ctl(&["list"]);
+    let list_took = t.elapsed();
+    done.store(true, Relaxed);
+    clearing.join().unwrap();
+    assert!(
+        ended && v.log().contains("interrupt eventfd held valed's write"),
+        "the connection did not end within 2 s: {:?}, tail {}; valed's log:\n{}",
+        s.counters(),
+        k.mem.word(1, 64).load(Relaxed),
+        v.log()
+    );
+    assert!(list.status.success(), "{list:?}");
+    assert!(
+        list_took < Duration::from_secs(1),
+        "vale-ctl list took {list_took:?}"
+    );
+    let t = Instant::now();
+    v.ctl_ok(&["detach", NAMES.port]);
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "detach took {:?}",
+        t.elapsed()
+    );
+    drop(k);
+    s.c_to_d_lost_nothing(c, d, None);
+    let mut v = s.v;
+    assert!(v.alive(), "valed died; its log:\n{}", v.log());
+}
+
 /// Nanoseconds valed's threads have spent on a CPU (schedstat, exact).
 fn valed_cpu_ns(pid: u32) -> u64 {
     std::fs::read_dir(format!("/proc/{pid}/task"))

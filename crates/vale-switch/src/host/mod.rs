@@ -19,6 +19,7 @@
 mod guard;
 mod memif;
 mod nic;
+mod peer_irq;
 mod socket;
 mod tap;
 mod tunnel;

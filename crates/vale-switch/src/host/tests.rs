@@ -433,11 +433,6 @@ impl HandGuest {
     /// Attaches `vale0:vm` and connects to it, acking the offered features but `refuse`, and
     /// every protocol feature offered; sets up `pairs` queue pairs (at most 2 in this layout).
     fn connect_pairs(engine: &Engine, tag: &str, refuse: u64, pairs: usize) -> HandGuest {
-        use vhost::vhost_user::message::VhostUserProtocolFeatures;
-        use vhost::vhost_user::{Frontend, VhostUserFrontend};
-        use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
-        use vmm_sys_util::eventfd::EventFd;
-
         // SAFETY: plain syscalls on a descriptor we own; the mapping lives as long as `self`.
         let (memfd, base) = unsafe {
             let fd = libc::memfd_create(c"guest".as_ptr(), libc::MFD_CLOEXEC);
@@ -465,52 +460,7 @@ impl HandGuest {
         assert!(sock.exists());
 
         let queues = 2 * pairs;
-        let mut fe = Frontend::connect(&sock, queues as u64).unwrap();
-        fe.set_owner().unwrap();
-        let features = fe.get_features().unwrap();
-        assert_eq!(features & (1 << 32), 1 << 32, "VERSION_1 offered");
-        fe.set_features(features & !refuse).unwrap();
-        let offered = fe.get_protocol_features().unwrap();
-        let want = VhostUserProtocolFeatures::MQ
-            | VhostUserProtocolFeatures::REPLY_ACK
-            | VhostUserProtocolFeatures::MTU
-            | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
-        assert_eq!(offered, want, "protocol features offered");
-        fe.set_protocol_features(offered).unwrap();
-        fe.set_mem_table(&[VhostUserMemoryRegionInfo {
-            guest_phys_addr: 0,
-            memory_size: HG_MEM as u64,
-            userspace_addr: base as u64,
-            mmap_offset: 0,
-            mmap_handle: memfd.as_raw_fd(),
-        }])
-        .unwrap();
-        let kicks: Vec<EventFd> = (0..queues)
-            .map(|_| EventFd::new(libc::EFD_NONBLOCK).unwrap())
-            .collect();
-        let calls: Vec<EventFd> = (0..queues)
-            .map(|_| EventFd::new(libc::EFD_NONBLOCK).unwrap())
-            .collect();
-        for q in 0..queues {
-            fe.set_vring_num(q, HG_QSZ).unwrap();
-            fe.set_vring_addr(
-                q,
-                &VringConfigData {
-                    queue_max_size: HG_QSZ,
-                    queue_size: HG_QSZ,
-                    flags: 0,
-                    desc_table_addr: base as u64 + hg_desc(q as u64),
-                    used_ring_addr: base as u64 + hg_used(q as u64),
-                    avail_ring_addr: base as u64 + hg_avail(q as u64),
-                    log_addr: None,
-                },
-            )
-            .unwrap();
-            fe.set_vring_base(q, 0).unwrap();
-            fe.set_vring_call(q, &calls[q]).unwrap();
-            fe.set_vring_kick(q, &kicks[q]).unwrap();
-            fe.set_vring_enable(q, true).unwrap();
-        }
+        let (fe, kicks, calls) = handshake(&sock, &memfd, base, queues, refuse);
         HandGuest {
             base,
             _memfd: memfd,
@@ -605,6 +555,16 @@ impl HandGuest {
     }
 
     /// The front end goes away: the port stays, down; detaching removes the socket.
+    /// The front end goes (as when valed died under it) and a new connection sets the same
+    /// memory and rings up again, at base 0, as DPDK's virtio_user does after valed restarts.
+    fn reconnect(&mut self, engine: &Engine, refuse: u64) {
+        self.fe = None;
+        wait_for("the port down", || vm_port(engine).state == "down");
+        let (fe, kicks, calls) = handshake(&self.sock, &self._memfd, self.base, 2, refuse);
+        (self.fe, self.kicks, self.calls) = (Some(fe), kicks, calls);
+        wait_for("the port up again", || vm_port(engine).state == "up");
+    }
+
     fn close(mut self, engine: &Engine) {
         self.fe = None;
         wait_for("the port down", || vm_port(engine).state == "down");
@@ -619,6 +579,72 @@ impl Drop for HandGuest {
         // SAFETY: our mapping; the port's memory table is the backend's own mapping.
         unsafe { libc::munmap(self.base.cast(), HG_MEM) };
     }
+}
+
+/// A front end's handshake on `sock` with the guest memory `memfd` (mapped at `base`): the
+/// offered features but `refuse`, every protocol feature offered, `queues` queues at base 0.
+fn handshake(
+    sock: &std::path::Path,
+    memfd: &OwnedFd,
+    base: *mut u8,
+    queues: usize,
+    refuse: u64,
+) -> (
+    vhost::vhost_user::Frontend,
+    Vec<vmm_sys_util::eventfd::EventFd>,
+    Vec<vmm_sys_util::eventfd::EventFd>,
+) {
+    use vhost::vhost_user::message::VhostUserProtocolFeatures;
+    use vhost::vhost_user::{Frontend, VhostUserFrontend};
+    use vhost::{VhostBackend, VhostUserMemoryRegionInfo, VringConfigData};
+    use vmm_sys_util::eventfd::EventFd;
+    let mut fe = Frontend::connect(sock, queues as u64).unwrap();
+    fe.set_owner().unwrap();
+    let features = fe.get_features().unwrap();
+    assert_eq!(features & (1 << 32), 1 << 32, "VERSION_1 offered");
+    fe.set_features(features & !refuse).unwrap();
+    let offered = fe.get_protocol_features().unwrap();
+    let want = VhostUserProtocolFeatures::MQ
+        | VhostUserProtocolFeatures::REPLY_ACK
+        | VhostUserProtocolFeatures::MTU
+        | VhostUserProtocolFeatures::CONFIGURE_MEM_SLOTS;
+    assert_eq!(offered, want, "protocol features offered");
+    fe.set_protocol_features(offered).unwrap();
+    fe.set_mem_table(&[VhostUserMemoryRegionInfo {
+        guest_phys_addr: 0,
+        memory_size: HG_MEM as u64,
+        userspace_addr: base as u64,
+        mmap_offset: 0,
+        mmap_handle: memfd.as_raw_fd(),
+    }])
+    .unwrap();
+    let kicks: Vec<EventFd> = (0..queues)
+        .map(|_| EventFd::new(libc::EFD_NONBLOCK).unwrap())
+        .collect();
+    let calls: Vec<EventFd> = (0..queues)
+        .map(|_| EventFd::new(libc::EFD_NONBLOCK).unwrap())
+        .collect();
+    for q in 0..queues {
+        fe.set_vring_num(q, HG_QSZ).unwrap();
+        fe.set_vring_addr(
+            q,
+            &VringConfigData {
+                queue_max_size: HG_QSZ,
+                queue_size: HG_QSZ,
+                flags: 0,
+                desc_table_addr: base as u64 + hg_desc(q as u64),
+                used_ring_addr: base as u64 + hg_used(q as u64),
+                avail_ring_addr: base as u64 + hg_avail(q as u64),
+                log_addr: None,
+            },
+        )
+        .unwrap();
+        fe.set_vring_base(q, 0).unwrap();
+        fe.set_vring_call(q, &calls[q]).unwrap();
+        fe.set_vring_kick(q, &kicks[q]).unwrap();
+        fe.set_vring_enable(q, true).unwrap();
+    }
+    (fe, kicks, calls)
 }
 
 fn vm_port(engine: &Engine) -> vale_abi::control::PortInfo {
@@ -825,8 +851,9 @@ fn vhost_user_frames_span_merged_rx_buffers() {
 }
 
 /// A front end that makes its eventfds blocking (their flags are its own: valed shares the
-/// files), fills its interrupt eventfds and reads every kick back at once, cannot hold
-/// valed's threads: frames still cross both ways, and the port goes down and detaches at
+/// files) and reads every kick back at once cannot hold valed's threads (one that also fills
+/// an interrupt eventfd's counter loses its connection: see
+/// `a_call_eventfd_made_blocking_ends_the_connection_not_a_thread`): frames still cross both ways, and the port goes down and detaches at
 /// once when the front end leaves.
 #[test]
 fn vhost_user_guest_blocking_its_eventfds_holds_nothing() {
@@ -837,9 +864,6 @@ fn vhost_user_guest_blocking_its_eventfds_holds_nothing() {
             let fl = libc::fcntl(fd, libc::F_GETFL);
             assert_eq!(libc::fcntl(fd, libc::F_SETFL, fl & !libc::O_NONBLOCK), 0);
         }
-    }
-    for call in &g.calls {
-        call.write(u64::MAX - 1).unwrap();
     }
     // Each kick is taken back before valed could read it (a blocking read would wait).
     let kick = |q: u64| {
@@ -1672,5 +1696,60 @@ fn arguments_are_checked_against_the_description() {
         Err(super::Error::Invalid(
             "port kind 'vxlan' needs argument 'local'".into()
         ))
+    );
+}
+
+/// A front end that keeps its rings across a new connection (valed killed and started again
+/// under DPDK's virtio_user, which then sends base 0): the queues are taken up where the used
+/// ring stands, so nothing is sent twice and the used index goes on from there.
+#[test]
+fn a_front_end_that_kept_its_rings_is_taken_up_where_they_stand() {
+    let refuse = F_MRG_RXBUF | F_EVENT_IDX | 1 << 12;
+    let (engine, mut g, wire, _ready) = guest_and_peer("takeup", refuse);
+    let frames: Vec<Vec<u8>> = (0..3).map(|i| frame(0x7, [0xff; 6], i, 60)).collect();
+    g.transmit(TXQ, 0, &frames);
+    wait_for("three frames at the peer", || {
+        wire.from_switch.lock().unwrap().len() == 3
+    });
+    wait_for("three chains used", || g.u16_at(hg_used(TXQ) + 2) == 3);
+    g.reconnect(&engine, refuse);
+    let next = frame(0x7, [0xff; 6], 3, 60);
+    g.transmit(TXQ, 3, std::slice::from_ref(&next));
+    wait_for("the fourth chain used", || g.u16_at(hg_used(TXQ) + 2) == 4);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let got = wire.from_switch.lock().unwrap().clone();
+    assert_eq!(got.len(), 4, "frames sent again after the new connection");
+    assert_eq!(got[3], next);
+    assert_eq!(g.used_elem(TXQ, 3).0, 3);
+    assert_eq!(vm_port(&engine).counters.bad_input, 0);
+    g.close(&engine);
+}
+
+/// A front end that fills a call eventfd's counter and makes it blocking: the interrupt that
+/// would sleep is cut short and the connection ends; the port detaches at once.
+#[test]
+fn a_call_eventfd_made_blocking_ends_the_connection_not_a_thread() {
+    let (engine, g, wire, ready) = guest_and_peer("blockcall", F_MRG_RXBUF | F_EVENT_IDX | 1 << 12);
+    let call = g.calls[RXQ as usize].as_raw_fd();
+    let full: u64 = 0xffff_ffff_ffff_fffe;
+    // SAFETY: fcntl and an 8-byte write on the test's own eventfd, whose counter is 0.
+    unsafe {
+        assert_eq!(libc::fcntl(call, libc::F_SETFL, 0), 0);
+        assert_eq!(libc::write(call, (&raw const full).cast(), 8), 8);
+    }
+    g.set_desc(RXQ, 0, 0x30000, 2048, 2, 0);
+    g.offer(RXQ, 0, 0);
+    g.kick(RXQ);
+    wire.offer(&[frame(0x8, [2, 0, 0, 0, 0, 0x7], 1, 100)], &ready);
+    wait_for("the frame in the guest's buffer", || {
+        g.u16_at(hg_used(RXQ) + 2) == 1
+    });
+    wait_for("the connection ended", || vm_port(&engine).state == "down");
+    let t = std::time::Instant::now();
+    engine.detach("vale0:vm", &Caller::valed()).unwrap();
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(1),
+        "{:?}",
+        t.elapsed()
     );
 }

@@ -108,6 +108,9 @@ pub struct Virtq<'m> {
     /// and end, and where its start is in valed. Looked at first: a guest's buffers are
     /// mostly in one region.
     near: (u64, u64, *mut u8),
+    /// The queue's cursors (avail, used) and the used index, when they disagreed at
+    /// [`Virtq::new`] and the queue was taken up at the used index.
+    took_up: Option<(u16, u16, u16)>,
     _mem: PhantomData<&'m GuestMemoryMmap>,
 }
 
@@ -127,15 +130,26 @@ impl<'m> Virtq<'m> {
         if desc as usize & 15 != 0 || avail as usize & 1 != 0 || used as usize & 3 != 0 {
             return None;
         }
+        // Where the device stands is where the used ring says: valed returns every chain it
+        // takes within the pass, so between passes its two cursors and the used index agree.
+        // A queue that disagrees was set up by a front end that kept its ring from an earlier
+        // back end (valed killed and started again: DPDK's virtio_user sends base 0 whatever
+        // its ring holds) and is taken up at the used index, as DPDK's vhost library and
+        // QEMU's crash recovery do: chains the old back end took and never returned are lost.
+        // SAFETY: the used ring's index field, inside the ring checked above (2-aligned).
+        let at = u16::from_le(unsafe { std::ptr::read_volatile(used.add(2) as *const u16) });
+        let took_up = (q.next_avail() != at || q.next_used() != at)
+            .then(|| (q.next_avail(), q.next_used(), at));
         Some(Virtq {
             desc,
             avail,
             used,
             size,
-            next_avail: q.next_avail(),
-            avail_seen: q.next_avail(),
-            next_used: q.next_used(),
-            told_used: q.next_used(),
+            next_avail: at,
+            avail_seen: at,
+            next_used: at,
+            told_used: at,
+            took_up,
             event_idx: q.event_idx_enabled(),
             // Matches no address (start above end).
             near: (1, 0, std::ptr::null_mut()),
@@ -169,6 +183,12 @@ impl<'m> Virtq<'m> {
         }
         // SAFETY: inside the region, as just checked.
         Some(unsafe { host.add((a - start) as usize) })
+    }
+
+    /// The queue's cursors (avail, used) and the used index it was taken up at, if they
+    /// disagreed when this pass began (see [`Virtq::new`]).
+    pub fn took_up(&self) -> Option<(u16, u16, u16)> {
+        self.took_up
     }
 
     /// The index of the next chain to take.

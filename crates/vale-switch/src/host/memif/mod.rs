@@ -359,7 +359,9 @@ impl Server {
     fn kick_for_sink(&mut self) {
         let want = self.me.sink.kicks.swap(0, Relaxed);
         if let (true, Some(l)) = (want != 0, self.live.as_ref()) {
-            sink::kick(&l.shared, want);
+            if let Err(e) = sink::kick(&l.shared, want) {
+                self.close(Some(e.to_string()));
+            }
         }
     }
 

@@ -16,7 +16,7 @@
 //! goes on), and moves `tail`; the client owns `flags`. The ring's eventfd is the receiver's
 //! interrupt: the sender writes it after publishing unless the receiver set `MASK_INT`.
 
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU16, Ordering::*};
 
 use super::super::guard::Guarded;
@@ -162,23 +162,10 @@ impl Ring {
         self.word(wire::ring::FLAGS).load(Relaxed) & RING_FLAG_MASK_INT == 0
     }
 
-    /// Interrupts the client through its eventfd, made non-blocking again first if the
-    /// client cleared that (the flag is the shared file's): a client that fills the counter
-    /// and clears the flag between the two can hold only the port's own thread, never a
-    /// thread of the switch (those leave interrupts to it).
-    pub fn kick(&self) {
-        let fd = self.irq.as_raw_fd();
-        // SAFETY: plain fcntl on a descriptor we hold.
-        unsafe {
-            let fl = libc::fcntl(fd, libc::F_GETFL);
-            if fl >= 0 && fl & libc::O_NONBLOCK == 0 {
-                libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
-            }
-        }
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a local to the client's eventfd; a failure (the counter
-        // full: the client does not read it) only costs the client its interrupt.
-        unsafe { libc::write(fd, &one as *const u64 as *const _, 8) };
+    /// The client's interrupt eventfd of this ring (written by [`super::sink::kick`] through
+    /// `host::peer_irq`, never while the ring's lock is held).
+    pub fn irq_fd(&self) -> RawFd {
+        self.irq.as_raw_fd()
     }
 
     #[inline]

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::ring::{Put, Regions, Ring};
 use super::MAX_PAIRS;
-use crate::host::{DevError, Egress};
+use crate::host::{peer_irq, DevError, Egress};
 use crate::kind::{Delivered, DirectSink, OutFrames};
 use crate::offload::Offload;
 use vale_abi::eventfd;
@@ -225,20 +225,27 @@ impl Egress for Out<'_> {
         if let Some(h) = self.held.as_mut() {
             // The port's own thread: it interrupts the client itself.
             let want = h.publish();
-            kick(h.shared, want);
+            if let Err(e) = kick(h.shared, want) {
+                self.broken.get_or_insert(e.to_string());
+            }
         }
         Ok(())
     }
 }
 
-/// Interrupts the client on the S2C rings in `want` (a bit each): the port's thread only.
-pub fn kick(shared: &Shared, want: u32) {
+/// Interrupts the client on the S2C rings in `want` (a bit each): the port's thread only, and
+/// with no ring's lock held (the switch's threads take those). `Blocked`: the client made the
+/// write sleep ([`peer_irq`]), and the connection is to end.
+pub fn kick(shared: &Shared, want: u32) -> Result<(), peer_irq::Blocked> {
     let mut bits = want;
     while bits != 0 {
         let q = bits.trailing_zeros() as usize;
         bits &= bits - 1;
         if let Some(r) = shared.s2c.get(q) {
-            lock(r).kick();
+            // The descriptor lives as long as `shared`: the ring's is never replaced.
+            let fd = lock(r).irq_fd();
+            peer_irq::interrupt(fd)?;
         }
     }
+    Ok(())
 }

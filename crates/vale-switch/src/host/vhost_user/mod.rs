@@ -81,6 +81,7 @@ use vmm_sys_util::event::{
 use vale_abi::eventfd;
 
 use super::guard::{self, Guarded};
+use super::peer_irq;
 use super::socket::SocketName;
 use super::virtq::{guest_piece, read_guest, write_guest, Desc, One, Popped, Virtq, VirtqError};
 use super::{DevError, Device, Driver, Egress, HostState, Steps};
@@ -350,8 +351,11 @@ struct NetInner {
     guarded: Tables,
     /// [`guard::hits`] when last looked at.
     hits_seen: AtomicU64,
-    /// The front end shrank the guest's memory: nothing more is read or written there.
+    /// A fault of the front end's (memory shrunk under valed, an interrupt eventfd that
+    /// held a write) ended the connection: nothing more is read or written in its memory.
     broken: AtomicBool,
+    /// A queue was taken up where its used ring stood (logged once).
+    took_up: AtomicBool,
     /// The connection, to end it from the data path.
     front: Mutex<Option<std::os::unix::net::UnixStream>>,
     /// The library's worker of each pair (not kept alive from here: they hold this device).
@@ -481,6 +485,7 @@ impl Net {
             guarded: Tables::default(),
             hits_seen: AtomicU64::new(guard::hits()),
             broken: AtomicBool::new(false),
+            took_up: AtomicBool::new(false),
             front: Mutex::new(None),
             handlers: Mutex::new(Vec::new()),
             kicks: Mutex::new((0..queues).map(|_| None).collect()),
@@ -564,7 +569,7 @@ impl Net {
     fn interrupt(&self, st: &VringState<Mem>, q: usize) {
         let m = self.0.shared.moderation_ns.load(Relaxed);
         if m == 0 {
-            signal_guest(st);
+            self.signal(st);
             return;
         }
         let now = self.now_ns();
@@ -572,7 +577,7 @@ impl Net {
         if now.saturating_sub(last) >= m {
             self.0.irq_last[q].store(now, Relaxed);
             self.0.irq_pending[q].store(false, Relaxed);
-            signal_guest(st);
+            self.signal(st);
         } else if !self.0.irq_pending[q].swap(true, Relaxed) {
             epoll::arm_timer(&self.0.guest_timer, (last + m - now).max(1000));
         }
@@ -596,7 +601,7 @@ impl Net {
             let last = self.0.irq_last[q].load(Relaxed);
             if now.saturating_sub(last) >= m && self.0.irq_pending[q].swap(false, Relaxed) {
                 self.0.irq_last[q].store(now, Relaxed);
-                signal_guest(&vring.get_ref());
+                self.signal(&vring.get_ref());
             } else if self.0.irq_pending[q].load(Relaxed) {
                 next = next.min(last + m - now);
             }
@@ -624,15 +629,39 @@ impl Net {
         if !self.0.guarded.hit() {
             return false;
         }
+        self.end("the front end shrank the guest's memory under valed");
+        true
+    }
+
+    /// Logs, once a connection, a queue taken up where its used ring stands (see
+    /// [`Virtq::new`]): the front end kept its ring from an earlier back end.
+    fn note_took_up(&self, q: usize, vq: &Virtq) {
+        if let Some((avail, used, at)) = vq.took_up() {
+            if !self.0.took_up.swap(true, Relaxed) {
+                tracing::warn!(port = %self.0.port, "vhost-user: queue {q} taken up at used index {at} (the front end set it at avail {avail}, used {used}: it kept its ring from an earlier back end; chains that one had not returned are lost)");
+            }
+        }
+    }
+
+    /// Interrupts the guest on the queue of `st`; a front end that made the write sleep loses
+    /// its connection.
+    fn signal(&self, st: &VringState<Mem>) {
+        if let Err(e) = signal_guest(st) {
+            self.end(&e.to_string());
+        }
+    }
+
+    /// Ends the connection from the data path, once, for a fault of the front end's: nothing
+    /// more is read or written in the guest's memory.
+    fn end(&self, why: &str) {
         if !self.0.broken.swap(true, Relaxed) {
-            tracing::error!(port = %self.0.port, "vhost-user: the front end shrank the guest's memory under valed; connection closed");
+            tracing::error!(port = %self.0.port, "vhost-user: {why}; connection closed");
             // Not through the steps, whose lock a worker may hold here.
             crate::port::add(&self.0.shared.stats.bad_input, 1);
             if let Some(f) = lock(&self.0.front).as_ref() {
                 let _ = f.shutdown(std::net::Shutdown::Both);
             }
         }
-        true
     }
 
     /// Logs the first malformed input of a connection.

@@ -363,6 +363,7 @@ impl Net {
         f: impl FnOnce(&mut GuestRx) -> R,
     ) -> Option<(R, u64, Bad)> {
         let vq = Virtq::new(st.get_queue(), mem)?;
+        self.note_took_up(rxq(p), &vq);
         let mut scratch = lock(&self.0.pairs[p].scratch);
         let mut out = GuestRx {
             vq,

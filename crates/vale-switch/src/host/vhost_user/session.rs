@@ -61,14 +61,13 @@ pub(super) fn poll_one(fd: RawFd, events: i16, ms: i32) -> bool {
     unsafe { libc::poll(&mut p, 1, ms) == 1 && p.revents & events != 0 }
 }
 
-/// Interrupts the guest on the queue of `st`, unless its call eventfd cannot take a write
-/// without waiting (a counter the front end filled: an interrupt is pending anyway). The
-/// front end owns that descriptor's flags, so a plain write could stop this thread for as
-/// long as the front end likes.
-pub(super) fn signal_guest(st: &VringState<Mem>) {
-    let Some(call) = st.get_call() else { return };
-    if poll_one(call.as_raw_fd(), libc::POLLOUT, 0) {
-        let _ = call.notify();
+/// Interrupts the guest on the queue of `st`. The front end owns that descriptor's flags and
+/// counter, so the write goes through [`peer_irq`], which cuts it short if the front end made
+/// it sleep: `Blocked`, and the connection is to end.
+pub(super) fn signal_guest(st: &VringState<Mem>) -> Result<(), peer_irq::Blocked> {
+    match st.get_call() {
+        Some(call) => peer_irq::interrupt(call.as_raw_fd()),
+        None => Ok(()),
     }
 }
 

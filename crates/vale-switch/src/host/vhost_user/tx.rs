@@ -257,6 +257,7 @@ impl Net {
             self.bad(steps, 1, &Bad::Rings);
             return (0, true);
         };
+        self.note_took_up(txq(p), &vq);
         let scratch = &self.0.pairs[p].scratch;
         let mut tx = std::mem::take(&mut lock(scratch).tx);
         let (mut used, mut bad, mut why, mut stuck) = (0usize, 0u64, Bad::None, false);
