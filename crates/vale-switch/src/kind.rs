@@ -433,6 +433,10 @@ pub trait DirectSink: Send + Sync {
 
 // What the control plane sees.
 
+/// Longest [`HostState::stop`] waits for a port's thread (more than a vhost-user port waits
+/// for its library's threads, 3 s).
+pub const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// What the control plane sees of a port whose client is valed itself (any kind but native),
 /// and the handle that stops its thread.
 pub struct HostState {
@@ -466,14 +470,24 @@ impl HostState {
         }))
     }
 
-    /// Stops the port's thread and waits for it (the device is closed when it returns).
+    /// Stops the port's thread and waits for it (the device is closed when it returns), at
+    /// most [`STOP_WAIT`]: a thread that does not end by then (none should: no thread of
+    /// valed waits on a peer's descriptor) is left to end on its own, logged, rather than
+    /// hold the detach for ever.
     pub fn stop(&self) {
         self.stopping.store(true, Relaxed);
         eventfd::signal(&self.stop);
         let t = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(t) = t {
-            let _ = t.join();
+        let Some(t) = t else { return };
+        let deadline = std::time::Instant::now() + STOP_WAIT;
+        while !t.is_finished() {
+            if std::time::Instant::now() >= deadline {
+                tracing::error!(device = %self.device, "the port's thread did not end within {STOP_WAIT:?}: left behind");
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
+        let _ = t.join();
     }
 
     pub(crate) fn set_up(&self, port: &str, up: bool, why: &dyn std::fmt::Display) {

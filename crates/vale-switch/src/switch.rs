@@ -6,7 +6,7 @@
 //! still holds it, so a departing port can never be written after it is unmapped.
 
 use std::ops::Deref;
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -73,6 +73,8 @@ pub struct Switch {
     ports: ArcSwap<PortTable>,
     lookup: ArcSwap<Installed>,
     pub batch: AtomicU32,
+    /// A command of the lookup module runs (one at a time: see `Engine::lookup_control`).
+    pub(crate) commanding: AtomicBool,
 }
 
 impl Switch {
@@ -84,6 +86,7 @@ impl Switch {
                 Installed::make(name, lookup::MODULES[0].0, Vec::new()).expect("default module"),
             ),
             batch: AtomicU32::new(batch.clamp(1, MAX_BATCH)),
+            commanding: AtomicBool::new(false),
         }
     }
 

@@ -1038,7 +1038,9 @@ fn flow_commands_go_through_the_one_lookup_request() {
 /// are not UTF-8, an answer too large) are refused clearly.
 const V3_CONTROL_MODULE: &str = r#"
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "vale_lookup.h"
 static void *create(const struct vale_arg *a, uint32_t n, char *err, size_t len) {
     (void)a; (void)n; (void)err; (void)len;
@@ -1085,6 +1087,14 @@ static int control(void *s, const char *op, const char *body, size_t body_len, c
         restored_len = body_len;
         return 0;
     }
+    if (strcmp(op, "sleep") == 0) {
+        /* A command that takes its body's number of seconds (at most 30). */
+        char n[8] = {0};
+        memcpy(n, body, body_len < sizeof n - 1 ? body_len : sizeof n - 1);
+        int secs = atoi(n);
+        sleep(secs > 30 ? 30 : (unsigned)secs);
+        return 0;
+    }
     if (strcmp(op, "restored") == 0) {
         memcpy(out, restored, restored_len);
         *out_len = restored_len;
@@ -1092,7 +1102,7 @@ static int control(void *s, const char *op, const char *body, size_t body_len, c
     }
     return EOPNOTSUPP;
 }
-static const char *const open_ops[] = {"echo", NULL};
+static const char *const open_ops[] = {"echo", "sleep", NULL};
 static const struct vale_lookup_module m = {
     .abi_version = VALE_LOOKUP_ABI_VERSION, .name = "v3", .create = create,
     .destroy = destroy, .lookup = lookup, .control = control, .open_ops = open_ops,
@@ -1226,4 +1236,62 @@ fn older_modules_load_and_take_no_commands() {
         let f = test_frame(60, MAC_A, MAC_B, 1);
         assert_eq!(deliver(&a, &f, &[&b]), vec![vec![f]], "version {version}");
     }
+}
+
+/// A module command that takes 8 s (`sleep`, open to anyone) holds nothing but its own
+/// switch's commands: meanwhile `vale-ctl list`, a create on another switch and a command of
+/// another switch's module answer within a second, the same switch's next command is refused
+/// at once (busy); the slow command's caller gets an error after the bound (5 s), and once
+/// the command ends the switch takes commands again.
+#[test]
+fn a_slow_module_command_holds_only_its_own_switch() {
+    let dir = TempDir::new("modules-slow");
+    let v = Valed::start();
+    let so = c_module(&dir.0, "libv3.so", V3_CONTROL_MODULE);
+    for sw in ["vale0", "vale1"] {
+        v.ctl_ok(&["create", &format!("{sw}:a")]);
+        v.ctl_ok(&["lookup", sw, so.to_str().unwrap()]);
+    }
+    let t0 = std::time::Instant::now();
+    let mut slow = tool("vale-ctl", v.run_dir(), &["module", "vale0", "sleep", "8"]);
+    let slow = std::thread::spawn(move || slow.output().map(|o| (o, t0.elapsed())));
+    std::thread::sleep(Duration::from_millis(500));
+    let quick = |what: &str, f: &dyn Fn()| {
+        let t = std::time::Instant::now();
+        f();
+        assert!(
+            t.elapsed() < Duration::from_secs(1),
+            "{what} took {:?}",
+            t.elapsed()
+        );
+    };
+    quick("list", &|| {
+        v.ctl_ok(&["list"]);
+    });
+    quick("create on another switch", &|| {
+        v.ctl_ok(&["create", "vale2:x"]);
+    });
+    quick("another switch's command", &|| {
+        assert_eq!(command(&v, "vale1", "echo", "x").unwrap().1, "echo x");
+    });
+    quick("the same switch's next command", &|| {
+        let (kind, message) = command(&v, "vale0", "echo", "x").unwrap_err();
+        assert_eq!(kind, ErrorKind::Busy, "{message}");
+        assert!(message.contains("still at an earlier command"), "{message}");
+    });
+    let (out, took) = slow.join().unwrap().expect("vale-ctl");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(err.contains("did not answer 'sleep' within 5s"), "{err}");
+    assert!(
+        took >= Duration::from_millis(4500) && took < Duration::from_secs(7),
+        "the slow command's caller waited {took:?}"
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || command(
+            &v, "vale0", "echo", "y"
+        )
+        .is_ok()),
+        "vale0 takes no command after the slow one ended"
+    );
 }

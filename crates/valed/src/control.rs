@@ -19,13 +19,21 @@
 //!
 //! A connection that opened ports owns them: when it ends, however the client ended, its ports
 //! are freed.
+//!
+//! A request that may wait on something other than valed's own tables (a device's thread to
+//! end at detach, a device to open, a lookup module's code) runs on a thread of its own
+//! ([`Slow`]), and its connection leaves the epoll set until the answer comes back through a
+//! channel and an eventfd: the thread that serves the socket never waits for a device or a
+//! module, so `vale-ctl list` answers whatever a port's peer or a module does. Each
+//! connection has at most one request in flight, so those threads are bounded as the
+//! connections are.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 
 use vale_abi::control::{self, Reply, Request, MAX_ADMIN_REQUEST, MAX_REQUEST};
 use vale_abi::region::VALE_ABI_VERSION;
@@ -51,13 +59,29 @@ pub struct Policy {
 pub const USER_REPLY_BYTES: usize = 4 << 20;
 
 const LISTENER: u64 = u64::MAX;
+/// The eventfd that says a slow request's answer is in [`Server::answers`].
+const ANSWERS: u64 = u64::MAX - 1;
+
+/// A slow request's answer, for connection `token` if it is still the one numbered `serial`.
+struct Answer {
+    token: usize,
+    serial: u64,
+    reply: Reply,
+}
 
 /// Serves `listener` for ever.
 pub fn serve(listener: UnixListener, engine: Arc<Engine>, policy: Policy) -> io::Result<()> {
     listener.set_nonblocking(true)?;
     let ep = epoll::new()?;
     epoll::add(&ep, listener.as_raw_fd(), LISTENER)?;
+    let answered = Arc::new(vale_abi::eventfd::new()?);
+    epoll::add(&ep, answered.as_raw_fd(), ANSWERS)?;
+    let (answer, answers) = mpsc::channel();
     let mut server = Server {
+        answer,
+        answers,
+        answered,
+        serials: 0,
         ep,
         listener,
         engine,
@@ -75,6 +99,12 @@ pub fn serve(listener: UnixListener, engine: Arc<Engine>, policy: Policy) -> io:
 
 struct Server {
     ep: OwnedFd,
+    /// Where the threads of slow requests send their answers, and the eventfd they signal.
+    answer: mpsc::Sender<Answer>,
+    answers: mpsc::Receiver<Answer>,
+    answered: Arc<OwnedFd>,
+    /// The number of the last connection accepted (a token is reused, a serial never).
+    serials: u64,
     listener: UnixListener,
     engine: Arc<Engine>,
     policy: Policy,
@@ -98,6 +128,9 @@ struct Server {
 struct Conn {
     stream: UnixStream,
     caller: Caller,
+    serial: u64,
+    /// A slow request of this connection runs: the connection is out of the epoll set.
+    waiting: bool,
     /// The request being read: its 4-byte length, then its body.
     input: Vec<u8>,
     output: Option<Outgoing>,
@@ -132,6 +165,8 @@ impl Server {
                 let token = ev.u64;
                 if token == LISTENER {
                     self.accept_some();
+                } else if token == ANSWERS {
+                    self.take_answers();
                 } else {
                     self.service(token as usize);
                 }
@@ -226,9 +261,12 @@ impl Server {
             *self.per_user.entry(caller.uid).or_default() += 1;
             self.capped += 1;
         }
+        self.serials += 1;
         self.conns[token] = Some(Conn {
             stream,
             caller,
+            serial: self.serials,
+            waiting: false,
             input: Vec::new(),
             output: None,
             closing: false,
@@ -246,7 +284,13 @@ impl Server {
         };
         let (uid, capped, held) = (conn.caller.uid, !conn.caller.admin, conn.held());
         let others = capped.then(|| self.unsent.get(&uid).copied().unwrap_or(0) - held);
-        let r = conn.pump(&self.engine, others);
+        let slow = Slow {
+            engine: &self.engine,
+            answer: &self.answer,
+            answered: &self.answered,
+            token,
+        };
+        let r = conn.pump(&slow, others);
         if let Some(others) = others {
             match others + conn.held() {
                 0 => self.unsent.remove(&uid),
@@ -259,6 +303,12 @@ impl Server {
         };
         if done {
             self.close(token);
+            return;
+        }
+        if conn.waiting {
+            // Out of the epoll set until the answer comes ([`Server::take_answers`]).
+            let _ = epoll::watch(&self.ep, conn.stream.as_raw_fd(), libc::EPOLL_CTL_DEL, 0, 0);
+            conn.interest = 0;
             return;
         }
         let want = if conn.output.is_some() { WRITE } else { READ };
@@ -310,6 +360,36 @@ impl Server {
         }
     }
 
+    /// Hands the answers of slow requests to their connections, if they are still there, and
+    /// serves those connections again.
+    fn take_answers(&mut self) {
+        vale_abi::eventfd::drain(&*self.answered);
+        while let Ok(a) = self.answers.try_recv() {
+            let Some(Some(conn)) = self.conns.get_mut(a.token) else {
+                continue;
+            };
+            if conn.serial != a.serial || !conn.waiting {
+                continue;
+            }
+            conn.waiting = false;
+            conn.output = Some(Outgoing::new(&a.reply, None));
+            conn.interest = WRITE;
+            let fd = conn.stream.as_raw_fd();
+            let r = epoll::watch(
+                &self.ep,
+                fd,
+                libc::EPOLL_CTL_ADD,
+                a.token as u64,
+                WRITE as u32,
+            );
+            if r.is_err() {
+                self.close(a.token);
+                continue;
+            }
+            self.service(a.token);
+        }
+    }
+
     /// Watches the listener, or stops watching it.
     fn listen(&mut self, on: bool) {
         self.listening = on;
@@ -330,10 +410,11 @@ impl Conn {
     /// stays readable and epoll reports it again). `others`: for a user who is not an
     /// administrator, the bytes of replies the user's other connections hold unsent; at
     /// [`USER_REPLY_BYTES`] a request gets an error instead of its reply.
-    fn pump(&mut self, engine: &Engine, others: Option<usize>) -> io::Result<()> {
+    fn pump(&mut self, slow: &Slow, others: Option<usize>) -> io::Result<()> {
+        let engine = &**slow.engine;
         self.flush()?;
         for _ in 0..16 {
-            if self.output.is_some() || self.closing {
+            if self.output.is_some() || self.closing || self.waiting {
                 break;
             }
             let Some(body) = self.read_request()? else {
@@ -374,6 +455,11 @@ impl Conn {
                         }
                         Err(e) => (refused(e), None),
                     }
+                }
+                Ok(req) if is_slow(&req) => {
+                    slow.run(self.serial, self.caller, req);
+                    self.waiting = true;
+                    break;
                 }
                 Ok(req) => handle(engine, &self.caller, req),
                 Err(e) => {
@@ -496,6 +582,61 @@ pub(crate) fn refused(e: Error) -> Reply {
     Reply::Error {
         kind: e.kind,
         message: e.message,
+    }
+}
+
+/// Whether `req` may wait on something other than valed's own tables: a device's thread (a
+/// detach, a destroy), a device being opened (an attach), a lookup module's code.
+fn is_slow(req: &Request) -> bool {
+    matches!(
+        req,
+        Request::Attach { .. }
+            | Request::Detach { .. }
+            | Request::Destroy { .. }
+            | Request::SetLookup { .. }
+            | Request::LookupControl { .. }
+            | Request::Save
+    )
+}
+
+/// What a connection needs to run a slow request on a thread of its own.
+struct Slow<'a> {
+    engine: &'a Arc<Engine>,
+    answer: &'a mpsc::Sender<Answer>,
+    answered: &'a Arc<OwnedFd>,
+    token: usize,
+}
+
+impl Slow<'_> {
+    /// Runs `req` for `caller` of connection `serial` on a thread; its answer comes back to
+    /// [`Server::take_answers`]. (No slow request hands descriptors back.)
+    fn run(&self, serial: u64, caller: Caller, req: Request) {
+        let (engine, answer, answered) = (
+            self.engine.clone(),
+            self.answer.clone(),
+            self.answered.clone(),
+        );
+        let token = self.token;
+        let spawned = std::thread::Builder::new()
+            .name("vale-request".into())
+            .spawn(move || {
+                let (reply, _) = handle(&engine, &caller, req);
+                let _ = answer.send(Answer {
+                    token,
+                    serial,
+                    reply,
+                });
+                vale_abi::eventfd::signal(&*answered);
+            });
+        if let Err(e) = spawned {
+            let reply = refused(Error::io(format!("cannot serve the request: {e}")));
+            let _ = self.answer.send(Answer {
+                token,
+                serial,
+                reply,
+            });
+            vale_abi::eventfd::signal(&**self.answered);
+        }
     }
 }
 

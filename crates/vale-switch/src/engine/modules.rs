@@ -3,6 +3,10 @@
 //! module's commands and state are text the module alone reads.
 
 use super::*;
+use std::sync::atomic::Ordering::{Acquire, Release};
+
+/// Longest a caller waits for a lookup module's command ([`Engine::lookup_control`]).
+pub const MODULE_COMMAND_LIMIT: Duration = Duration::from_secs(5);
 
 impl Engine {
     /// Makes `module` (a built-in name, or a shared object's absolute path) with `args` the
@@ -32,6 +36,12 @@ impl Engine {
     /// [`lookup::Lookup::control`]): its answer, and the module's name. An administrator's,
     /// unless the module opens `op` to anyone ([`lookup::Lookup::open_op`]). An answer
     /// longer than [`lookup::MAX_CONTROL_OUTPUT`] is an error.
+    ///
+    /// The module's code runs on a thread of its own, without the engine's lock: a command
+    /// that takes long holds no other request. The caller waits at most
+    /// [`MODULE_COMMAND_LIMIT`] for its answer (then an error; the command goes on), and a
+    /// switch runs one command at a time: while one runs, the next is refused at once
+    /// (busy), so what a slow module holds is its own switch's commands and one thread.
     pub fn lookup_control(
         &self,
         switch: &str,
@@ -39,26 +49,62 @@ impl Engine {
         body: &str,
         caller: &Caller,
     ) -> Result<(String, String), Error> {
-        let sws = self.lock();
-        let sw = existing_switch(&sws, switch)?;
-        let m = sw.lookup();
+        let (sw, m) = {
+            let sws = self.lock();
+            let sw = existing_switch(&sws, switch)?.clone();
+            let m = arc_swap::Guard::into_inner(sw.lookup());
+            (sw, m)
+        };
+        let name = m.name().to_string();
         if !m.open_op(op) {
             caller.must_be_admin(&format!(
-                "command '{op}' of lookup module '{}' of switch '{switch}'",
-                m.name()
+                "command '{op}' of lookup module '{name}' of switch '{switch}'"
             ))?;
         }
-        let output = m.control(lookup::ControlCtx { switch }, op, body)?;
+        if sw.commanding.swap(true, Acquire) {
+            return Err(Error::busy(format!(
+                "lookup module '{name}' of switch '{switch}' is still at an earlier command \
+                 (it did not answer within {MODULE_COMMAND_LIMIT:?}): try again later"
+            )));
+        }
+        let (tx, rx) = mpsc::sync_channel(1);
+        let (op_s, body_s, sw_t) = (op.to_string(), body.to_string(), sw.clone());
+        let spawned = std::thread::Builder::new()
+            .name("vale-module-cmd".into())
+            .spawn(move || {
+                let r = m.control(lookup::ControlCtx { switch: &sw_t.name }, &op_s, &body_s);
+                sw_t.commanding.store(false, Release);
+                let _ = tx.send(r);
+            });
+        if let Err(e) = spawned {
+            sw.commanding.store(false, Release);
+            return Err(Error::io(format!("cannot run the module's command: {e}")));
+        }
+        let output = match rx.recv_timeout(MODULE_COMMAND_LIMIT) {
+            Ok(r) => r?,
+            Err(_) => {
+                tracing::warn!(
+                    switch,
+                    module = name,
+                    op,
+                    "a lookup module's command did not answer in time"
+                );
+                return Err(Error::busy(format!(
+                    "lookup module '{name}' did not answer '{op}' within \
+                     {MODULE_COMMAND_LIMIT:?} (the command goes on; switch '{switch}' takes \
+                     no other command until it ends)"
+                )));
+            }
+        };
         if output.len() > lookup::MAX_CONTROL_OUTPUT {
             return Err(Error::limit(format!(
-                "lookup module '{}' answered '{op}' with {} bytes, more than the {} a reply \
+                "lookup module '{name}' answered '{op}' with {} bytes, more than the {} a reply \
                  carries",
-                m.name(),
                 output.len(),
                 lookup::MAX_CONTROL_OUTPUT
             )));
         }
-        Ok((m.name().to_string(), output))
+        Ok((name, output))
     }
 
     /// What valed's configuration keeps of switch `switch`'s lookup module: its spec (a
