@@ -6,7 +6,7 @@
 //! still holds it, so a departing port can never be written after it is unmapped.
 
 use std::ops::Deref;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -73,8 +73,10 @@ pub struct Switch {
     ports: ArcSwap<PortTable>,
     lookup: ArcSwap<Installed>,
     pub batch: AtomicU32,
-    /// A command of the lookup module runs (one at a time: see `Engine::lookup_control`).
-    pub(crate) commanding: AtomicBool,
+    /// Held while the lookup module runs a command (one at a time), and how many commands
+    /// run or wait for it (see `Engine::lookup_control`).
+    pub(crate) commands: std::sync::Mutex<()>,
+    pub(crate) commands_queued: std::sync::atomic::AtomicUsize,
 }
 
 impl Switch {
@@ -86,7 +88,8 @@ impl Switch {
                 Installed::make(name, lookup::MODULES[0].0, Vec::new()).expect("default module"),
             ),
             batch: AtomicU32::new(batch.clamp(1, MAX_BATCH)),
-            commanding: AtomicBool::new(false),
+            commands: std::sync::Mutex::new(()),
+            commands_queued: Default::default(),
         }
     }
 

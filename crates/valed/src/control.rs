@@ -22,11 +22,13 @@
 //!
 //! A request that may wait on something other than valed's own tables (a device's thread to
 //! end at detach, a device to open, a lookup module's code) runs on a thread of its own
-//! ([`Slow`]), and its connection leaves the epoll set until the answer comes back through a
-//! channel and an eventfd: the thread that serves the socket never waits for a device or a
+//! ([`run_slow`]), and its connection leaves the epoll set until the answer comes back through
+//! a channel and an eventfd: the thread that serves the socket never waits for a device or a
 //! module, so `vale-ctl list` answers whatever a port's peer or a module does. Each
 //! connection has at most one request in flight, so those threads are bounded as the
-//! connections are.
+//! connections are. A user who is not an administrator has one such request running at a
+//! time (the others wait, in the order they came), so that each of its replies is counted
+//! in the user's unread bytes before its next request is looked at, as for the others.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -62,10 +64,12 @@ const LISTENER: u64 = u64::MAX;
 /// The eventfd that says a slow request's answer is in [`Server::answers`].
 const ANSWERS: u64 = u64::MAX - 1;
 
-/// A slow request's answer, for connection `token` if it is still the one numbered `serial`.
+/// A slow request's answer, for connection `token` if it is still the one numbered `serial`,
+/// of `caller`.
 struct Answer {
     token: usize,
     serial: u64,
+    caller: Caller,
     reply: Reply,
 }
 
@@ -82,6 +86,7 @@ pub fn serve(listener: UnixListener, engine: Arc<Engine>, policy: Policy) -> io:
         answers,
         answered,
         serials: 0,
+        running: HashMap::new(),
         ep,
         listener,
         engine,
@@ -105,6 +110,9 @@ struct Server {
     answered: Arc<OwnedFd>,
     /// The number of the last connection accepted (a token is reused, a serial never).
     serials: u64,
+    /// Users who are not administrators with a slow request running, and the connections
+    /// (token, serial) whose slow request waits for it.
+    running: HashMap<u32, std::collections::VecDeque<(usize, u64)>>,
     listener: UnixListener,
     engine: Arc<Engine>,
     policy: Policy,
@@ -129,8 +137,11 @@ struct Conn {
     stream: UnixStream,
     caller: Caller,
     serial: u64,
-    /// A slow request of this connection runs: the connection is out of the epoll set.
+    /// A slow request of this connection runs or waits to: the connection is out of the
+    /// epoll set.
     waiting: bool,
+    /// The slow request read, not yet handed to a thread.
+    slow: Option<Request>,
     /// The request being read: its 4-byte length, then its body.
     input: Vec<u8>,
     output: Option<Outgoing>,
@@ -267,6 +278,7 @@ impl Server {
             caller,
             serial: self.serials,
             waiting: false,
+            slow: None,
             input: Vec::new(),
             output: None,
             closing: false,
@@ -284,13 +296,7 @@ impl Server {
         };
         let (uid, capped, held) = (conn.caller.uid, !conn.caller.admin, conn.held());
         let others = capped.then(|| self.unsent.get(&uid).copied().unwrap_or(0) - held);
-        let slow = Slow {
-            engine: &self.engine,
-            answer: &self.answer,
-            answered: &self.answered,
-            token,
-        };
-        let r = conn.pump(&slow, others);
+        let r = conn.pump(&self.engine, others);
         if let Some(others) = others {
             match others + conn.held() {
                 0 => self.unsent.remove(&uid),
@@ -309,6 +315,9 @@ impl Server {
             // Out of the epoll set until the answer comes ([`Server::take_answers`]).
             let _ = epoll::watch(&self.ep, conn.stream.as_raw_fd(), libc::EPOLL_CTL_DEL, 0, 0);
             conn.interest = 0;
+            if conn.slow.is_some() {
+                self.start_slow(token);
+            }
             return;
         }
         let want = if conn.output.is_some() { WRITE } else { READ };
@@ -360,19 +369,46 @@ impl Server {
         }
     }
 
+    /// Runs the slow request connection `token` read, or (a user who is not an administrator,
+    /// with one running) queues it behind that one.
+    fn start_slow(&mut self, token: usize) {
+        let Some(Some(conn)) = self.conns.get_mut(token) else {
+            return;
+        };
+        let caller = conn.caller;
+        if !caller.admin {
+            if let Some(queue) = self.running.get_mut(&caller.uid) {
+                queue.push_back((token, conn.serial));
+                return;
+            }
+            self.running.insert(caller.uid, Default::default());
+        }
+        let Some(req) = conn.slow.take() else { return };
+        let to = (self.answer.clone(), self.answered.clone());
+        run_slow(self.engine.clone(), to, (token, conn.serial, caller), req);
+    }
+
     /// Hands the answers of slow requests to their connections, if they are still there, and
-    /// serves those connections again.
+    /// serves those connections again; starts the next slow request of each user answered.
     fn take_answers(&mut self) {
         vale_abi::eventfd::drain(&*self.answered);
         while let Ok(a) = self.answers.try_recv() {
             let Some(Some(conn)) = self.conns.get_mut(a.token) else {
+                self.next_slow(a.caller);
                 continue;
             };
             if conn.serial != a.serial || !conn.waiting {
+                self.next_slow(a.caller);
                 continue;
             }
             conn.waiting = false;
-            conn.output = Some(Outgoing::new(&a.reply, None));
+            let out = Outgoing::new(&a.reply, None);
+            if !conn.caller.admin {
+                // Counted in the user's unsent replies (before the user's next slow request
+                // is looked at), as `service` expects.
+                *self.unsent.entry(conn.caller.uid).or_default() += out.bytes.len();
+            }
+            conn.output = Some(out);
             conn.interest = WRITE;
             let fd = conn.stream.as_raw_fd();
             let r = epoll::watch(
@@ -382,11 +418,49 @@ impl Server {
                 a.token as u64,
                 WRITE as u32,
             );
+            self.next_slow(a.caller);
             if r.is_err() {
                 self.close(a.token);
                 continue;
             }
             self.service(a.token);
+        }
+    }
+
+    /// A slow request of `caller` ended: for a user who is not an administrator, runs the next
+    /// that waits (refused at once if the user's unread replies reached the bound meanwhile).
+    fn next_slow(&mut self, caller: Caller) {
+        if caller.admin {
+            return;
+        }
+        let uid = caller.uid;
+        loop {
+            let Some(queue) = self.running.get_mut(&uid) else {
+                return;
+            };
+            let Some((token, serial)) = queue.pop_front() else {
+                self.running.remove(&uid);
+                return;
+            };
+            let unsent = self.unsent.get(&uid).copied().unwrap_or(0);
+            let Some(Some(conn)) = self.conns.get_mut(token) else {
+                continue;
+            };
+            if conn.serial != serial {
+                continue;
+            }
+            let Some(req) = conn.slow.take() else {
+                continue;
+            };
+            let to = (self.answer.clone(), self.answered.clone());
+            let who = (token, serial, conn.caller);
+            if unsent >= USER_REPLY_BYTES {
+                let reply = refused(Error::limit(unread(uid, unsent)));
+                answer(&to, who, reply);
+                return;
+            }
+            run_slow(self.engine.clone(), to, who, req);
+            return;
         }
     }
 
@@ -410,8 +484,7 @@ impl Conn {
     /// stays readable and epoll reports it again). `others`: for a user who is not an
     /// administrator, the bytes of replies the user's other connections hold unsent; at
     /// [`USER_REPLY_BYTES`] a request gets an error instead of its reply.
-    fn pump(&mut self, slow: &Slow, others: Option<usize>) -> io::Result<()> {
-        let engine = &**slow.engine;
+    fn pump(&mut self, engine: &Engine, others: Option<usize>) -> io::Result<()> {
         self.flush()?;
         for _ in 0..16 {
             if self.output.is_some() || self.closing || self.waiting {
@@ -421,14 +494,10 @@ impl Conn {
                 break;
             };
             let mut fd = None;
-            let refusal = others.filter(|&n| n >= USER_REPLY_BYTES).map(|n| {
-                format!(
-                    "uid {} has {n} bytes of replies from valed unread on its other \
-                     connections, the most valed keeps for a user ({USER_REPLY_BYTES}): read \
-                     them before asking more",
-                    self.caller.uid
-                )
-            });
+            let uid = self.caller.uid;
+            let refusal = others
+                .filter(|&n| n >= USER_REPLY_BYTES)
+                .map(|n| unread(uid, n));
             let (reply, fds_of) = match control::decode::<Request>(&body) {
                 Ok(_) if refusal.is_some() => {
                     (refused(Error::limit(refusal.unwrap_or_default())), None)
@@ -457,7 +526,8 @@ impl Conn {
                     }
                 }
                 Ok(req) if is_slow(&req) => {
-                    slow.run(self.serial, self.caller, req);
+                    // Run by the server ([`Server::start_slow`]).
+                    self.slow = Some(req);
                     self.waiting = true;
                     break;
                 }
@@ -599,45 +669,43 @@ fn is_slow(req: &Request) -> bool {
     )
 }
 
-/// What a connection needs to run a slow request on a thread of its own.
-struct Slow<'a> {
-    engine: &'a Arc<Engine>,
-    answer: &'a mpsc::Sender<Answer>,
-    answered: &'a Arc<OwnedFd>,
-    token: usize,
+/// Where the answers of slow requests go: the channel, and the eventfd that says so.
+type AnswerTo = (mpsc::Sender<Answer>, Arc<OwnedFd>);
+
+/// Runs slow request `req` of connection `token` (numbered `serial`) of `caller` on a thread;
+/// its answer goes to `to`, for [`Server::take_answers`]. (No slow request hands descriptors
+/// back.)
+fn run_slow(engine: Arc<Engine>, to: AnswerTo, who: (usize, u64, Caller), req: Request) {
+    let back = to.clone();
+    let spawned = std::thread::Builder::new()
+        .name("vale-request".into())
+        .spawn(move || {
+            let (reply, _) = handle(&engine, &who.2, req);
+            answer(&to, who, reply);
+        });
+    if let Err(e) = spawned {
+        let reply = refused(Error::io(format!("cannot serve the request: {e}")));
+        answer(&back, who, reply);
+    }
 }
 
-impl Slow<'_> {
-    /// Runs `req` for `caller` of connection `serial` on a thread; its answer comes back to
-    /// [`Server::take_answers`]. (No slow request hands descriptors back.)
-    fn run(&self, serial: u64, caller: Caller, req: Request) {
-        let (engine, answer, answered) = (
-            self.engine.clone(),
-            self.answer.clone(),
-            self.answered.clone(),
-        );
-        let token = self.token;
-        let spawned = std::thread::Builder::new()
-            .name("vale-request".into())
-            .spawn(move || {
-                let (reply, _) = handle(&engine, &caller, req);
-                let _ = answer.send(Answer {
-                    token,
-                    serial,
-                    reply,
-                });
-                vale_abi::eventfd::signal(&*answered);
-            });
-        if let Err(e) = spawned {
-            let reply = refused(Error::io(format!("cannot serve the request: {e}")));
-            let _ = self.answer.send(Answer {
-                token,
-                serial,
-                reply,
-            });
-            vale_abi::eventfd::signal(&**self.answered);
-        }
-    }
+/// Sends `reply` to connection `token` (numbered `serial`) of `caller` through `to`.
+fn answer(to: &AnswerTo, (token, serial, caller): (usize, u64, Caller), reply: Reply) {
+    let _ = to.0.send(Answer {
+        token,
+        serial,
+        caller,
+        reply,
+    });
+    vale_abi::eventfd::signal(&*to.1);
+}
+
+/// The refusal of a request of user `uid`, whose replies left unread add up to `n` bytes.
+fn unread(uid: u32, n: usize) -> String {
+    format!(
+        "uid {uid} has {n} bytes of replies from valed unread on its other connections, the \
+         most valed keeps for a user ({USER_REPLY_BYTES}): read them before asking more"
+    )
 }
 
 /// Carries out one request for `caller`; the reply, and the port whose descriptors go with it.

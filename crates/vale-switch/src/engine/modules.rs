@@ -3,10 +3,11 @@
 //! module's commands and state are text the module alone reads.
 
 use super::*;
-use std::sync::atomic::Ordering::{Acquire, Release};
 
 /// Longest a caller waits for a lookup module's command ([`Engine::lookup_control`]).
 pub const MODULE_COMMAND_LIMIT: Duration = Duration::from_secs(5);
+/// Most commands that wait for (or run in) one switch's module at once.
+pub const MODULE_COMMANDS_QUEUED: usize = 64;
 
 impl Engine {
     /// Makes `module` (a built-in name, or a shared object's absolute path) with `args` the
@@ -38,10 +39,12 @@ impl Engine {
     /// longer than [`lookup::MAX_CONTROL_OUTPUT`] is an error.
     ///
     /// The module's code runs on a thread of its own, without the engine's lock: a command
-    /// that takes long holds no other request. The caller waits at most
-    /// [`MODULE_COMMAND_LIMIT`] for its answer (then an error; the command goes on), and a
-    /// switch runs one command at a time: while one runs, the next is refused at once
-    /// (busy), so what a slow module holds is its own switch's commands and one thread.
+    /// that takes long holds no other request. A switch's module runs one command at a time
+    /// (in the order they come), the caller waits at most [`MODULE_COMMAND_LIMIT`] for its
+    /// answer, waiting for earlier commands included (then an error, busy; the command still
+    /// runs), and at most [`MODULE_COMMANDS_QUEUED`] commands wait for one switch (more are
+    /// refused at once): what a slow module holds is its own switch's commands and a bounded
+    /// number of threads.
     pub fn lookup_control(
         &self,
         switch: &str,
@@ -61,10 +64,11 @@ impl Engine {
                 "command '{op}' of lookup module '{name}' of switch '{switch}'"
             ))?;
         }
-        if sw.commanding.swap(true, Acquire) {
+        if sw.commands_queued.fetch_add(1, Relaxed) >= MODULE_COMMANDS_QUEUED {
+            sw.commands_queued.fetch_sub(1, Relaxed);
             return Err(Error::busy(format!(
-                "lookup module '{name}' of switch '{switch}' is still at an earlier command \
-                 (it did not answer within {MODULE_COMMAND_LIMIT:?}): try again later"
+                "{MODULE_COMMANDS_QUEUED} commands wait for lookup module '{name}' of switch \
+                 '{switch}', which has not answered an earlier one: try again later"
             )));
         }
         let (tx, rx) = mpsc::sync_channel(1);
@@ -72,12 +76,14 @@ impl Engine {
         let spawned = std::thread::Builder::new()
             .name("vale-module-cmd".into())
             .spawn(move || {
+                let one = sw_t.commands.lock().unwrap_or_else(|e| e.into_inner());
                 let r = m.control(lookup::ControlCtx { switch: &sw_t.name }, &op_s, &body_s);
-                sw_t.commanding.store(false, Release);
+                drop(one);
+                sw_t.commands_queued.fetch_sub(1, Relaxed);
                 let _ = tx.send(r);
             });
         if let Err(e) = spawned {
-            sw.commanding.store(false, Release);
+            sw.commands_queued.fetch_sub(1, Relaxed);
             return Err(Error::io(format!("cannot run the module's command: {e}")));
         }
         let output = match rx.recv_timeout(MODULE_COMMAND_LIMIT) {
