@@ -336,16 +336,25 @@ mod client {
 
     /// The same, asking for interface `id`.
     pub fn connect_id(path: &Path, id: u32) -> Result<Client, String> {
+        connect_with(path, id, 1)
+    }
+
+    /// The same with `regions` regions, all of them the one memory file (the rings and
+    /// buffers are in region 0).
+    pub fn connect_with(path: &Path, id: u32, regions: u16) -> Result<Client, String> {
         let sock = dial(path);
         let mem = Mem::new();
         let irq = [eventfd(), eventfd()];
-        let steps: Vec<(u16, Vec<u8>, Option<RawFd>)> = vec![
-            (INIT, init_body(0x200, id, 0), None),
-            (
+        let mut steps: Vec<(u16, Vec<u8>, Option<RawFd>)> =
+            vec![(INIT, init_body(0x200, id, 0), None)];
+        for r in 0..regions {
+            steps.push((
                 ADD_REGION,
-                region_body(0, SIZE as u64),
+                region_body(r, SIZE as u64),
                 Some(mem.fd.as_raw_fd()),
-            ),
+            ));
+        }
+        steps.extend([
             (
                 ADD_RING,
                 ring_body(true, 0, 0, 0, LOG2),
@@ -356,7 +365,7 @@ mod client {
                 ring_body(false, 0, 0, RING as u32, LOG2),
                 Some(irq[1].as_raw_fd()),
             ),
-        ];
+        ]);
         for (t, b, fd) in steps {
             assert!(send(&sock, t, &b, fd));
             match recv(&sock) {
@@ -375,6 +384,13 @@ mod client {
         assert!(send(&sock, CONNECT, b"tests", None));
         match recv(&sock) {
             Some((CONNECTED, _)) => {}
+            Some((DISCONNECT, body)) => {
+                let why = String::from_utf8_lossy(&body[4..100]);
+                return Err(format!(
+                    "refused at CONNECT: {}",
+                    why.trim_end_matches('\0')
+                ));
+            }
             o => return Err(format!("no CONNECTED: {o:?}")),
         }
         let c = Client {
@@ -759,6 +775,63 @@ fn hostile_memif_client_beside_a_checked_stream() {
     drop(k);
 
     // The checked stream lost nothing (d took every frame c sent, none dropped); valed lives.
+    s.c_to_d_lost_nothing(c, d, None);
+    let mut v = s.v;
+    assert!(v.alive(), "valed died; its log:\n{}", v.log());
+}
+
+/// 33 memif ports whose clients (all root's) share 64 regions each, the most a connection
+/// may: the guard of shared memory has room for 32 of one user's (2048 ranges), so the 33rd is
+/// refused at CONNECT with a message that says so (before, its regions went unguarded); a
+/// client that then shrinks its file loses its connection, and valed, the other clients and
+/// the checked stream beside them live on.
+#[test]
+fn memory_guards_never_run_out_silently_and_a_shrunk_file_kills_nothing() {
+    use client::*;
+    use std::os::fd::AsRawFd;
+    let Some(_serial) = as_root() else { return };
+    let s = memif_port();
+    let v = &s.v;
+    let d = s.sink("vale0:d", NAMES.mac_d);
+    let c = s.c_to_d();
+    let dir = TempDir::new("memif-guard");
+    let socks: Vec<_> = (0..33).map(|i| dir.0.join(format!("m{i}.sock"))).collect();
+    for (i, sock) in socks.iter().enumerate() {
+        v.ctl_ok(&[
+            "attach",
+            &format!("vale1:m{i}"),
+            "--memif",
+            sock.to_str().unwrap(),
+        ]);
+    }
+    let mut clients = Vec::new();
+    for sock in &socks[..32] {
+        clients.push(connect_with(sock, 0, 64).expect("one of 32 clients of 64 regions"));
+    }
+    let e = connect_with(&socks[32], 0, 64)
+        .err()
+        .expect("the 33rd is refused");
+    assert!(
+        e.contains("guest memory guard: uid 0 has 2048 of its 2048 ranges; 64 more refused"),
+        "{e}"
+    );
+    let state = |i: usize| {
+        v.port(&format!("vale1:m{i}"))
+            .map(|p| p.state)
+            .unwrap_or_default()
+    };
+    assert_eq!(state(32), "down");
+    // The last client shrinks its file under valed: caught, its connection ends.
+    let k = clients.pop().unwrap();
+    // SAFETY: plain syscall on the test's memfd.
+    assert_eq!(unsafe { libc::ftruncate(k.mem.fd.as_raw_fd(), 0) }, 0);
+    assert!(refused(&k.sock).contains("shrank a region"));
+    drop(k);
+    assert!(wait_until(T, || state(31) == "down"), "{}", v.log());
+    // Its room is free again: the 33rd is served now.
+    let _k33 = connect_with(&socks[32], 0, 64).expect("served once room is free");
+    assert!(wait_until(T, || state(32) == "up"));
+    assert!((0..31).all(|i| state(i) == "up"));
     s.c_to_d_lost_nothing(c, d, None);
     let mut v = s.v;
     assert!(v.alive(), "valed died; its log:\n{}", v.log());

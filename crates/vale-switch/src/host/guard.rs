@@ -10,16 +10,48 @@
 //! it. The port's worker sees the flag and ends the connection with one log line. A SIGBUS
 //! anywhere else (or of another cause, such as a hardware memory error) is not valed's to
 //! mend: the default action is restored and the signal comes again.
+//!
+//! The registry is a fixed table (the handler can take no lock and allocate nothing), so its
+//! room is bounded, and shared by every peer: a mapping is guarded whole or not made. A
+//! memory table or a memif connection whose ranges do not all fit is refused with an error
+//! that says why, and each user (the peer's uid, from the socket) may hold at most
+//! [`USER_RANGES`] of the [`SLOTS`], so that one user's connections cannot use up the others'.
+//! (Before, ranges past the room went unguarded with a warning, and a client that then shrank
+//! one of its files ended valed: 33 memif clients of 64 regions each.)
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::Once;
 
 /// Ranges registered at once, in all of valed (a connection has its current memory table
 /// registered, and the older ones a pass still held when they were replaced, until they are
-/// unmapped: usually one or two tables of at most 32 regions each). A range must be
-/// unregistered before it is unmapped: a stale range would cover whatever is mapped there
-/// next.
-const SLOTS: usize = 2048;
+/// unmapped: usually one or two tables of at most 32 regions each; a memif client at most 64
+/// regions). A range must be unregistered before it is unmapped: a stale range would cover
+/// whatever is mapped there next. (32 bytes each: the table is 512 KiB of zeroed memory,
+/// touched only as far as it is used.)
+pub const SLOTS: usize = 16384;
+
+/// Ranges the peers of one user (uid) may have guarded at once: 32 memif clients of 64
+/// regions, or a few hundred virtual machines' memory tables.
+pub const USER_RANGES: usize = 2048;
+
+/// Why ranges could not be guarded: the mapping is refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum GuardError {
+    // (Short: a memif DISCONNECT carries 96 bytes of reason.)
+    #[error(
+        "guest memory guard: uid {uid} has {held} of its {USER_RANGES} ranges; {more} more refused"
+    )]
+    User { uid: u32, held: usize, more: usize },
+    #[error("guest memory guard: all {SLOTS} ranges are in use; {more} more refused")]
+    Full { more: usize },
+}
+
+/// Ranges held by each user's peers (claims and releases only: never the handler).
+static USERS: std::sync::Mutex<Vec<(u32, usize)>> = std::sync::Mutex::new(Vec::new());
+
+fn users() -> std::sync::MutexGuard<'static, Vec<(u32, usize)>> {
+    USERS.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 struct Slot {
     claimed: AtomicBool,
@@ -45,34 +77,53 @@ static INSTALL: Once = Once::new();
 #[derive(Default)]
 pub struct Guarded {
     slots: Vec<usize>,
+    /// The user whose room the ranges take.
+    uid: u32,
 }
 
 impl Guarded {
-    /// Guards `ranges` (address, length) of valed's address space. Ranges beyond the
-    /// registry's room go unguarded (logged).
-    pub fn new(ranges: impl Iterator<Item = (usize, usize)>) -> Guarded {
+    /// Guards `ranges` (address, length) of valed's address space, in the room of user
+    /// `uid` (the peer that shares the memory): all of them, or none and why.
+    pub fn new(
+        uid: u32,
+        ranges: impl Iterator<Item = (usize, usize)>,
+    ) -> Result<Guarded, GuardError> {
         INSTALL.call_once(install);
-        let mut slots = Vec::new();
+        let ranges: Vec<(usize, usize)> = ranges.filter(|&(_, len)| len != 0).collect();
+        let more = ranges.len();
+        let mut users = users();
+        let held = users.iter().find(|u| u.0 == uid).map_or(0, |u| u.1);
+        if held + more > USER_RANGES {
+            return Err(GuardError::User { uid, held, more });
+        }
+        let mut g = Guarded {
+            slots: Vec::with_capacity(more),
+            uid,
+        };
+        let mut from = 0;
         for (start, len) in ranges {
-            if len == 0 {
-                continue;
-            }
-            let Some(i) = (0..SLOTS).find(|&i| {
+            let Some(i) = (from..SLOTS).find(|&i| {
                 RANGES[i]
                     .claimed
                     .compare_exchange(false, true, Acquire, Relaxed)
                     .is_ok()
             }) else {
-                tracing::warn!("guest memory guard full: a range of {len} bytes is unguarded");
-                continue;
+                // Nothing of the user's count was taken yet: only the slots go back.
+                g.slots.drain(..).for_each(release);
+                return Err(GuardError::Full { more });
             };
+            from = i + 1;
             let s = &RANGES[i];
             s.hit.store(false, Relaxed);
             s.start.store(start, Relaxed);
             s.end.store(start + len, Release);
-            slots.push(i);
+            g.slots.push(i);
         }
-        Guarded { slots }
+        match users.iter_mut().find(|u| u.0 == uid) {
+            Some(u) => u.1 += more,
+            None => users.push((uid, more)),
+        }
+        Ok(g)
     }
 
     /// Whether the handler found one of these ranges shrunk.
@@ -98,13 +149,24 @@ pub fn covers(addr: usize) -> bool {
 
 impl Drop for Guarded {
     fn drop(&mut self) {
-        for &i in &self.slots {
-            let s = &RANGES[i];
-            s.end.store(0, Release);
-            s.start.store(0, Relaxed);
-            s.claimed.store(false, Release);
+        if self.slots.is_empty() {
+            return;
         }
+        let mut users = users();
+        self.slots.iter().copied().for_each(release);
+        if let Some(u) = users.iter_mut().find(|u| u.0 == self.uid) {
+            u.1 = u.1.saturating_sub(self.slots.len());
+        }
+        users.retain(|u| u.1 != 0);
     }
+}
+
+/// Gives slot `i` back: its range goes first, as the handler reads it.
+fn release(i: usize) {
+    let s = &RANGES[i];
+    s.end.store(0, Release);
+    s.start.store(0, Relaxed);
+    s.claimed.store(false, Release);
 }
 
 fn install() {
@@ -154,4 +216,42 @@ extern "C" fn on_sigbus(_sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mu
     // Not guest memory: what SIGBUS would have done without us.
     // SAFETY: async-signal-safe; the faulting access is retried and raises it again.
     unsafe { libc::signal(libc::SIGBUS, libc::SIG_DFL) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n` ranges of a page each from `base` (never mapped: the registry only records them).
+    fn ranges(n: usize, base: usize) -> impl Iterator<Item = (usize, usize)> {
+        (0..n).map(move |i| (base + i * 4096, 4096))
+    }
+
+    #[test]
+    fn a_users_room_is_bounded_whole_and_given_back() {
+        // Users no other test uses.
+        let (uid, other) = (4_000_000_001, 4_000_000_002);
+        let a = Guarded::new(uid, ranges(USER_RANGES - 1, 0x1000_0000_0000)).unwrap();
+        assert!(covers(0x1000_0000_0000) && covers(0x1000_0000_0000 + 4096 * 100));
+        // Two more do not fit: none is registered.
+        let e = Guarded::new(uid, ranges(2, 0x2000_0000_0000)).err();
+        assert_eq!(
+            e,
+            Some(GuardError::User {
+                uid,
+                held: USER_RANGES - 1,
+                more: 2
+            })
+        );
+        assert!(!covers(0x2000_0000_0000));
+        let b = Guarded::new(uid, ranges(1, 0x2000_0000_0000)).unwrap();
+        // Another user's room is its own.
+        let c = Guarded::new(other, ranges(10, 0x3000_0000_0000)).unwrap();
+        drop(a);
+        assert!(!covers(0x1000_0000_0000));
+        let d = Guarded::new(uid, ranges(USER_RANGES - 1, 0x4000_0000_0000)).unwrap();
+        assert!(covers(0x4000_0000_0000) && covers(0x2000_0000_0000));
+        drop((b, c, d));
+        assert!(!users().iter().any(|u| u.0 == uid || u.0 == other));
+    }
 }

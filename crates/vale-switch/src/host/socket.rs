@@ -26,6 +26,32 @@ use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
+/// The uid of the process at the other end of connected Unix socket `fd` (`SO_PEERCRED`),
+/// `u32::MAX` if the kernel does not say.
+pub fn peer_uid(fd: std::os::fd::RawFd) -> u32 {
+    let mut cred = libc::ucred {
+        pid: 0,
+        uid: u32::MAX,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: getsockopt into a live ucred whose size is passed.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut cred).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 {
+        cred.uid
+    } else {
+        u32::MAX
+    }
+}
+
 /// A name bound, with the identity of the socket then.
 #[derive(Debug)]
 struct Bound {

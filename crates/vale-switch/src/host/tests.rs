@@ -1347,7 +1347,7 @@ fn an_old_memory_table_is_guarded_only_while_mapped() {
     let table_a = GuestMemoryMmap::from_regions(vec![ra]).unwrap();
     let mem = GuestMemoryAtomic::new(table_a);
     let tables = super::vhost_user::Tables::default();
-    tables.track(&mem);
+    tables.track(&mem, 0).unwrap();
     assert!(super::guard::covers(a) && mapped(a));
 
     // A worker's pass holds table A while the library takes table B (SET_MEM_TABLE).
@@ -1356,7 +1356,7 @@ fn an_old_memory_table_is_guarded_only_while_mapped() {
     mem.lock()
         .unwrap()
         .replace(GuestMemoryMmap::from_regions(vec![rb]).unwrap());
-    tables.track(&mem);
+    tables.track(&mem, 0).unwrap();
     drop(pass);
     // The pass is over: A is held by the list alone. Guarded and mapped, or neither.
     assert_eq!(
@@ -1412,7 +1412,7 @@ fn an_old_memory_table_is_guarded_only_while_mapped() {
     mem.lock()
         .unwrap()
         .replace(GuestMemoryMmap::from_regions(vec![rc]).unwrap());
-    tables.track(&mem);
+    tables.track(&mem, 0).unwrap();
     assert_eq!(tables.len(), 1);
     assert!(!super::guard::covers(a));
 }

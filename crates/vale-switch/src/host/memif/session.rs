@@ -403,7 +403,10 @@ impl Conn {
                 size: *size,
             });
         }
-        let guard = Guarded::new(maps.iter().map(|m| (m.base as usize, m.size as usize)));
+        // Every region guarded, in the room of the client's user, or the connection refused.
+        let uid = super::super::socket::peer_uid(self.sock.as_raw_fd());
+        let guard = Guarded::new(uid, maps.iter().map(|m| (m.base as usize, m.size as usize)))
+            .map_err(|e| e.to_string())?;
         let regions = Regions { guard, maps };
         let rings = |list: &mut Vec<Option<Announced>>, dir: &str| -> Result<Vec<Ring>, String> {
             let n = list.iter().take_while(|r| r.is_some()).count();

@@ -44,8 +44,7 @@ impl VhostUserBackend for Net {
 
     fn update_memory(&self, _mem: Mem) -> io::Result<()> {
         // The library replaced the table inside `self.0.mem`, the same atomic.
-        self.guard_memory();
-        Ok(())
+        self.guard_memory()
     }
 
     fn exit_event(&self, _thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {

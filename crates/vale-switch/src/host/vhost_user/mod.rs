@@ -385,20 +385,23 @@ struct Table {
 }
 
 impl Tables {
-    /// Guards the table `mem` has now (once); lets go of those only this list still holds.
-    pub(super) fn track(&self, mem: &Mem) {
+    /// Guards the table `mem` has now (once), in the room of user `uid` (the front end's);
+    /// lets go of those only this list still holds. A table that cannot be guarded whole is
+    /// an error: the caller ends the connection before anyone touches it.
+    pub(super) fn track(&self, mem: &Mem, uid: u32) -> Result<(), guard::GuardError> {
         let now = mem.memory().into_inner();
         let mut list = lock(&self.0);
         list.retain(|t| Arc::strong_count(&t.mem) > 1);
         if list.iter().any(|t| Arc::ptr_eq(&t.mem, &now)) {
-            return;
+            return Ok(());
         }
         let ranges = now.iter().filter_map(|r| {
             let p = r.get_host_address(MemoryRegionAddress(0)).ok()?;
             Some((p as usize, r.len() as usize))
         });
-        let guard = Guarded::new(ranges);
+        let guard = Guarded::new(uid, ranges)?;
         list.push(Table { guard, mem: now });
+        Ok(())
     }
 
     /// Whether the handler found one of the tables' ranges shrunk.
@@ -611,9 +614,16 @@ impl Net {
         }
     }
 
-    /// Guards the mappings of the memory table the library has now.
-    fn guard_memory(&self) {
-        self.0.guarded.track(&self.0.mem);
+    /// Guards the mappings of the memory table the library has now; one that cannot be
+    /// guarded ends the connection (nothing reads or writes it: see [`Net::end`]).
+    fn guard_memory(&self) -> io::Result<()> {
+        let uid = lock(&self.0.front)
+            .as_ref()
+            .map_or(u32::MAX, |f| super::socket::peer_uid(f.as_raw_fd()));
+        self.0.guarded.track(&self.0.mem, uid).map_err(|e| {
+            self.end(&e.to_string());
+            io::Error::other(e)
+        })
     }
 
     /// Whether the front end shrank the guest's memory under valed; the first time it is
