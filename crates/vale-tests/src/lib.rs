@@ -387,9 +387,14 @@ impl Valed {
     /// Kills valed with SIGKILL (nothing of its own is cleaned up) and starts a new one, with
     /// no extra arguments, serving the same run directory; its log goes on in the same file.
     pub fn restart_after_kill(&mut self) {
+        self.restart_after_kill_with(&[]);
+    }
+
+    /// As [`Valed::restart_after_kill`], the new valed started with `args`.
+    pub fn restart_after_kill_with(&mut self, args: &[&str]) {
         self.signal(libc::SIGKILL);
         let _ = self.child.wait();
-        self.child = Valed::spawn_logged(&self.dir.0, tool("valed", &self.dir.0, &[]), true);
+        self.child = Valed::spawn_logged(&self.dir.0, tool("valed", &self.dir.0, args), true);
         self.wait_ready();
     }
 
