@@ -1125,7 +1125,9 @@ fn testpmd_memif_client_comes_back_after_valed_is_killed_with_the_documented_rec
             tp.command(line);
         }
         assert!(
-            wait_until_every(Duration::from_secs(2), Duration::from_millis(5), || sent(&v)
+            wait_until_every(Duration::from_secs(2), Duration::from_millis(5), || sent(
+                &v
+            )
                 > 1000),
             "the recipe did not bring testpmd back within 2 s ({:?}); valed:\n{}\ntestpmd:\n{}",
             started.elapsed(),

@@ -63,6 +63,53 @@ fn descriptors_spread_over_a_message_end_the_connection() {
     get_features(&sock);
 }
 
+/// A front end that asks and asks (GET_FEATURES, 200,000 times) and never reads a reply:
+/// valed's replies fill its socket, and the write that finds no room gives up after 1 s and
+/// ends the connection; meanwhile `vale-ctl list` answers within a second, the next front end
+/// is served, and the port detaches within a second.
+#[test]
+fn a_front_end_that_never_reads_holds_no_thread() {
+    let v = Valed::start();
+    let sock = v.run_dir().join("vm.sock");
+    v.ctl_ok(&["attach", "vale0:vm", "--vhost-user", sock.to_str().unwrap()]);
+    let mut s = UnixStream::connect(&sock).expect("connect");
+    s.set_write_timeout(Some(Duration::from_secs(3))).unwrap();
+    let mut asked = 0;
+    while asked < 200_000 && s.write_all(&header(1, 0)).is_ok() {
+        asked += 1;
+    }
+    let t = std::time::Instant::now();
+    v.ctl_ok(&["list"]);
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "list took {:?}",
+        t.elapsed()
+    );
+    // The connection ends: reading shows its end after the replies that fit.
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = vec![0u8; 1 << 16];
+    let ended = loop {
+        match s.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(_) => continue,
+            Err(e) => break e.kind() != std::io::ErrorKind::WouldBlock,
+        }
+    };
+    assert!(
+        ended,
+        "valed kept the connection of a front end that never reads"
+    );
+    drop(s);
+    get_features(&sock);
+    let t = std::time::Instant::now();
+    v.ctl_ok(&["detach", "vale0:vm"]);
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "detach took {:?}",
+        t.elapsed()
+    );
+}
+
 /// A front end that asks for the features valed offers, and leaves.
 fn get_features(sock: &std::path::Path) {
     let mut s = UnixStream::connect(sock).expect("connect");

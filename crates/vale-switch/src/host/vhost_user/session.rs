@@ -47,6 +47,9 @@ impl Driver for Session {
 /// restart.
 pub(super) const CONNECT_SETTLE_MS: i32 = 1000;
 
+/// Longest a reply to the front end may wait for room in its socket.
+pub(super) const FRONT_WRITE_LIMIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// How long a detach waits for the library's threads to end.
 pub(super) const STOP_LIMIT_MS: i32 = 3000;
 
@@ -156,6 +159,9 @@ impl Session {
                 }
             };
             let _ = front.set_nonblocking(false);
+            // A front end that stops reading valed's replies holds a write at most this long,
+            // then loses its connection: no thread of valed waits on its socket for ever.
+            let _ = front.set_write_timeout(Some(FRONT_WRITE_LIMIT));
             *lock(&net.0.front) = front.try_clone().ok();
             {
                 // Frames delivered while nobody was there are stale: dropped, not handed over.
