@@ -56,6 +56,21 @@ fn testpmd_memif_client_killed_then_replaced() {
     }
 }
 
+/// The checked stream beside an attack: a sink on vale0:d, and vale-pktgen c -> d at 1000
+/// frames a second, flowing.
+fn checked_stream(s: &Front) -> (Kid, Kid) {
+    let d = s.sink("vale0:d", NAMES.mac_d);
+    (s.c_to_d(), d)
+}
+
+/// After the attack: the checked stream lost nothing (d took every frame c sent, none
+/// dropped), and valed lives.
+fn whole_and_alive(s: Front, (c, d): (Kid, Kid)) {
+    s.c_to_d_lost_nothing(c, d, None);
+    let mut v = s.v;
+    assert!(v.alive(), "valed died; its log:\n{}", v.log());
+}
+
 /// A memif client of the test's own: a memfd region with one ring each way and their
 /// buffers, and a control connection it drives step by step, right or wrong.
 mod client {
@@ -488,8 +503,7 @@ fn hostile_memif_client_beside_a_checked_stream() {
     let path = s.sock.as_path();
 
     // The checked stream c -> d, 1000 frames a second.
-    let d = s.sink("vale0:d", NAMES.mac_d);
-    let c = s.c_to_d();
+    let stream = checked_stream(&s);
 
     let bad0 = s.counters().bad_input;
     let refusals = std::cell::Cell::new(0u64);
@@ -775,9 +789,7 @@ fn hostile_memif_client_beside_a_checked_stream() {
     drop(k);
 
     // The checked stream lost nothing (d took every frame c sent, none dropped); valed lives.
-    s.c_to_d_lost_nothing(c, d, None);
-    let mut v = s.v;
-    assert!(v.alive(), "valed died; its log:\n{}", v.log());
+    whole_and_alive(s, stream);
 }
 
 /// 33 memif ports whose clients (all root's) share 64 regions each, the most a connection
@@ -792,8 +804,7 @@ fn memory_guards_never_run_out_silently_and_a_shrunk_file_kills_nothing() {
     let Some(_serial) = as_root() else { return };
     let s = memif_port();
     let v = &s.v;
-    let d = s.sink("vale0:d", NAMES.mac_d);
-    let c = s.c_to_d();
+    let stream = checked_stream(&s);
     let dir = TempDir::new("memif-guard");
     let socks: Vec<_> = (0..33).map(|i| dir.0.join(format!("m{i}.sock"))).collect();
     for (i, sock) in socks.iter().enumerate() {
@@ -832,9 +843,7 @@ fn memory_guards_never_run_out_silently_and_a_shrunk_file_kills_nothing() {
     let _k33 = connect_with(&socks[32], 0, 64).expect("served once room is free");
     assert!(wait_until(T, || state(32) == "up"));
     assert!((0..31).all(|i| state(i) == "up"));
-    s.c_to_d_lost_nothing(c, d, None);
-    let mut v = s.v;
-    assert!(v.alive(), "valed died; its log:\n{}", v.log());
+    whole_and_alive(s, stream);
 }
 
 /// A client that fills its S2C interrupt eventfd's counter and clears `O_NONBLOCK` on it in a
@@ -850,8 +859,7 @@ fn a_client_whose_interrupt_eventfd_blocks_costs_only_its_own_port() {
     let Some(_serial) = as_root() else { return };
     let s = memif_port();
     let v = &s.v;
-    let d = s.sink("vale0:d", NAMES.mac_d);
-    let c = s.c_to_d();
+    let stream = checked_stream(&s);
     let b = v.open("vale0:b");
     let mac_b = [2, 0, 0, 0, 0xe0, 0x0b];
     let mac_k = [2, 0, 0, 0, 0xe0, 0x01];
@@ -913,9 +921,7 @@ fn a_client_whose_interrupt_eventfd_blocks_costs_only_its_own_port() {
         t.elapsed()
     );
     drop(k);
-    s.c_to_d_lost_nothing(c, d, None);
-    let mut v = s.v;
-    assert!(v.alive(), "valed died; its log:\n{}", v.log());
+    whole_and_alive(s, stream);
 }
 
 /// Nanoseconds valed's threads have spent on a CPU (schedstat, exact).
