@@ -222,7 +222,8 @@ unsafe fn control(file: &NmFile, addr: u64) -> Result<(), Errno> {
     if hdr.nr_version != NETMAP_API {
         let v = hdr.nr_version;
         hdr.nr_version = NETMAP_API;
-        user::write("NIOCCTRL: the request header", addr, &hdr)?;
+        // SAFETY: the answer goes where the program's request asked for it.
+        unsafe { user::write("NIOCCTRL: the request header", addr, &hdr) }?;
         return Err(device::fail(
             libc::EINVAL,
             format_args!("netmap API version {v} requested; vale speaks version {NETMAP_API}"),
@@ -232,7 +233,8 @@ unsafe fn control(file: &NmFile, addr: u64) -> Result<(), Errno> {
         let what = "NIOCCTRL: the request's option (nr_options)";
         let mut opt: NmreqOption = user::read(what, hdr.nr_options)?;
         opt.nro_status = libc::EOPNOTSUPP as u32;
-        user::write(what, hdr.nr_options, &opt)?;
+        // SAFETY: the answer goes where the program's request asked for it.
+        unsafe { user::write(what, hdr.nr_options, &opt) }?;
         let what = match opt.nro_reqtype {
             1 => "the external memory option (NETMAP_REQ_OPT_EXTMEM)",
             2 | 4 => "kernel sync loops (NETMAP_REQ_OPT_SYNC_KLOOP_*)",
@@ -253,7 +255,8 @@ unsafe fn control(file: &NmFile, addr: u64) -> Result<(), Errno> {
             return Err(no_arg(what));
         }
         let v: T = user::read(what, body)?;
-        user::write(what, body, &v)?;
+        // SAFETY: the answer goes where the program's request asked for it.
+        unsafe { user::write(what, body, &v) }?;
         Ok(v)
     }
     match hdr.nr_reqtype {
@@ -283,7 +286,8 @@ unsafe fn control(file: &NmFile, addr: u64) -> Result<(), Errno> {
             reg.nr_host_rx_rings = 0;
             reg.nr_mem_id = b.mem_id;
             reg.nr_extra_bufs = 0;
-            user::write(what, body, &reg)
+            // SAFETY: the answer goes where the program's request asked for it.
+            unsafe { user::write(what, body, &reg) }
         }
         REQ_PORT_INFO_GET => {
             let what = "NETMAP_REQ_PORT_INFO_GET";
@@ -298,13 +302,15 @@ unsafe fn control(file: &NmFile, addr: u64) -> Result<(), Errno> {
             info.nr_host_tx_rings = 0;
             info.nr_host_rx_rings = 0;
             info.nr_mem_id = 0;
-            user::write(what, body, &info)
+            // SAFETY: the answer goes where the program's request asked for it.
+            unsafe { user::write(what, body, &info) }
         }
         REQ_PORT_HDR_GET => {
             let what = "NETMAP_REQ_PORT_HDR_GET";
             let mut h: NmreqPortHdr = body_of(what, body)?;
             h.nr_hdr_len = 0;
-            user::write(what, body, &h)
+            // SAFETY: the answer goes where the program's request asked for it.
+            unsafe { user::write(what, body, &h) }
         }
         REQ_PORT_HDR_SET => {
             let h: NmreqPortHdr = body_of("NETMAP_REQ_PORT_HDR_SET", body)?;
@@ -376,11 +382,13 @@ unsafe fn legacy_register(file: &NmFile, addr: u64) -> Result<(), Errno> {
     }
     let what = "NIOCREGIF: the request";
     let mut req: Nmreq = user::read(what, addr)?;
-    user::write(what, addr, &req)?;
+    // SAFETY: the answer goes where the program's request asked for it.
+    unsafe { user::write(what, addr, &req) }?;
     if req.nr_version != NETMAP_API as u32 {
         let v = req.nr_version;
         req.nr_version = NETMAP_API as u32;
-        user::write(what, addr, &req)?;
+        // SAFETY: the answer goes where the program's request asked for it.
+        unsafe { user::write(what, addr, &req) }?;
         return Err(device::fail(
             libc::EINVAL,
             format_args!("netmap API version {v} requested; vale speaks version {NETMAP_API}"),
@@ -417,7 +425,8 @@ unsafe fn legacy_register(file: &NmFile, addr: u64) -> Result<(), Errno> {
     req.nr_rx_rings = p.rx_rings as u16;
     req.nr_arg2 = b.mem_id;
     req.nr_arg3 = 0;
-    user::write(what, addr, &req)
+    // SAFETY: the answer goes where the program's request asked for it.
+    unsafe { user::write(what, addr, &req) }
 }
 
 /// NIOCGINFO: the legacy port information request.
@@ -436,7 +445,8 @@ unsafe fn legacy_info(addr: u64) -> Result<(), Errno> {
     req.nr_tx_rings = p.tx_rings as u16;
     req.nr_rx_rings = p.rx_rings as u16;
     req.nr_arg2 = 0;
-    user::write(what, addr, &req)
+    // SAFETY: the answer goes where the program's request asked for it.
+    unsafe { user::write(what, addr, &req) }
 }
 
 /// `mmap(2)` of a netmap descriptor maps its port's memory (the region's memfd) and, in the

@@ -90,7 +90,12 @@ pub unsafe fn read<T>(what: &str, addr: u64) -> Result<T, Errno> {
 }
 
 /// Writes `v` to the program's `addr`.
-pub fn write<T>(what: &str, addr: u64, v: &T) -> Result<(), Errno> {
+///
+/// # Safety
+/// `addr` is where the program asked for the answer (a pointer of its request): the kernel
+/// checks only that the bytes there are mapped and writable, not whose they are, so an
+/// address of this library's own memory would be overwritten.
+pub unsafe fn write<T>(what: &str, addr: u64, v: &T) -> Result<(), Errno> {
     let len = std::mem::size_of::<T>();
     if addr == 0 || !copy(addr, (v as *const T).cast_mut().cast(), len, false) {
         return Err(efault(what, addr, len));

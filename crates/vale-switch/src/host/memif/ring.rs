@@ -24,10 +24,26 @@ use super::wire::{self, Desc, DESC_FLAG_NEXT, RING_FLAG_MASK_INT};
 use crate::forward::Pipeline;
 use vale_abi::region::{MAX_FRAGS, MAX_FRAME_LEN};
 
-/// One mapping of a region file.
+/// One mapping of a region file, unmapped when dropped.
 pub struct Mapping {
-    pub base: *mut u8,
-    pub size: u64,
+    base: *mut u8,
+    size: u64,
+}
+
+impl Mapping {
+    /// Takes over the mapping of `size` bytes at `base`.
+    ///
+    /// # Safety
+    /// `base` is a mapping of `size` bytes that valed made (`mmap`) and that nothing else
+    /// unmaps: this unmaps it when dropped.
+    pub unsafe fn new(base: *mut u8, size: u64) -> Mapping {
+        Mapping { base, size }
+    }
+
+    /// The range it covers in valed's address space (address, length), for the guard.
+    pub fn range(&self) -> (usize, usize) {
+        (self.base as usize, self.size as usize)
+    }
 }
 
 impl Drop for Mapping {
@@ -118,9 +134,13 @@ pub struct Gathered {
 }
 
 impl Ring {
-    /// The ring at `base` (checked by the session to lie inside a region, aligned, with
-    /// `1 << log2` descriptors).
-    pub fn new(base: *mut u8, log2: u8, irq: OwnedFd) -> Ring {
+    /// The ring at `base`, with `1 << log2` descriptors.
+    ///
+    /// # Safety
+    /// `base` is 16-byte aligned and the ring's bytes (`wire::ring::bytes(log2)`) from it lie
+    /// inside a mapping that outlives the ring (the session checks both against the client's
+    /// regions, which the connection holds as long as its rings).
+    pub unsafe fn new(base: *mut u8, log2: u8, irq: OwnedFd) -> Ring {
         Ring {
             base,
             mask: ((1u32 << log2) - 1) as u16,
@@ -419,14 +439,13 @@ mod tests {
         assert_ne!(p, libc::MAP_FAILED);
         let regions = Regions {
             guard: Guarded::default(),
-            maps: vec![Mapping {
-                base: p.cast(),
-                size: SIZE,
-            }],
+            // SAFETY: the fresh mapping above, owned by the Mapping from here.
+            maps: vec![unsafe { Mapping::new(p.cast(), SIZE) }],
         };
         // SAFETY: a fresh eventfd of ours.
         let irq = unsafe { OwnedFd::from_raw_fd(libc::eventfd(0, libc::EFD_NONBLOCK)) };
-        let ring = Ring::new(p.cast(), LOG2, irq);
+        // SAFETY: the start of the test's mapping (page-aligned), which `regions` keeps.
+        let ring = unsafe { Ring::new(p.cast(), LOG2, irq) };
         (regions, ring)
     }
 

@@ -398,15 +398,13 @@ impl Conn {
                     io::Error::last_os_error()
                 ));
             }
-            maps.push(Mapping {
-                base: p.cast(),
-                size: *size,
-            });
+            // SAFETY: the mapping just made, unmapped by the Mapping alone.
+            maps.push(unsafe { Mapping::new(p.cast(), *size) });
         }
         // Every region guarded, in the room of the client's user, or the connection refused.
         let uid = super::super::socket::peer_uid(self.sock.as_raw_fd());
-        let guard = Guarded::new(uid, maps.iter().map(|m| (m.base as usize, m.size as usize)))
-            .map_err(|e| e.to_string())?;
+        let guard =
+            Guarded::new(uid, maps.iter().map(Mapping::range)).map_err(|e| e.to_string())?;
         let regions = Regions { guard, maps };
         let rings = |list: &mut Vec<Option<Announced>>, dir: &str| -> Result<Vec<Ring>, String> {
             let n = list.iter().take_while(|r| r.is_some()).count();
@@ -421,7 +419,9 @@ impl Conn {
                 let base = regions
                     .piece(a.region, a.offset, wire::ring::bytes(a.log2) as u32)
                     .ok_or_else(|| format!("{dir} ring {i} is outside its region"))?;
-                let mut r = Ring::new(base, a.log2, a.irq);
+                // SAFETY: the ring's bytes lie inside region `a.region` (`piece` checked),
+                // aligned (checked at ADD_RING), and `regions` goes with the rings.
+                let mut r = unsafe { Ring::new(base, a.log2, a.irq) };
                 if r.cookie() != wire::COOKIE {
                     return Err(format!("wrong ring: {dir} ring {i} has no memif cookie"));
                 }
