@@ -150,6 +150,7 @@ fn run() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
+    end_on_panic();
     let mode = u32::from_str_radix(&args.socket_mode, 8)
         .ok()
         .filter(|m| *m <= 0o777)
@@ -269,6 +270,24 @@ fn raise_descriptor_limit() -> usize {
         }
         lim.rlim_cur.min(usize::MAX as u64) as usize
     }
+}
+
+/// Makes any panic, on any of valed's threads, end valed (abort) once it is logged. A panic is
+/// a bug of valed's, and a thread that died of one would leave what it served stopped and
+/// silent (a forwarding worker's rings, a request's connection waiting for ever); a valed
+/// that ends is seen and started again (systemd's `Restart=`), and its clients and peers come
+/// back within seconds (tests/crash.rs).
+fn end_on_panic() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let thread = std::thread::current()
+            .name()
+            .unwrap_or("unnamed")
+            .to_string();
+        tracing::error!(thread, "valed panicked, and ends: {info}");
+        default(info);
+        std::process::abort();
+    }));
 }
 
 /// SIGTERM and SIGINT are taken by a thread that removes the sockets valed made and exits:
