@@ -1,10 +1,13 @@
-//! Everything a port kind implements and registers with: the seam between the core and the
-//! kinds of port.
+//! Everything a port kind registers with: the entry point of the seam between the core and
+//! the kinds of port.
 //!
 //! A port kind (TAP, NIC, vhost-user...) is a device of the host whose client is valed itself.
 //! The core (the pipeline, ports, the engine, valed's configuration) knows a kind only through
-//! what is in this file; nothing here names one. Adding a kind takes its own module under
-//! `host/` and one line in [`crate::host::KINDS`]:
+//! the seam, three files that name none: this one (how a kind registers, and its device),
+//! `sink.rs` (what the pipeline delivers to) and `drive/` (how a device is driven). The seam
+//! is a layer: the core imports `sink.rs` and nothing of a kind; `drive/` imports the core and
+//! `sink.rs`; this file imports those two; the kinds import the seam. Adding a kind takes its
+//! own module under `host/` and one line in the registry (`KINDS`, in `host/mod.rs`):
 //!
 //! 1. **The registration entry**, a [`Kind`]: the name the control protocol and
 //!    `vale-ctl attach PORT KIND KEY=VALUE...` use, the description of the arguments it takes
@@ -22,20 +25,24 @@
 //!    [`HostState`], `caps`: the offloads frames to it may carry as they are, `params`: its
 //!    rings' geometry, [`HOST_PARAMS`] unless it says otherwise, `direct`: an optional
 //!    [`DirectSink`]) and its driver (`driver`, which takes the device).
-//! 3. **The driver.** Most kinds let the core drive them: the device is also [`Polled`]
-//!    (descriptors to wait on, an `ingress` that fills the port's tx ring through
-//!    [`crate::host::TxSide`], `is_up`) and an [`Egress`] (`send` one frame the switch
-//!    delivered, `flush` a burst), and `driver` returns [`crate::host::polled`]`(self)`: one
-//!    thread per port (`host/mod.rs`) sleeps in `epoll_wait` on those descriptors and on the
-//!    port's rx interrupt line and calls the two steps. A kind whose library owns its event
-//!    loop (vhost-user) brings its own [`Driver`], which gets the port's
-//!    [`crate::host::Steps`] and calls the same steps from its own threads. Either way a
-//!    device's failure is a [`DevError`]: one frame refused (a counted drop) or the device
-//!    down (the port shows down and drops what is sent to it until the device is up again).
-//! 4. **Optionally, a direct sink** ([`DirectSink`]): a kind that takes concurrent writes
-//!    (TAP, vhost-user) gets the frames of each batch for its port straight from the
-//!    forwarding thread, once per destination per batch ([`OutFrames`], reporting
-//!    [`Delivered`]), instead of through the port's rx ring and its own thread.
+//! 3. **The driver** (`drive/`). Most kinds let the core drive them: the device is also
+//!    [`Polled`](crate::drive::Polled) (descriptors to wait on, an `ingress` that fills the port's tx ring through a
+//!    [`TxSide`](crate::drive::TxSide), `is_up`) and an [`Egress`](crate::sink::Egress) (`send` one frame the switch
+//!    delivered, `flush` a burst), and `driver` returns [`polled`](crate::drive::polled)`(self)`: one thread per
+//!    port sleeps in `epoll_wait` on those descriptors and on the port's rx interrupt line and
+//!    calls the two steps. A kind whose library owns its event loop (vhost-user) brings its
+//!    own [`Driver`], which gets the port's [`Steps`](crate::drive::Steps) and calls the same steps from its own
+//!    threads; a kind whose frames may stay in its client's memory until the switch copied
+//!    them (vhost-user, memif) adds them to the batch through a
+//!    [`Gather`](crate::drive::Gather), which lets it do nothing else to the pipeline. Either
+//!    way a device's failure is a [`DevError`](crate::sink::DevError): one frame refused (a
+//!    counted drop) or the device down (the port shows down and drops what is sent to it
+//!    until the device is up again).
+//! 4. **Optionally, a direct sink** (`sink.rs`, [`DirectSink`]): a kind that takes concurrent
+//!    writes (TAP, vhost-user, memif) gets the frames of each batch for its port straight from
+//!    the forwarding thread, once per destination per batch
+//!    ([`OutFrames`](crate::sink::OutFrames), reporting [`Delivered`](crate::sink::Delivered)),
+//!    instead of through the port's rx ring and its own thread.
 //!
 //! The core then attaches the device as an ordinary port whose region is never handed out,
 //! shows its [`HostState`] in `vale-ctl list`, and stops its thread ([`HostState::stop`]) on
@@ -44,16 +51,13 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::os::fd::{OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
+use std::sync::Arc;
 
-use vale_abi::eventfd;
 use vale_abi::region::PortParams;
 
-use crate::host::{Steps, TxSide};
-use crate::offload::{Caps, Offload};
+use crate::drive::Driver;
+use crate::offload::Caps;
+use crate::sink::{DirectSink, HostState};
 
 // The registration entry.
 
@@ -270,7 +274,7 @@ pub trait Device: Send {
     /// `kind`, name and mode for [`HostState`].
     fn describe(&self) -> (&'static str, String, String);
     /// The offload work (TSO, partial checksums) frames to the port may carry as they are, at
-    /// attach time (see [`Steps::set_caps`]).
+    /// attach time (see [`Steps::set_caps`](crate::drive::Steps::set_caps)).
     fn caps(&self) -> Caps;
     /// The geometry of the port's rings.
     fn params(&self) -> PortParams {
@@ -280,22 +284,10 @@ pub trait Device: Send {
     fn direct(&self) -> Option<Arc<dyn DirectSink>> {
         None
     }
-    /// The port's driver, which takes the device: [`polled`](crate::host::polled) for a
+    /// The port's driver, which takes the device: [`polled`](crate::drive::polled) for a
     /// device the generic driver runs; a kind whose library runs its own threads brings its
     /// own.
     fn driver(self: Box<Self>) -> Box<dyn Driver>;
-}
-
-/// A device the generic driver runs, one thread per port: it waits on the device's
-/// descriptors, reads frames from it into the port's tx ring, and writes what the switch
-/// delivered to its way out ([`Egress`]).
-pub trait Polled: Egress + Send {
-    /// Descriptors that become readable when the device has frames for the switch.
-    fn poll_fds(&self) -> Vec<RawFd>;
-    /// Moves frames from the device into `ring`, at most until it is full; returns how many.
-    fn ingress(&mut self, ring: &mut TxSide) -> Result<usize, DevError>;
-    /// The device's own view of its state, looked at about once a second.
-    fn is_up(&self) -> bool;
 }
 
 /// The ring geometry of host ports unless their kind says otherwise ([`Device::params`]):
@@ -307,196 +299,8 @@ pub const HOST_PARAMS: PortParams = PortParams {
     buf_size: vale_abi::region::DEFAULT_BUF_SIZE,
 };
 
-/// Where the egress step writes the frames the switch delivered to a port.
-pub trait Egress {
-    /// Writes one frame: Ok(false) when there is no room now (the frame stays for later).
-    fn send(&mut self, pieces: &[&[u8]], off: Offload) -> Result<bool, DevError>;
-    /// [`Egress::send`] of a frame in one piece, the common case: a device may take it
-    /// without a list.
-    #[inline]
-    fn send_one(&mut self, piece: &[u8], off: Offload) -> Result<bool, DevError> {
-        self.send(&[piece], off)
-    }
-    /// Ends a burst of `send`s (before the ring's slots go back to the switch).
-    fn flush(&mut self) -> Result<(), DevError>;
-}
-
-/// Why a device operation failed, as the port's thread handles it.
-pub enum DevError {
-    /// This frame was refused (counted as a drop); the device still works.
-    Frame(io::Error),
-    /// The device is down or gone. `pause`: stop using it until it says it is up again
-    /// (its descriptors may stay ready while it is away).
-    Down { err: io::Error, pause: bool },
-}
-
-/// A kind whose library owns its event loop: it takes the port's steps and its state, and
-/// returns the thread that drives them, which ends once `state.stop` is signalled.
-pub trait Driver: Send {
-    fn start(
-        self: Box<Self>,
-        steps: Steps,
-        state: Arc<HostState>,
-    ) -> io::Result<std::thread::JoinHandle<()>>;
-}
-
-// The direct sink.
-
-/// One frame on its way out: `iov[0]` is the sink's to fill (its own header, if any), the rest
-/// are the frame's pieces in the sender's memory.
-pub struct OutFrame<'a> {
-    pub iov: &'a mut [libc::iovec],
-    pub offload: Offload,
-    /// Bytes of the frame (the pieces together).
-    pub len: u32,
-}
-
-/// The frames of one batch for one destination, in batch order.
-pub trait OutFrames {
-    fn next_frame(&mut self) -> Option<OutFrame<'_>>;
-    /// The frame last taken was not sent: it goes back, ahead of the rest (see
-    /// [`Delivered::declined`]).
-    fn put_back(&mut self);
-    /// Whether the pieces of the frame last taken stay where they are until `send_batch`
-    /// returns, so that a sink may send it later in the batch (frames in the senders' buffers
-    /// do); if not (a segment the switch cut for this destination), they may be gone once the
-    /// next frame is taken. No, unless the batch says so.
-    fn lasting(&self) -> bool {
-        false
-    }
-    /// Whether the batch's frames lie in memory their writer may change meanwhile (a guest's
-    /// buffers): a sink that parses a frame (to finish its offload work) must parse a copy.
-    /// Yes, unless the batch says otherwise.
-    fn shared(&self) -> bool {
-        true
-    }
-}
-
-/// What became of the frames of a batch.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Delivered {
-    pub frames: u64,
-    pub bytes: u64,
-    pub dropped: u64,
-    /// Drops that were the device's client's fault (a guest's broken buffers).
-    pub bad_input: u64,
-    /// The sink stopped early (no room now): the frames it did not take, and one it put back,
-    /// go into the port's rx ring, from where the kind's own egress step sends them later.
-    pub declined: bool,
-}
-
-impl Delivered {
-    /// Counts what a sink's device did with the frame of `len` bytes last taken from
-    /// `frames`: took it (`Ok(true)`); had no room (`Ok(false)`: the frame goes back and the
-    /// sink stops, declining the rest); or could not send it (`Err`: dropped). Whether the sink
-    /// goes on with the next frame.
-    #[inline]
-    pub fn count<E>(
-        &mut self,
-        frames: &mut dyn OutFrames,
-        len: u64,
-        sent: &Result<bool, E>,
-    ) -> bool {
-        match sent {
-            Ok(true) => {
-                self.frames += 1;
-                self.bytes += len;
-            }
-            Ok(false) => {
-                frames.put_back();
-                self.declined = true;
-                return false;
-            }
-            Err(_) => self.dropped += 1,
-        }
-        true
-    }
-}
-
-/// A kind whose device the switch's threads write to directly, instead of through the port's
-/// rx ring and thread: one copy and one wake-up less per burst. It must take concurrent calls.
-/// The frames it is given carry only offload work its port's capabilities take (the pipeline
-/// does the rest first). While frames wait in the port's rx ring it is first asked to take
-/// them ([`DirectSink::drain`]), and not given the batch unless it took them all, so that
-/// frames keep their order.
-pub trait DirectSink: Send + Sync {
-    /// Sends the frames of one batch for this port: once per destination per batch. `flow`
-    /// is the same for every batch from one source ring: a kind with several queues keeps
-    /// such frames on one queue, so that they stay in order.
-    fn send_batch(&self, frames: &mut dyn OutFrames, flow: u32) -> Delivered;
-
-    /// Moves what waits in the port's rx ring into the device now, if that can be done
-    /// without waiting on anyone (the port's own thread would do it later), so that the
-    /// batch at hand may go direct. The default does nothing.
-    fn drain(&self) {}
-}
-
-// What the control plane sees.
-
-/// Longest [`HostState::stop`] waits for a port's thread (more than a vhost-user port waits
-/// for its library's threads, 3 s).
-pub const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// What the control plane sees of a port whose client is valed itself (any kind but native),
-/// and the handle that stops its thread.
-pub struct HostState {
-    /// The kind's name (`tap`, `nic`, ...).
-    pub kind: &'static str,
-    /// The device's name.
-    pub device: String,
-    /// How a NIC is reached (`xdp`, `xdp-generic`, `packet`); empty for TAP.
-    pub mode: String,
-    /// The device works: false after it went down or away (logged once per change).
-    pub up: AtomicBool,
-    /// What the device negotiated, if the kind says (empty: nothing to show).
-    pub negotiated: Mutex<String>,
-    /// Set, then `stop` written, to end the port's thread.
-    pub(crate) stopping: AtomicBool,
-    pub(crate) stop: OwnedFd,
-    pub(crate) thread: Mutex<Option<JoinHandle<()>>>,
-}
-
-impl HostState {
-    pub fn new(kind: &'static str, device: String, mode: String) -> io::Result<Arc<HostState>> {
-        Ok(Arc::new(HostState {
-            kind,
-            device,
-            mode,
-            up: AtomicBool::new(true),
-            negotiated: Mutex::new(String::new()),
-            stopping: AtomicBool::new(false),
-            stop: eventfd::new()?,
-            thread: Mutex::new(None),
-        }))
-    }
-
-    /// Stops the port's thread and waits for it (the device is closed when it returns), at
-    /// most [`STOP_WAIT`]: a thread that does not end by then (none should: no thread of
-    /// valed waits on a peer's descriptor) is left to end on its own, logged, rather than
-    /// hold the detach for ever.
-    pub fn stop(&self) {
-        self.stopping.store(true, Relaxed);
-        eventfd::signal(&self.stop);
-        let t = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take();
-        let Some(t) = t else { return };
-        let deadline = std::time::Instant::now() + STOP_WAIT;
-        while !t.is_finished() {
-            if std::time::Instant::now() >= deadline {
-                tracing::error!(device = %self.device, "the port's thread did not end within {STOP_WAIT:?}: left behind");
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        let _ = t.join();
-    }
-
-    pub(crate) fn set_up(&self, port: &str, up: bool, why: &dyn std::fmt::Display) {
-        if self.up.swap(up, Relaxed) != up {
-            if up {
-                tracing::info!(port, device = %self.device, "device is up again");
-            } else {
-                tracing::warn!(port, device = %self.device, "device down: {why}");
-            }
-        }
-    }
+/// The control plane's view of the port of `dev`.
+pub(crate) fn state_of(dev: &dyn Device) -> io::Result<Arc<HostState>> {
+    let (kind, device, mode) = dev.describe();
+    HostState::new(kind, device, mode)
 }

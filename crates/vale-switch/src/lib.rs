@@ -28,6 +28,7 @@
 mod access;
 mod capture;
 mod copy;
+mod drive;
 mod engine;
 pub mod epoll;
 mod error;
@@ -39,6 +40,7 @@ pub mod lookup;
 mod offload;
 mod port;
 mod region;
+mod sink;
 mod switch;
 mod wire;
 mod worker;

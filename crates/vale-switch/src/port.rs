@@ -124,9 +124,9 @@ pub struct Attachment {
     /// are; the rest the switch does in software first. A kind may change it at run time.
     pub caps: AtomicU8,
     /// Set for a port whose client is valed itself (TAP, NIC).
-    pub host: Option<std::sync::Arc<crate::kind::HostState>>,
+    pub host: Option<std::sync::Arc<crate::sink::HostState>>,
     /// Frames for the port go straight to this device, not into the rx ring.
-    pub direct: Option<std::sync::Arc<dyn crate::kind::DirectSink>>,
+    pub direct: Option<std::sync::Arc<dyn crate::sink::DirectSink>>,
     /// First bad input of this owner is logged; the rest are only counted.
     pub bad_logged: AtomicBool,
     /// The port has left its switch: a worker handed one of its rings by another no longer

@@ -17,8 +17,10 @@ use vale_abi::region::{Layout, PortParams};
 
 use crate::access::{Caller, Usage, UserLimits};
 use crate::capture::CaptureRing;
+use crate::drive;
 use crate::error::Error;
-use crate::host::{self, KindArgs};
+use crate::host;
+use crate::kind::{self, Device, KindArgs};
 use crate::lookup;
 use crate::port::{descriptors_for, Attachment, Port, PortIndex, PortShared};
 use crate::switch::{Installed, Switch, DEFAULT_BATCH, MAX_PORTS};
@@ -249,7 +251,7 @@ impl Engine {
     }
 
     /// Attaches again, at valed's start, a device port saved as `kind` and `args` (its
-    /// [`host::Kind::saved`] form; the kind's own retries and namespaces apply).
+    /// [`kind::Kind::saved`] form; the kind's own retries and namespaces apply).
     pub fn restore_host(
         &self,
         name: &str,
@@ -284,7 +286,7 @@ impl Engine {
     pub fn attach_device(
         &self,
         name: &str,
-        dev: Box<dyn host::Device>,
+        dev: Box<dyn Device>,
         caller: &Caller,
     ) -> Result<(), Error> {
         caller.must_be_admin("attaching a host device")?;
@@ -295,7 +297,7 @@ impl Engine {
         &self,
         sw: &Arc<Switch>,
         name: &str,
-        dev: Box<dyn host::Device>,
+        dev: Box<dyn Device>,
         caller: &Caller,
     ) -> Result<(), Error> {
         // The ring geometry is the kind's (a TAP's frames are up to 64 KiB long).
@@ -306,7 +308,7 @@ impl Engine {
         att.caps = dev.caps().0.into();
         att.direct = dev.direct();
         let state =
-            host::state_of(&*dev).map_err(|e| format!("cannot set up port '{name}': {e}"))?;
+            kind::state_of(&*dev).map_err(|e| format!("cannot set up port '{name}': {e}"))?;
         att.host = Some(state.clone());
         let port = Arc::new(Port {
             shared,
@@ -314,10 +316,10 @@ impl Engine {
             attachment: Some(att),
         });
         sw.install(port.clone());
-        if let Err(e) = host::start(
+        if let Err(e) = drive::start(
             sw.clone(),
             port.clone(),
-            dev,
+            dev.driver(),
             state,
             self.epoch,
             self.cfg.busy_poll,

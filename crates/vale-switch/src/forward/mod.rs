@@ -28,12 +28,12 @@ use vale_abi::netmap::{NetmapSlot, NS_INDIRECT, NS_MOREFRAG, NS_OFFLOAD};
 use vale_abi::region::{prefetch, FIRST_SLOT_BUF, MAX_FRAGS, MAX_FRAME_LEN};
 
 use crate::capture;
-use crate::kind::{DirectSink, OutFrame, OutFrames};
 use crate::lookup::{
     FrameMeta, Lookup, SourcePort, Tagging, DEST_DROP, DEST_FLOOD, RING_ANY, VLAN_TAGGED, VLAN_VID,
 };
 use crate::offload::{Caps, Offload, Resolver};
 use crate::port::{add, Irq, Port};
+use crate::sink::{DirectSink, OutFrame, OutFrames};
 use crate::switch::{PortTable, Switch, MAX_BATCH, MAX_PORTS};
 use crate::wire;
 use vale_abi::capture::{DIR_RX, DIR_TX};

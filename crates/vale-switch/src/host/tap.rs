@@ -19,8 +19,8 @@ use std::sync::Arc;
 use vale_abi::region::{PortParams, MAX_FRAGS, MAX_FRAME_LEN};
 
 use super::{polled, DevError, Device, DirectSink, Driver, Egress, Polled, TxSide};
-use crate::kind::{Delivered, OutFrames};
 use crate::offload::{Caps, Offload, VNET_HDR_LEN};
+use crate::sink::{Delivered, OutFrames};
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;

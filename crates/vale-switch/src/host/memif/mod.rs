@@ -323,7 +323,7 @@ impl Server {
             let n = if napping && !pending {
                 epoll::wait_for(&self.ep, &mut events, NAP).len()
             } else {
-                let timeout = super::sleep_ms(pending || spinning, blocked, due);
+                let timeout = crate::drive::sleep_ms(pending || spinning, blocked, due);
                 epoll::wait(&self.ep, &mut events, timeout).len()
             };
             self.steps.want_irq(false);

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU16, Ordering::*};
 
 use super::super::guard::Guarded;
 use super::wire::{self, Desc, DESC_FLAG_NEXT, RING_FLAG_MASK_INT};
-use crate::forward::Pipeline;
+use crate::drive::Gather;
 use vale_abi::region::{MAX_FRAGS, MAX_FRAME_LEN};
 
 /// One mapping of a region file, unmapped when dropped.
@@ -227,7 +227,7 @@ impl Ring {
     pub fn gather(
         &mut self,
         regions: &Regions,
-        batch: &mut Pipeline,
+        batch: &mut Gather,
         limit: usize,
         pieces: &mut Vec<(*const u8, u32)>,
     ) -> Result<Gathered, String> {
@@ -235,7 +235,7 @@ impl Ring {
         let end = self.cursor.wrapping_add(n as u16);
         let mut g = Gathered::default();
         let mut cur = self.cursor;
-        while cur != end && batch.batch_len() < limit {
+        while cur != end && batch.len() < limit {
             let d = self.desc(cur);
             cur = cur.wrapping_add(1);
             if d.flags & DESC_FLAG_NEXT == 0 {
@@ -418,6 +418,7 @@ pub enum Put {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::forward::Pipeline;
     use std::os::fd::FromRawFd;
 
     const LOG2: u8 = 4;
@@ -478,15 +479,16 @@ mod tests {
         set(&ring, 6, 0, 0, buf, 10); // a runt
         set(&ring, 7, DESC_FLAG_NEXT, 0, buf, 60); // a chain cut at the head
         ring.word(wire::ring::HEAD).store(8, Release);
-        let mut batch = Pipeline::new(std::time::Instant::now());
-        batch.start_batch();
+        let mut pipe = Pipeline::new(std::time::Instant::now());
+        pipe.start_batch();
+        let mut batch = Gather::new(&mut pipe);
         let mut pieces = Vec::new();
         let g = ring
             .gather(&regions, &mut batch, 256, &mut pieces)
             .ok()
             .unwrap();
         assert_eq!((g.frames, g.bad), (2, 5));
-        assert_eq!(batch.batch_len(), 2);
+        assert_eq!(batch.len(), 2);
         ring.release();
         assert_eq!(ring.word(wire::ring::TAIL).load(Relaxed), 8);
     }
@@ -495,7 +497,8 @@ mod tests {
     fn a_head_more_than_a_ring_ahead_breaks_the_ring() {
         let (regions, mut ring) = setup();
         ring.word(wire::ring::HEAD).store(17, Release);
-        let mut batch = Pipeline::new(std::time::Instant::now());
+        let mut pipe = Pipeline::new(std::time::Instant::now());
+        let mut batch = Gather::new(&mut pipe);
         let mut pieces = Vec::new();
         let e = ring
             .gather(&regions, &mut batch, 256, &mut pieces)

@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use super::ring::{Put, Regions, Ring};
 use super::MAX_PAIRS;
 use crate::host::{peer_irq, DevError, Egress};
-use crate::kind::{Delivered, DirectSink, OutFrames};
 use crate::offload::Offload;
+use crate::sink::{Delivered, DirectSink, OutFrames};
 use vale_abi::eventfd;
 
 /// What the threads that write to the client share: its memory (unmapped when the last

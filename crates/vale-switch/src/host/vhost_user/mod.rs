@@ -27,7 +27,7 @@
 //! A frame from one guest to another is read once and written once: the sending pair's worker
 //! pops the guest's transmit chain ([`Virtq::pop_one`] for the common one-descriptor chain),
 //! checks its header (a header that asks for no offload costs two byte tests) and hands the
-//! frame to the pipeline where it lies ([`Pipeline::push_frame`]); the pipeline's delivery
+//! frame to the pipeline where it lies ([`Gather::push_frame`]); the pipeline's delivery
 //! writes it straight into the receiving guest's buffer through the port's [`DirectSink`].
 //! When that guest has no buffers, frames wait in its port's rx ring, and the next forwarding
 //! thread that delivers to it first moves them into the guest itself ([`DirectSink::drain`],
@@ -86,11 +86,11 @@ use super::socket::SocketName;
 use super::virtq::{guest_piece, read_guest, write_guest, Desc, One, Popped, Virtq, VirtqError};
 use super::{DevError, Device, Driver, Egress, HostState, Steps};
 use crate::copy::copy_bytes;
+use crate::drive::Gather;
 use crate::epoll;
-use crate::forward::Pipeline;
-use crate::kind::{Delivered, DirectSink, OutFrames};
 use crate::offload::{self, Caps, Offload};
 use crate::port::PortShared;
+use crate::sink::{Delivered, DirectSink, OutFrames};
 use vale_abi::region::{MAX_FRAGS, MAX_FRAME_LEN};
 
 mod backend;
@@ -764,3 +764,6 @@ fn kick_after(vring: &Vring, mem: &GuestMemoryMmap, k: u16) -> bool {
 
 // SAFETY: the pointers are only used during one batch, under the scratch's lock.
 unsafe impl Send for TxScratch {}
+
+#[cfg(test)]
+mod tests;

@@ -70,7 +70,7 @@ impl TxScratch {
         vq: &mut Virtq<'m>,
         mem: &'m GuestMemoryMmap,
         acked: &Acked,
-        batch: &mut Pipeline,
+        batch: &mut Gather,
     ) -> Result<(), Bad> {
         let one = match d {
             d if !d.write && (HDR_LEN..=HDR_LEN + MAX_GUEST_FRAME).contains(&(d.len as usize)) => {
@@ -119,7 +119,7 @@ impl TxScratch {
         p: *mut u8,
         len: usize,
         acked: &Acked,
-        batch: &mut Pipeline,
+        batch: &mut Gather,
     ) -> Result<(), Bad> {
         let mut hdr = [0u8; HDR_LEN];
         // SAFETY: see `add_one`: the header lies in one mapped region of guest memory.
@@ -142,7 +142,7 @@ impl TxScratch {
         &mut self,
         mem: &GuestMemoryMmap,
         acked: &Acked,
-        batch: &mut Pipeline,
+        batch: &mut Gather,
     ) -> Result<(), Bad> {
         let mut hdr = [0u8; HDR_LEN];
         self.pieces.clear();
@@ -266,7 +266,7 @@ impl Net {
             tx.heads.clear();
             // Never reallocated within the batch: the pipeline holds pointers into it.
             tx.heads.reserve(BURST);
-            while batch.batch_len() < limit && used < BURST {
+            while batch.len() < limit && used < BURST {
                 let head = match vq.pop_one() {
                     One::Empty => break,
                     One::Desc(head, d) => {

@@ -47,8 +47,8 @@ use std::time::Instant;
 
 use super::super::wire::{HDR_LEN, MAX_UDP_PAYLOAD, MIN_INNER};
 use super::{iov, mac, send_step, Path, Sent, IOV_PER};
-use crate::kind::{Delivered, DirectSink, OutFrames};
 use crate::lookup::{is_group, LearningBridge};
+use crate::sink::{Delivered, DirectSink, OutFrames};
 
 /// Messages of one direct `sendmmsg`.
 const MSGS: usize = 256;
@@ -505,8 +505,8 @@ mod tests {
     use super::super::super::{Config, TunnelDevice};
     use super::*;
     use crate::host::tunnel::wire::Proto;
-    use crate::kind::{Egress, OutFrame};
     use crate::offload::Offload;
+    use crate::sink::{Egress, OutFrame};
 
     /// A batch as the pipeline hands it over: frames in pieces; a frame that does not last
     /// lies in scratch space the next frame overwrites (as the resolver's segments do).
