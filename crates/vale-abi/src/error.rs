@@ -73,6 +73,30 @@ impl ErrorKind {
         }
     }
 
+    /// The kind of a system call's failure `e`, the other way round through the same table:
+    /// a refusal it carries by its kind, else by its errno, else (an error made in words) by
+    /// its [`io::ErrorKind`]; I/O for the rest.
+    pub fn of_io(e: &io::Error) -> ErrorKind {
+        if let Some(kind) = Refused::kind_of(e) {
+            return kind;
+        }
+        match (e.raw_os_error(), e.kind()) {
+            (Some(libc::EEXIST | libc::EADDRINUSE | libc::EBUSY), _) => ErrorKind::Busy,
+            (Some(libc::ENOENT | libc::ENODEV | libc::ENXIO), _) => ErrorKind::NotFound,
+            (Some(libc::EACCES | libc::EPERM), _) => ErrorKind::PermissionDenied,
+            (Some(libc::EINVAL | libc::ENAMETOOLONG), _) => ErrorKind::InvalidArgument,
+            (Some(libc::EMFILE | libc::ENFILE | libc::ENOSPC), _) => ErrorKind::LimitReached,
+            (Some(libc::EOPNOTSUPP | libc::EPROTONOSUPPORT | libc::EAFNOSUPPORT), _) => {
+                ErrorKind::Unsupported
+            }
+            (None, io::ErrorKind::NotFound) => ErrorKind::NotFound,
+            (None, io::ErrorKind::PermissionDenied) => ErrorKind::PermissionDenied,
+            (None, io::ErrorKind::InvalidInput) => ErrorKind::InvalidArgument,
+            (None, io::ErrorKind::Unsupported) => ErrorKind::Unsupported,
+            _ => ErrorKind::Io,
+        }
+    }
+
     /// The nearest [`io::ErrorKind`], for Rust callers that match on it.
     pub fn io_kind(self) -> io::ErrorKind {
         match self {
@@ -170,6 +194,28 @@ mod tests {
         }
         assert_eq!(ErrorKind::default(), ErrorKind::Io);
         assert_eq!(Refused::kind_of(&io::Error::other("x")), None);
+    }
+
+    #[test]
+    fn a_system_calls_failure_has_the_kind_its_errno_says() {
+        let os = |n| ErrorKind::of_io(&io::Error::from_raw_os_error(n));
+        for k in ErrorKind::ALL {
+            // A system call's ENODEV is a device that is not there; only valed says "gone".
+            if k != ErrorKind::Gone {
+                assert_eq!(os(k.errno()), k, "{k:?}");
+            }
+            let refused = Refused {
+                kind: k,
+                message: "m".into(),
+            };
+            assert_eq!(ErrorKind::of_io(&refused.into_io()), k);
+        }
+        assert_eq!(os(libc::ENODEV), ErrorKind::NotFound);
+        assert_eq!(os(libc::EADDRINUSE), ErrorKind::Busy);
+        assert_eq!(os(libc::EMFILE), ErrorKind::LimitReached);
+        assert_eq!(os(libc::EFAULT), ErrorKind::Io);
+        let words = io::Error::new(io::ErrorKind::InvalidInput, "m");
+        assert_eq!(ErrorKind::of_io(&words), ErrorKind::InvalidArgument);
     }
 
     #[test]

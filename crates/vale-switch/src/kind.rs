@@ -192,68 +192,15 @@ impl Kind {
     }
 }
 
-/// Why a host port's device could not be attached: the words name the device and what is
-/// wrong; the variant is the kind of failure valed's reply carries (see [`crate::Error`]).
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum Error {
-    /// An unknown kind or argument, a bad value or name.
-    #[error("{0}")]
-    Invalid(String),
-    /// No such device or interface.
-    #[error("{0}")]
-    NotFound(String),
-    /// The device, name or socket is taken.
-    #[error("{0}")]
-    Busy(String),
-    /// valed may not use it.
-    #[error("{0}")]
-    Denied(String),
-    /// The device could not be opened or set up (a system call failed).
-    #[error("{0}")]
-    Device(String),
-}
-
-impl Error {
-    /// `message`, of the kind that `e`, the failure behind it, says: by its errno, else (an
-    /// error made in words, as vale-nic's) by its kind.
-    pub fn of_io(message: String, e: &io::Error) -> Error {
-        match (e.raw_os_error(), e.kind()) {
-            (Some(libc::EEXIST | libc::EADDRINUSE | libc::EBUSY), _) => Error::Busy(message),
-            (Some(libc::ENOENT | libc::ENODEV | libc::ENXIO), _) => Error::NotFound(message),
-            (Some(libc::EACCES | libc::EPERM), _) => Error::Denied(message),
-            (Some(libc::EINVAL | libc::ENAMETOOLONG), _) => Error::Invalid(message),
-            (None, io::ErrorKind::NotFound) => Error::NotFound(message),
-            (None, io::ErrorKind::PermissionDenied) => Error::Denied(message),
-            (None, io::ErrorKind::InvalidInput) => Error::Invalid(message),
-            _ => Error::Device(message),
-        }
-    }
-}
-
-/// A kind's own failure in words: a system call's, so a device error.
-impl From<String> for Error {
-    fn from(message: String) -> Error {
-        Error::Device(message)
-    }
-}
-
-impl From<Error> for crate::Error {
-    fn from(e: Error) -> crate::Error {
-        match e {
-            Error::Invalid(m) => crate::Error::invalid(m),
-            Error::NotFound(m) => crate::Error::not_found(m),
-            Error::Busy(m) => crate::Error::busy(m),
-            Error::Denied(m) => crate::Error::denied(m),
-            Error::Device(m) => crate::Error::io(m),
-        }
-    }
-}
+/// Why a host port's device could not be attached: the switch's one error (see
+/// [`crate::Error`]), whose kind is the errno a client sees.
+pub use crate::Error;
 
 /// Argument `name` of an attach request, which the kind requires.
 pub fn required<'a>(args: &'a KindArgs, kind: &str, name: &str) -> Result<&'a str, Error> {
     args.get(name)
         .map(String::as_str)
-        .ok_or_else(|| Error::Invalid(format!("port kind '{kind}' needs argument '{name}'")))
+        .ok_or_else(|| Error::invalid(format!("port kind '{kind}' needs argument '{name}'")))
 }
 
 /// A yes/no argument: absent is no.
@@ -261,7 +208,7 @@ pub fn flag(args: &KindArgs, name: &str) -> Result<bool, Error> {
     match args.get(name).map(String::as_str) {
         None | Some("no") | Some("false") | Some("0") => Ok(false),
         Some("yes") | Some("true") | Some("1") => Ok(true),
-        Some(v) => Err(Error::Invalid(format!(
+        Some(v) => Err(Error::invalid(format!(
             "argument '{name}' must be yes or no, not '{v}'"
         ))),
     }

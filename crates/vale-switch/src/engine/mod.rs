@@ -219,7 +219,7 @@ impl Engine {
         let (index, shared) = place(sw, name, caller)?;
         let owner = caller.pid;
         let att = Attachment::new(name, layout, owner)
-            .map_err(|e| format!("cannot create memory for port '{name}': {e}"))?;
+            .map_err(|e| Error::of_io(format!("cannot create memory for port '{name}': {e}"), e))?;
         let port = Arc::new(Port {
             shared,
             index,
@@ -304,11 +304,11 @@ impl Engine {
         let layout = Layout::new(&dev.params())?;
         let (index, shared) = place(sw, name, caller)?;
         let mut att = Attachment::new(name, layout, std::process::id())
-            .map_err(|e| format!("cannot create memory for port '{name}': {e}"))?;
+            .map_err(|e| Error::of_io(format!("cannot create memory for port '{name}': {e}"), e))?;
         att.caps = dev.caps().0.into();
         att.direct = dev.direct();
-        let state =
-            kind::state_of(&*dev).map_err(|e| format!("cannot set up port '{name}': {e}"))?;
+        let state = kind::state_of(&*dev)
+            .map_err(|e| Error::of_io(format!("cannot set up port '{name}': {e}"), e))?;
         att.host = Some(state.clone());
         let port = Arc::new(Port {
             shared,
@@ -325,7 +325,7 @@ impl Engine {
             self.cfg.busy_poll,
         ) {
             sw.replace(&port, None);
-            return Err(Error::io(format!("cannot start port '{name}': {e}")));
+            return Err(Error::of_io(format!("cannot start port '{name}': {e}"), e));
         }
         Ok(())
     }
@@ -623,9 +623,9 @@ fn place(sw: &Switch, name: &str, caller: &Caller) -> Result<(PortIndex, Arc<Por
             }
         },
         None => {
-            let i = sw
-                .free_index()
-                .ok_or_else(|| format!("switch '{}' is full ({MAX_PORTS} ports)", sw.name))?;
+            let i = sw.free_index().ok_or_else(|| {
+                Error::limit(format!("switch '{}' is full ({MAX_PORTS} ports)", sw.name))
+            })?;
             Ok((
                 i,
                 Arc::new(PortShared::new(name.to_string(), false, caller.uid)),

@@ -49,7 +49,7 @@ pub(crate) type OpenDevice = fn(&str, &KindArgs) -> Result<Box<dyn Device>, Erro
 pub fn kind(kind: &str) -> Result<&'static Kind, Error> {
     KINDS.iter().find(|k| k.name == kind).ok_or_else(|| {
         let known: Vec<&str> = KINDS.iter().map(|k| k.name).collect();
-        Error::Invalid(format!(
+        Error::invalid(format!(
             "no port kind '{kind}' (known: {})",
             known.join(", ")
         ))
@@ -63,7 +63,7 @@ fn check_args(k: &Kind, args: &KindArgs, saved: bool) -> Result<(), Error> {
     let takes = |a: &str| k.arg(a).is_some() || (saved && k.saved_args.contains(&a));
     if let Some(bad) = args.keys().find(|a| !takes(a)) {
         let known: Vec<&str> = k.args.iter().map(|a| a.key).collect();
-        return Err(Error::Invalid(format!(
+        return Err(Error::invalid(format!(
             "port kind '{}' takes no argument '{bad}' (it takes: {})",
             k.name,
             known.join(", ")

@@ -20,7 +20,7 @@ pub struct NicDevice {
 impl NicDevice {
     pub fn open(iface: &str, mode: Option<vale_nic::Mode>) -> Result<NicDevice, super::Error> {
         let nic =
-            vale_nic::Nic::open(iface, mode).map_err(|e| super::Error::of_io(e.to_string(), &e))?;
+            vale_nic::Nic::open(iface, mode).map_err(|e| super::Error::of_io(e.to_string(), e))?;
         Ok(NicDevice {
             nic,
             name: iface.to_string(),
@@ -117,7 +117,7 @@ While attached, the interface's received frames go to the switch instead of the 
             .get("mode")
             .map(|m| vale_nic::Mode::parse(m))
             .transpose()
-            .map_err(|e| super::Error::Invalid(e.to_string()))?;
+            .map_err(|e| super::Error::invalid(e.to_string()))?;
         Ok(Box::new(NicDevice::open(iface, mode)?))
     },
     saved_args: &["bound"],

@@ -44,6 +44,8 @@ impl std::fmt::Display for Blocked {
     }
 }
 
+impl std::error::Error for Blocked {}
+
 /// One thread that interrupts peers, as the watchdog sees it.
 struct Mark {
     thread: libc::pthread_t,

@@ -150,7 +150,7 @@ pub fn listen(path: &Path) -> Result<(UnixListener, SocketName), super::Error> {
 pub fn listen_as(path: &Path, ty: i32) -> Result<(OwnedFd, SocketName), super::Error> {
     let shown = path.display();
     let fail = |e: io::Error, why: &str| {
-        super::Error::of_io(format!("cannot listen at '{shown}': {e}{why}"), &e)
+        super::Error::of_io(format!("cannot listen at '{shown}': {e}{why}"), e)
     };
     // A stale socket is removed once; a name that comes back busy then is refused.
     for _ in 0..2 {
@@ -322,7 +322,16 @@ mod tests {
         let file = d.join("disk.img");
         std::fs::write(&file, b"precious").unwrap();
         let e = listen(&file).unwrap_err();
-        assert!(matches!(e, crate::host::Error::Busy(_)), "{e:?}");
+        assert!(
+            matches!(
+                e,
+                crate::host::Error {
+                    kind: crate::ErrorKind::Busy,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
         let e = e.to_string();
         assert!(
             e.contains("File exists") && e.contains("a regular file"),
@@ -348,7 +357,16 @@ mod tests {
         let busy = d.join("busy.sock");
         let theirs = UnixListener::bind(&busy).unwrap();
         let e = listen(&busy).unwrap_err();
-        assert!(matches!(e, crate::host::Error::Busy(_)), "{e:?}");
+        assert!(
+            matches!(
+                e,
+                crate::host::Error {
+                    kind: crate::ErrorKind::Busy,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
         let e = e.to_string();
         assert!(
             e.contains("Address already in use") && e.contains("listens"),

@@ -79,7 +79,7 @@ fn ioctl(
     // SAFETY: each request passes an integer or a pointer to a live, properly sized struct.
     if unsafe { libc::ioctl(fd, req, arg) } < 0 {
         let e = io::Error::last_os_error();
-        return Err(super::Error::of_io(format!("{what}: {e}"), &e));
+        return Err(super::Error::of_io(format!("{what}: {e}"), e));
     }
     Ok(())
 }
@@ -136,12 +136,12 @@ fn in_netns<T: Send + 'static>(
         std::path::Path::new("/run/netns").join(ns)
     };
     let nsfd = std::fs::File::open(&path).map_err(|e| {
-        super::Error::of_io(format!("network namespace {}: {e}", path.display()), &e)
+        super::Error::of_io(format!("network namespace {}: {e}", path.display()), e)
     })?;
     std::thread::spawn(move || {
         // SAFETY: setns on this thread only (CLONE_NEWNET), with a descriptor we own.
         if unsafe { libc::setns(nsfd.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-            return Err(super::Error::Device(format!(
+            return Err(super::Error::io(format!(
                 "cannot enter network namespace: {}",
                 io::Error::last_os_error()
             )));
@@ -149,7 +149,7 @@ fn in_netns<T: Send + 'static>(
         f()
     })
     .join()
-    .map_err(|_| super::Error::Device("the thread in the network namespace failed".into()))?
+    .map_err(|_| super::Error::io("the thread in the network namespace failed"))?
 }
 
 /// The network namespace (a name under /run/netns) interface `dev` lives in, if it is not in
@@ -173,7 +173,7 @@ impl Tap {
     /// Creates TAP device `name`, or adopts it if a persistent one exists and is free.
     pub fn open(name: &str, persist: bool) -> Result<Tap, super::Error> {
         if name.is_empty() || name.len() >= libc::IFNAMSIZ || name.contains(['/', ' ', '\0']) {
-            return Err(super::Error::Invalid(format!(
+            return Err(super::Error::invalid(format!(
                 "bad TAP name '{name}': 1 to {} characters, no '/' or spaces",
                 libc::IFNAMSIZ - 1
             )));
@@ -190,7 +190,7 @@ impl Tap {
             let e = io::Error::last_os_error();
             return Err(super::Error::of_io(
                 format!("cannot open /dev/net/tun: {e}"),
-                &e,
+                e,
             ));
         }
         // SAFETY: fresh descriptor we own.

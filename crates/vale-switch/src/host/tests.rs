@@ -379,7 +379,16 @@ pub(crate) fn unknown_kinds_and_arguments_are_refused_by_name() {
     };
     let err = |r: Result<Box<dyn Device>, super::Error>| {
         let e = r.err().expect("refused");
-        assert!(matches!(e, super::Error::Invalid(_)), "{e:?}");
+        assert!(
+            matches!(
+                e,
+                super::Error {
+                    kind: crate::ErrorKind::InvalidArgument,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
         e.to_string()
     };
     let e = err(super::open_device("bogus", &args(&[])));
@@ -515,14 +524,14 @@ pub(crate) fn arguments_are_checked_against_the_description() {
     };
     assert_eq!(
         super::check_args(tap, &args(&[("nome", "t")]), false),
-        Err(super::Error::Invalid(
-            "port kind 'tap' takes no argument 'nome' (it takes: name, persist)".into()
+        Err(super::Error::invalid(
+            "port kind 'tap' takes no argument 'nome' (it takes: name, persist)"
         ))
     );
     assert_eq!(
         super::check_args(tap, &args(&[("persist", "yes")]), false),
-        Err(super::Error::Invalid(
-            "port kind 'tap' needs argument 'name'".into()
+        Err(super::Error::invalid(
+            "port kind 'tap' needs argument 'name'"
         ))
     );
     assert_eq!(
@@ -536,8 +545,8 @@ pub(crate) fn arguments_are_checked_against_the_description() {
     let vxlan = super::kind("vxlan").unwrap();
     assert_eq!(
         super::check_args(vxlan, &args(&[("vni", "1"), ("remote", "10.0.0.2")]), false),
-        Err(super::Error::Invalid(
-            "port kind 'vxlan' needs argument 'local'".into()
+        Err(super::Error::invalid(
+            "port kind 'vxlan' needs argument 'local'"
         ))
     );
 }

@@ -62,6 +62,7 @@ use super::{Device, DirectSink, Driver, HostState, Steps};
 use crate::epoll;
 use crate::offload::Caps;
 
+mod error;
 mod ring;
 mod session;
 mod sink;
@@ -125,7 +126,7 @@ shows the client and its rings.",
         let id = match args.get("id") {
             None => 0,
             Some(v) => v.parse::<u32>().map_err(|_| {
-                super::Error::Invalid(format!("memif id must be 0 to {}, not '{v}'", u32::MAX))
+                super::Error::invalid(format!("memif id must be 0 to {}, not '{v}'", u32::MAX))
             })?,
         };
         Ok(Box::new(Memif::open(path, id)?))
@@ -156,7 +157,7 @@ pub struct Memif {
 impl Memif {
     pub fn open(path: &str, id: u32) -> Result<Memif, super::Error> {
         if path.is_empty() || path.contains('\0') || !path.starts_with('/') {
-            return Err(super::Error::Invalid(format!(
+            return Err(super::Error::invalid(format!(
                 "bad memif socket path '{path}' (an absolute path: valed resolves none)"
             )));
         }
@@ -167,7 +168,9 @@ impl Memif {
             id,
             listener,
             _name: name,
-            sink: Arc::new(Sink::new().map_err(|e| format!("memif port: {e}"))?),
+            sink: Arc::new(
+                Sink::new().map_err(|e| super::Error::of_io(format!("memif port: {e}"), e))?,
+            ),
         })
     }
 }
@@ -284,10 +287,7 @@ impl Server {
             if last_tick.elapsed() >= Duration::from_secs(1) {
                 last_tick = Instant::now();
                 if self.conn.as_ref().is_some_and(Conn::overdue) {
-                    self.close(Some(format!(
-                        "handshake not finished in {:?}",
-                        session::HANDSHAKE_TIME
-                    )));
+                    self.close(Some(error::Error::Late(session::HANDSHAKE_TIME)));
                 }
             }
             if moved_in + moved_out != 0 {
@@ -360,7 +360,7 @@ impl Server {
         let want = self.me.sink.kicks.swap(0, Relaxed);
         if let (true, Some(l)) = (want != 0, self.live.as_ref()) {
             if let Err(e) = sink::kick(&l.shared, want) {
-                self.close(Some(e.to_string()));
+                self.close(Some(e.into()));
             }
         }
     }
@@ -448,7 +448,10 @@ impl Server {
             r.want_irq(false);
             if let Err(e) = epoll::add_edge(&self.ep, r.irq.as_raw_fd(), TOKEN_RING) {
                 self.live = Some(linked);
-                self.close(Some(format!("cannot watch a ring's eventfd: {e}")));
+                self.close(Some(error::Error::Io {
+                    what: "cannot watch a ring's eventfd".into(),
+                    source: e,
+                }));
                 return;
             }
         }
@@ -471,7 +474,7 @@ impl Server {
 
     /// Ends the connection: `why` the client broke something (counted, logged, said to it
     /// already), or None (it left).
-    fn close(&mut self, why: Option<String>) {
+    fn close(&mut self, why: Option<error::Error>) {
         let port = self.steps.port_name().to_string();
         // The switch's threads let go of the client's memory as they end their batch.
         self.me.sink.set(None);
@@ -482,7 +485,7 @@ impl Server {
         }
         if let Some(conn) = self.conn.take() {
             if let Some(w) = &why {
-                conn.say_disconnect(w);
+                conn.say_disconnect(&w.to_string());
             }
             epoll::del(&self.ep, conn.sock.as_raw_fd());
         }
@@ -515,7 +518,7 @@ impl Server {
             .as_ref()
             .is_some_and(|l| l.shared.regions.guard.hit())
         {
-            self.close(Some("the client shrank a region under valed".into()));
+            self.close(Some(error::Error::Shrunk));
         }
     }
 
@@ -541,7 +544,7 @@ impl Server {
                     }
                 }
                 Err(e) => {
-                    broken = Some(format!("C2S {e}"));
+                    broken = Some(e.in_ring("C2S", q));
                     break;
                 }
             }

@@ -20,6 +20,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU16, Ordering::*};
 
 use super::super::guard::Guarded;
+use super::error::Error;
 use super::wire::{self, Desc, DESC_FLAG_NEXT, RING_FLAG_MASK_INT};
 use crate::drive::Gather;
 use vale_abi::region::{MAX_FRAGS, MAX_FRAME_LEN};
@@ -97,6 +98,7 @@ pub struct Ring {
 unsafe impl Send for Ring {}
 
 /// Why a frame from a C2S ring was dropped.
+#[derive(Debug)]
 pub enum Bad {
     /// A descriptor outside the client's regions.
     Desc(Desc),
@@ -210,14 +212,16 @@ impl Ring {
     }
 
     /// Slots between valed's cursor and the client's head, or why the head is impossible.
-    fn ahead(&self) -> Result<u32, String> {
+    fn ahead(&self) -> Result<u32, Error> {
         let head = self.word(wire::ring::HEAD).load(Acquire);
         let n = head.wrapping_sub(self.cursor) as u32;
         if n > self.size {
-            return Err(format!(
-                "ring head {head} is {n} slots past valed's cursor {} (the ring has {})",
-                self.cursor, self.size
-            ));
+            return Err(Error::Head {
+                head,
+                ahead: n,
+                cursor: self.cursor,
+                size: self.size,
+            });
         }
         Ok(n)
     }
@@ -230,7 +234,7 @@ impl Ring {
         batch: &mut Gather,
         limit: usize,
         pieces: &mut Vec<(*const u8, u32)>,
-    ) -> Result<Gathered, String> {
+    ) -> Result<Gathered, Error> {
         let n = self.ahead()?;
         let end = self.cursor.wrapping_add(n as u16);
         let mut g = Gathered::default();
@@ -359,7 +363,7 @@ impl Ring {
                 .piece(d.region, d.offset, d.length)
                 .filter(|_| d.length != 0)
             else {
-                return Err(Put::Broken(Bad::Desc(d).to_string()));
+                return Err(Put::Broken(Error::Desc(Bad::Desc(d))));
             };
             let take = (d.length as u64).min(need - room) as u32;
             bufs.push((p, take));
@@ -412,7 +416,7 @@ pub enum Put {
     /// Longer than all the client's buffers together: dropped.
     TooLong,
     /// The client broke the ring: the connection ends.
-    Broken(String),
+    Broken(Error),
 }
 
 #[cfg(test)]
@@ -504,6 +508,7 @@ mod tests {
             .gather(&regions, &mut batch, 256, &mut pieces)
             .err()
             .unwrap();
+        let e = e.to_string();
         assert!(e.contains("ring head 17 is 17 slots past"), "{e}");
         assert!(matches!(
             ring.put(&regions, 60, [&[0u8; 60][..]].into_iter()),
@@ -549,7 +554,7 @@ mod tests {
         set(&ring, 2, 0, 0, SIZE as u32 - 8, 64);
         assert!(matches!(
             ring.put(&regions, 100, [&frame[..]].into_iter()),
-            Err(Put::Broken(e)) if e.contains("outside the client's regions")
+            Err(Put::Broken(e)) if e.to_string().contains("outside the client's regions")
         ));
     }
 }

@@ -21,6 +21,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use super::super::guard::Guarded;
+use super::error::Error;
 use super::ring::{Mapping, Regions, Ring};
 use super::wire::{self, msg, Msg, MSG_LEN};
 use super::MAX_PAIRS;
@@ -72,7 +73,7 @@ pub enum Served {
     Connected(Live),
     /// The connection ended: the client said so or hung up (`None`), or it broke the protocol
     /// (the reason, said to it in a DISCONNECT).
-    Closed(Option<String>),
+    Closed(Option<Error>),
 }
 
 /// One control connection.
@@ -91,7 +92,7 @@ pub struct Conn {
 
 impl Conn {
     /// Takes accepted connection `sock` for interface `id` and says HELLO.
-    pub fn start(sock: OwnedFd, id: u32, port: &str) -> Result<Conn, String> {
+    pub fn start(sock: OwnedFd, id: u32, port: &str) -> Result<Conn, Error> {
         let c = Conn {
             sock,
             phase: Phase::Init,
@@ -120,7 +121,7 @@ impl Conn {
         self.phase != Phase::Connected && self.since.elapsed() > HANDSHAKE_TIME
     }
 
-    fn send(&self, m: &Msg) -> Result<(), String> {
+    fn send(&self, m: &Msg) -> Result<(), Error> {
         let b = m.as_bytes();
         // SAFETY: sends MSG_LEN bytes of a live buffer; never blocks (the client reads its
         // replies, one per message it sent, or is let go).
@@ -133,10 +134,7 @@ impl Conn {
             )
         };
         if n != MSG_LEN as isize {
-            return Err(format!(
-                "cannot send to the client: {}",
-                io::Error::last_os_error()
-            ));
+            return Err(Error::last_os("cannot send to the client"));
         }
         Ok(())
     }
@@ -175,14 +173,14 @@ impl Conn {
     }
 
     /// The client broke the protocol: the port's thread says why and closes.
-    fn refuse(&self, why: String) -> Served {
+    fn refuse(&self, why: Error) -> Served {
         Served::Closed(Some(why))
     }
 
     /// One message and the descriptor that came with it; None when there is none now; Err
     /// when the client hung up.
     #[allow(clippy::type_complexity)]
-    fn recv(&self) -> Result<Option<(Result<Msg, String>, Option<OwnedFd>)>, Gone> {
+    fn recv(&self) -> Result<Option<(Result<Msg, Error>, Option<OwnedFd>)>, Gone> {
         // MSG_TRUNC: the length of a longer message is its own, not the buffer's.
         let mut buf = [0u8; MSG_LEN];
         // Room for a few descriptors: all are taken (and closed unless used).
@@ -220,13 +218,17 @@ impl Conn {
         let fd = fds.next();
         if fds.next().is_some() {
             return Ok(Some((
-                Err("a message came with more than one descriptor".into()),
+                Err(Error::Protocol(
+                    "a message came with more than one descriptor".into(),
+                )),
                 None,
             )));
         }
         if n as usize != MSG_LEN {
             return Ok(Some((
-                Err(format!("a message of {n} bytes (memif's are {MSG_LEN})")),
+                Err(Error::Protocol(format!(
+                    "a message of {n} bytes (memif's are {MSG_LEN})"
+                ))),
                 None,
             )));
         }
@@ -292,8 +294,12 @@ impl Conn {
                         "region {index} of {size} bytes (1 to {MAX_REGION_BYTES})"
                     ));
                 }
-                let file = file_size(fd.as_raw_fd())
-                    .map_err(|e| Refused::Why(format!("region {index}: {e}")))?;
+                let file = file_size(fd.as_raw_fd()).map_err(|source| {
+                    Refused::Why(Error::Io {
+                        what: format!("region {index}"),
+                        source,
+                    })
+                })?;
                 if file < size {
                     return why(format!(
                         "region {index} of {size} bytes in a file of {file}"
@@ -377,7 +383,7 @@ impl Conn {
     }
 
     /// Maps the regions and finds the rings in them.
-    fn map(&mut self, if_name: String) -> Result<Live, String> {
+    fn map(&mut self, if_name: String) -> Result<Live, Error> {
         let mut maps = Vec::with_capacity(self.regions.len());
         for (i, (fd, size)) in self.regions.iter().enumerate() {
             // SAFETY: a new shared mapping of the client's file, `size` bytes (no larger than
@@ -393,37 +399,39 @@ impl Conn {
                 )
             };
             if p == libc::MAP_FAILED {
-                return Err(format!(
-                    "cannot map region {i} ({size} bytes): {}",
-                    io::Error::last_os_error()
-                ));
+                return Err(Error::last_os(format!(
+                    "cannot map region {i} ({size} bytes)"
+                )));
             }
             // SAFETY: the mapping just made, unmapped by the Mapping alone.
             maps.push(unsafe { Mapping::new(p.cast(), *size) });
         }
         // Every region guarded, in the room of the client's user, or the connection refused.
         let uid = super::super::socket::peer_uid(self.sock.as_raw_fd());
-        let guard =
-            Guarded::new(uid, maps.iter().map(Mapping::range)).map_err(|e| e.to_string())?;
+        let guard = Guarded::new(uid, maps.iter().map(Mapping::range))?;
         let regions = Regions { guard, maps };
-        let rings = |list: &mut Vec<Option<Announced>>, dir: &str| -> Result<Vec<Ring>, String> {
+        let rings = |list: &mut Vec<Option<Announced>>, dir: &str| -> Result<Vec<Ring>, Error> {
             let n = list.iter().take_while(|r| r.is_some()).count();
             if n == 0 || list[n..].iter().any(Option::is_some) {
-                return Err(format!(
+                return Err(Error::Protocol(format!(
                     "{dir} rings must be numbered from 0 without gaps (ring 0 missing or a gap after {n})"
-                ));
+                )));
             }
             let mut out = Vec::with_capacity(n);
             for (i, a) in list.iter_mut().take(n).enumerate() {
                 let a = a.take().expect("counted");
                 let base = regions
                     .piece(a.region, a.offset, wire::ring::bytes(a.log2) as u32)
-                    .ok_or_else(|| format!("{dir} ring {i} is outside its region"))?;
+                    .ok_or_else(|| {
+                        Error::Protocol(format!("{dir} ring {i} is outside its region"))
+                    })?;
                 // SAFETY: the ring's bytes lie inside region `a.region` (`piece` checked),
                 // aligned (checked at ADD_RING), and `regions` goes with the rings.
                 let mut r = unsafe { Ring::new(base, a.log2, a.irq) };
                 if r.cookie() != wire::COOKIE {
-                    return Err(format!("wrong ring: {dir} ring {i} has no memif cookie"));
+                    return Err(Error::Protocol(format!(
+                        "wrong ring: {dir} ring {i} has no memif cookie"
+                    )));
                 }
                 r.reset();
                 out.push(r);
@@ -448,11 +456,12 @@ struct Gone;
 enum Refused {
     /// The client said DISCONNECT.
     Said,
-    Why(String),
+    Why(Error),
 }
 
+/// The client broke the protocol as `s` says.
 fn why<T>(s: String) -> Result<T, Refused> {
-    Err(Refused::Why(s))
+    Err(Refused::Why(Error::Protocol(s)))
 }
 
 /// The descriptors that came with a message, each owned (closed unless kept).

@@ -15,6 +15,7 @@ use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::error::Error;
 use super::ring::{Put, Regions, Ring};
 use super::MAX_PAIRS;
 use crate::host::{peer_irq, DevError, Egress};
@@ -89,7 +90,7 @@ pub struct Sink {
     pub cur: Mutex<Option<Arc<Shared>>>,
     /// A forwarding thread found an S2C ring broken: why (the port's thread ends the
     /// connection).
-    broken: Mutex<Option<String>>,
+    broken: Mutex<Option<Error>>,
     pub broken_flag: AtomicBool,
     /// S2C rings (a bit each) whose client wants an interrupt that the port's thread is to
     /// send: the switch's threads never write a client's eventfd (a client may make it
@@ -117,14 +118,14 @@ impl Sink {
     }
 
     /// Why a forwarding thread found the client's rings broken, once.
-    pub fn broken(&self) -> Option<String> {
+    pub fn broken(&self) -> Option<Error> {
         if !self.broken_flag.swap(false, Relaxed) {
             return None;
         }
         lock(&self.broken).take()
     }
 
-    fn report(&self, why: String) {
+    fn report(&self, why: Error) {
         lock(&self.broken).get_or_insert(why);
         self.broken_flag.store(true, Relaxed);
         eventfd::signal(&self.wake);
@@ -166,7 +167,7 @@ impl DirectSink for Sink {
             }
             if let Err(Put::Broken(e)) = put {
                 // Counted once, as the connection ends (see `Sink::broken`).
-                broken = Some(format!("S2C ring {q}: {e}"));
+                broken = Some(e.in_ring("S2C", q));
             }
         }
         let want = held.publish();
@@ -183,7 +184,7 @@ impl DirectSink for Sink {
 /// The S2C rings, as the egress step's device (frames that waited in the port's rx ring).
 pub struct Out<'a> {
     held: Option<Held<'a>>,
-    pub broken: Option<String>,
+    pub broken: Option<Error>,
 }
 
 impl<'a> Out<'a> {
@@ -212,7 +213,7 @@ impl Egress for Out<'_> {
                 libc::EMSGSIZE,
             ))),
             Err(Put::Broken(e)) => {
-                self.broken.get_or_insert(format!("S2C ring {q}: {e}"));
+                self.broken.get_or_insert(e.in_ring("S2C", q));
                 Err(DevError::Down {
                     err: io::Error::from_raw_os_error(libc::EPROTO),
                     pause: true,
@@ -226,7 +227,7 @@ impl Egress for Out<'_> {
             // The port's own thread: it interrupts the client itself.
             let want = h.publish();
             if let Err(e) = kick(h.shared, want) {
-                self.broken.get_or_insert(e.to_string());
+                self.broken.get_or_insert(e.into());
             }
         }
         Ok(())

@@ -244,7 +244,7 @@ impl Evpn {
             // refused; the reservation goes if this one fails.
             let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
             if live.contains(&names) {
-                return Err(super::super::Error::Busy(format!(
+                return Err(super::super::Error::busy(format!(
                     "vxlan: vni {} has an evpn port already (one per VNI: FRR maps a VNI to one \
                      vxlan device)",
                     cfg.vni
@@ -298,7 +298,7 @@ impl Evpn {
         cfg: &Config,
     ) -> Result<(Socket, Socket, i32, i32), super::super::Error> {
         let fail = |what: &str, e: io::Error| {
-            super::super::Error::of_io(format!("vxlan evpn: {what}: {e}"), &e)
+            super::super::Error::of_io(format!("vxlan evpn: {what}: {e}"), e)
         };
         let mut req = open_socket(0).map_err(|e| fail("netlink socket", e))?;
         // Subscribed before the devices exist: nothing zebra writes can be missed.

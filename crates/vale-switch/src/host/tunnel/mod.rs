@@ -144,7 +144,7 @@ impl Config {
     /// From an attach request's arguments.
     pub fn parse(proto: Proto, args: &KindArgs) -> Result<Config, super::Error> {
         let kind = proto.name();
-        let bad = |m: String| super::Error::Invalid(format!("{kind}: {m}"));
+        let bad = |m: String| super::Error::invalid(format!("{kind}: {m}"));
         let vni = super::required(args, kind, "vni")?;
         let vni = vni
             .parse::<u32>()
@@ -635,7 +635,9 @@ mod tests {
                 ("remote", &many.join(",")),
             ]),
         );
-        assert!(matches!(e, Err(crate::host::Error::Invalid(m)) if m.contains("257 remotes")));
+        assert!(
+            matches!(e, Err(crate::host::Error { kind: crate::ErrorKind::InvalidArgument, message: m, .. }) if m.contains("257 remotes"))
+        );
         let learning = |v: &str, remote: Option<&str>| {
             let mut a = vec![("vni", "1"), ("local", "10.0.0.1"), ("learn-remotes", v)];
             a.extend(remote.map(|r| ("remote", r)));
@@ -654,7 +656,9 @@ mod tests {
             Proto::Vxlan,
             &args(&[("vni", "1"), ("local", "0.0.0.0"), ("learn-remotes", "yes")]),
         );
-        assert!(matches!(any, Err(crate::host::Error::Invalid(m)) if m.contains("unicast local")));
+        assert!(
+            matches!(any, Err(crate::host::Error { kind: crate::ErrorKind::InvalidArgument, message: m, .. }) if m.contains("unicast local"))
+        );
         assert_eq!(learning("no", Some("10.0.0.2")).unwrap().learn_remotes, 0);
     }
 
@@ -664,14 +668,20 @@ mod tests {
         let c = Config::parse(Proto::Vxlan, &a).unwrap();
         assert!(c.evpn && c.remotes.is_empty());
         let e = Config::parse(Proto::Geneve, &a);
-        assert!(matches!(e, Err(crate::host::Error::Invalid(m)) if m.contains("vxlan ports only")));
+        assert!(
+            matches!(e, Err(crate::host::Error { kind: crate::ErrorKind::InvalidArgument, message: m, .. }) if m.contains("vxlan ports only"))
+        );
         let e = Config::parse(Proto::Vxlan, &args(&[("vni", "42"), ("local", "10.0.0.1")]));
-        assert!(matches!(e, Err(crate::host::Error::Invalid(m)) if m.contains("remote")));
+        assert!(
+            matches!(e, Err(crate::host::Error { kind: crate::ErrorKind::InvalidArgument, message: m, .. }) if m.contains("remote"))
+        );
         let e = Config::parse(
             Proto::Vxlan,
             &args(&[("vni", "42"), ("local", "10.0.0.1"), ("evpn", "maybe")]),
         );
-        assert!(matches!(e, Err(crate::host::Error::Invalid(m)) if m.contains("evpn")));
+        assert!(
+            matches!(e, Err(crate::host::Error { kind: crate::ErrorKind::InvalidArgument, message: m, .. }) if m.contains("evpn"))
+        );
         let e = Config::parse(
             Proto::Vxlan,
             &args(&[
@@ -681,6 +691,8 @@ mod tests {
                 ("learn-remotes", "yes"),
             ]),
         );
-        assert!(matches!(e, Err(crate::host::Error::Invalid(m)) if m.contains("from routes")));
+        assert!(
+            matches!(e, Err(crate::host::Error { kind: crate::ErrorKind::InvalidArgument, message: m, .. }) if m.contains("from routes"))
+        );
     }
 }

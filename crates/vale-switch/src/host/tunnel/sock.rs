@@ -322,7 +322,7 @@ pub fn open(proto: Proto, vni: u32, local: SocketAddr) -> Result<Sock, Error> {
         .get(&local)
         .and_then(|g| g.refuses(proto, vni, local))
     {
-        return Err(Error::Busy(m));
+        return Err(Error::busy(m));
     }
     // A wildcard address and a specific one of the same port would make two groups, the
     // specific one taking every packet for its address.
@@ -332,7 +332,7 @@ pub fn open(proto: Proto, vni: u32, local: SocketAddr) -> Result<Sock, Error> {
             && a.ip() != local.ip()
             && (a.ip().is_unspecified() || local.ip().is_unspecified())
     }) {
-        return Err(Error::Busy(format!(
+        return Err(Error::busy(format!(
             "{kind}: UDP {local} overlaps the tunnel ports on UDP {other}: use another local \
              address or dstport"
         )));
@@ -350,7 +350,7 @@ pub fn open(proto: Proto, vni: u32, local: SocketAddr) -> Result<Sock, Error> {
     {
         let e = io::Error::last_os_error();
         if e.raw_os_error() == Some(libc::EADDRINUSE) {
-            return Err(Error::Busy(format!(
+            return Err(Error::busy(format!(
                 "{kind}: UDP {local} is taken by a socket that does not share it (another \
                  program, a Linux vxlan device, or the placeholder vxlan device of an EVPN \
                  port, which takes the port's dstport + 1): use another local address or \
@@ -359,7 +359,7 @@ pub fn open(proto: Proto, vni: u32, local: SocketAddr) -> Result<Sock, Error> {
         }
         return Err(Error::of_io(
             format!("{kind}: cannot bind the UDP socket to {local}: {e}"),
-            &e,
+            e,
         ));
     }
     let g = groups.entry(local).or_insert(Group {
@@ -379,7 +379,7 @@ pub fn open(proto: Proto, vni: u32, local: SocketAddr) -> Result<Sock, Error> {
                 "{kind}: cannot attach the VNI program to the UDP sockets on {local} \
                  (net.core.optmem_max too small?): {e}"
             ),
-            &e,
+            e,
         ));
     }
     Ok(Sock {
@@ -408,7 +408,7 @@ fn socket(kind: &str, local: SocketAddr) -> Result<OwnedFd, Error> {
         let e = io::Error::last_os_error();
         return Err(Error::of_io(
             format!("{kind}: cannot open a UDP socket: {e}"),
-            &e,
+            e,
         ));
     }
     // SAFETY: a fresh descriptor we own.
@@ -417,7 +417,7 @@ fn socket(kind: &str, local: SocketAddr) -> Result<OwnedFd, Error> {
         setopt(&fd, level, name, val).map_err(|e| {
             Error::of_io(
                 format!("{kind}: cannot set {what} on the UDP socket: {e}"),
-                &e,
+                e,
             )
         })
     };
@@ -618,7 +618,11 @@ mod tests {
         check(&socks);
         // Refusals.
         let busy = |r: Result<Sock, Error>, what: &str| match r {
-            Err(Error::Busy(m)) => assert!(m.contains(what), "{m}"),
+            Err(Error {
+                kind: crate::ErrorKind::Busy,
+                message: m,
+                ..
+            }) => assert!(m.contains(what), "{m}"),
             Err(e) => panic!("{e:?}"),
             Ok(_) => panic!("not refused: {what}"),
         };

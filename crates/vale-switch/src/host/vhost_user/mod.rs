@@ -178,7 +178,7 @@ guest took.",
             Some(q) => match q.parse::<usize>() {
                 Ok(n @ 1..=MAX_PAIRS) => n,
                 _ => {
-                    return Err(super::Error::Invalid(format!(
+                    return Err(super::Error::invalid(format!(
                         "queues must be 1 to {MAX_PAIRS}, not '{q}'"
                     )))
                 }
@@ -249,7 +249,7 @@ impl DirectSink for RxSink {
 impl VhostUser {
     pub fn open(path: &str, client: bool, pairs: usize) -> Result<VhostUser, super::Error> {
         if path.is_empty() || path.contains('\0') || !path.starts_with('/') {
-            return Err(super::Error::Invalid(format!(
+            return Err(super::Error::invalid(format!(
                 "bad vhost-user socket path '{path}' (an absolute path: valed resolves none)"
             )));
         }
@@ -260,7 +260,7 @@ impl VhostUser {
         } else {
             let (l, name) = super::socket::listen(std::path::Path::new(path))?;
             l.set_nonblocking(true)
-                .map_err(|e| format!("cannot listen at '{path}': {e}"))?;
+                .map_err(|e| super::Error::of_io(format!("cannot listen at '{path}': {e}"), e))?;
             // The library's listener, without a name of its own: it would remove whatever
             // is at `path` when dropped.
             Some((Listener::from(l), name))
