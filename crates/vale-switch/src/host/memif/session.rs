@@ -239,6 +239,7 @@ impl Conn {
         self.send(&Msg::empty(msg::ACK)).map_err(Refused::Why)
     }
 
+    /// One message of the client's, in the phase the connection is in.
     fn handle(&mut self, m: &Msg, fd: Option<OwnedFd>) -> Result<Option<Live>, Refused> {
         let kind = m.kind;
         match (self.phase, kind) {
@@ -247,130 +248,10 @@ impl Conn {
                 tracing::info!(port = %self.port, "memif client disconnects: {}", wire::field_text(&d.string));
                 Err(Refused::Said)
             }
-            (Phase::Init, msg::INIT) => {
-                let i: wire::Init = m.body();
-                if { i.version } != wire::VERSION {
-                    return why(format!(
-                        "memif version {}.{} (valed speaks {}.{})",
-                        { i.version } >> 8,
-                        { i.version } & 0xff,
-                        wire::VERSION >> 8,
-                        wire::VERSION & 0xff
-                    ));
-                }
-                if { i.id } != self.id {
-                    return why(format!(
-                        "ID not found: {} (this port is id {})",
-                        { i.id },
-                        self.id
-                    ));
-                }
-                if i.mode != wire::MODE_ETHERNET {
-                    return why(format!(
-                        "only ethernet mode supported (not mode {})",
-                        i.mode
-                    ));
-                }
-                self.client = wire::field_text(&i.name);
-                self.phase = Phase::Setup;
-                self.ack()?;
-                Ok(None)
-            }
-            (Phase::Setup, msg::ADD_REGION) => {
-                let r: wire::AddRegion = m.body();
-                let Some(fd) = fd else {
-                    return why("missing region fd".into());
-                };
-                let (index, size) = (r.index as usize, r.size);
-                if index != self.regions.len() || index >= MAX_REGIONS {
-                    return why(format!(
-                        "invalid region index {index} (next is {}, at most {})",
-                        self.regions.len(),
-                        MAX_REGIONS - 1
-                    ));
-                }
-                if size == 0 || size > MAX_REGION_BYTES {
-                    return why(format!(
-                        "region {index} of {size} bytes (1 to {MAX_REGION_BYTES})"
-                    ));
-                }
-                let file = file_size(fd.as_raw_fd()).map_err(|source| {
-                    Refused::Why(Error::Io {
-                        what: format!("region {index}"),
-                        source,
-                    })
-                })?;
-                if file < size {
-                    return why(format!(
-                        "region {index} of {size} bytes in a file of {file}"
-                    ));
-                }
-                self.regions.push((fd, size));
-                self.ack()?;
-                Ok(None)
-            }
-            (Phase::Setup, msg::ADD_RING) => {
-                let r: wire::AddRing = m.body();
-                let Some(fd) = fd else {
-                    return why("missing interrupt fd".into());
-                };
-                let c2s = { r.flags } & wire::ADD_RING_FLAG_C2S != 0;
-                let (index, region, offset, log2) =
-                    (r.index as usize, r.region, r.offset, r.log2_ring_size);
-                let dir = if c2s { "C2S" } else { "S2C" };
-                let list = if c2s { &mut self.c2s } else { &mut self.s2c };
-                if index >= MAX_PAIRS || list[index].is_some() {
-                    return why(format!(
-                        "invalid ring index {dir} {index} (0 to {}, each once)",
-                        MAX_PAIRS - 1
-                    ));
-                }
-                if !(1..=MAX_LOG2_RING).contains(&log2) {
-                    return why(format!(
-                        "ring {dir} {index} of 2^{log2} descriptors (2^1 to 2^{MAX_LOG2_RING})"
-                    ));
-                }
-                let Some(&(_, rsize)) = self.regions.get(region as usize) else {
-                    return why(format!(
-                        "ring {dir} {index} in region {region}, which was not added"
-                    ));
-                };
-                if offset % 16 != 0 || offset as u64 + wire::ring::bytes(log2) > rsize {
-                    return why(format!(
-                        "ring {dir} {index} at offset {offset} of region {region} ({rsize} bytes; 16-byte aligned, {} bytes long)",
-                        wire::ring::bytes(log2)
-                    ));
-                }
-                if !is_eventfd(fd.as_raw_fd()) {
-                    return why(format!(
-                        "ring {dir} {index}: its interrupt fd is not an eventfd"
-                    ));
-                }
-                if !c2s {
-                    // valed writes it: never blocking (the client's own reads are its affair).
-                    set_nonblocking(fd.as_raw_fd());
-                }
-                list[index] = Some(Announced {
-                    region,
-                    offset,
-                    log2,
-                    irq: fd,
-                });
-                self.ack()?;
-                Ok(None)
-            }
-            (Phase::Setup, msg::CONNECT) => {
-                let c: wire::Connect = m.body();
-                let live = self
-                    .map(wire::field_text(&c.if_name))
-                    .map_err(Refused::Why)?;
-                self.send(&Msg::with(wire::Connect {
-                    if_name: wire::name_field(&self.port),
-                }))
-                .map_err(Refused::Why)?;
-                self.phase = Phase::Connected;
-                Ok(Some(live))
-            }
+            (Phase::Init, msg::INIT) => self.init(m.body()).map(|()| None),
+            (Phase::Setup, msg::ADD_REGION) => self.add_region(m.body(), fd).map(|()| None),
+            (Phase::Setup, msg::ADD_RING) => self.add_ring(m.body(), fd).map(|()| None),
+            (Phase::Setup, msg::CONNECT) => self.connect(m.body()).map(Some),
             (phase, kind) => why(format!(
                 "unexpected message type {kind} {}",
                 match phase {
@@ -380,6 +261,134 @@ impl Conn {
                 }
             )),
         }
+    }
+
+    /// INIT: the version, the interface id and the mode.
+    fn init(&mut self, i: wire::Init) -> Result<(), Refused> {
+        if { i.version } != wire::VERSION {
+            return why(format!(
+                "memif version {}.{} (valed speaks {}.{})",
+                { i.version } >> 8,
+                { i.version } & 0xff,
+                wire::VERSION >> 8,
+                wire::VERSION & 0xff
+            ));
+        }
+        if { i.id } != self.id {
+            return why(format!(
+                "ID not found: {} (this port is id {})",
+                { i.id },
+                self.id
+            ));
+        }
+        if i.mode != wire::MODE_ETHERNET {
+            return why(format!(
+                "only ethernet mode supported (not mode {})",
+                i.mode
+            ));
+        }
+        self.client = wire::field_text(&i.name);
+        self.phase = Phase::Setup;
+        self.ack()?;
+        Ok(())
+    }
+
+    /// ADD_REGION: a file of the client's memory, checked against its size.
+    fn add_region(&mut self, r: wire::AddRegion, fd: Option<OwnedFd>) -> Result<(), Refused> {
+        let Some(fd) = fd else {
+            return why("missing region fd".into());
+        };
+        let (index, size) = (r.index as usize, r.size);
+        if index != self.regions.len() || index >= MAX_REGIONS {
+            return why(format!(
+                "invalid region index {index} (next is {}, at most {})",
+                self.regions.len(),
+                MAX_REGIONS - 1
+            ));
+        }
+        if size == 0 || size > MAX_REGION_BYTES {
+            return why(format!(
+                "region {index} of {size} bytes (1 to {MAX_REGION_BYTES})"
+            ));
+        }
+        let file = file_size(fd.as_raw_fd()).map_err(|source| {
+            Refused::Why(Error::Io {
+                what: format!("region {index}"),
+                source,
+            })
+        })?;
+        if file < size {
+            return why(format!(
+                "region {index} of {size} bytes in a file of {file}"
+            ));
+        }
+        self.regions.push((fd, size));
+        self.ack()?;
+        Ok(())
+    }
+
+    /// ADD_RING: a ring in a region, and its interrupt eventfd.
+    fn add_ring(&mut self, r: wire::AddRing, fd: Option<OwnedFd>) -> Result<(), Refused> {
+        let Some(fd) = fd else {
+            return why("missing interrupt fd".into());
+        };
+        let c2s = { r.flags } & wire::ADD_RING_FLAG_C2S != 0;
+        let (index, region, offset, log2) =
+            (r.index as usize, r.region, r.offset, r.log2_ring_size);
+        let dir = if c2s { "C2S" } else { "S2C" };
+        let list = if c2s { &mut self.c2s } else { &mut self.s2c };
+        if index >= MAX_PAIRS || list[index].is_some() {
+            return why(format!(
+                "invalid ring index {dir} {index} (0 to {}, each once)",
+                MAX_PAIRS - 1
+            ));
+        }
+        if !(1..=MAX_LOG2_RING).contains(&log2) {
+            return why(format!(
+                "ring {dir} {index} of 2^{log2} descriptors (2^1 to 2^{MAX_LOG2_RING})"
+            ));
+        }
+        let Some(&(_, rsize)) = self.regions.get(region as usize) else {
+            return why(format!(
+                "ring {dir} {index} in region {region}, which was not added"
+            ));
+        };
+        if offset % 16 != 0 || offset as u64 + wire::ring::bytes(log2) > rsize {
+            return why(format!(
+                "ring {dir} {index} at offset {offset} of region {region} ({rsize} bytes; 16-byte aligned, {} bytes long)",
+                wire::ring::bytes(log2)
+            ));
+        }
+        if !is_eventfd(fd.as_raw_fd()) {
+            return why(format!(
+                "ring {dir} {index}: its interrupt fd is not an eventfd"
+            ));
+        }
+        if !c2s {
+            // valed writes it: never blocking (the client's own reads are its affair).
+            set_nonblocking(fd.as_raw_fd());
+        }
+        list[index] = Some(Announced {
+            region,
+            offset,
+            log2,
+            irq: fd,
+        });
+        self.ack()?;
+        Ok(())
+    }
+
+    /// CONNECT: the regions mapped and the rings found in them, then CONNECTED.
+    fn connect(&mut self, c: wire::Connect) -> Result<Live, Refused> {
+        let live = self
+            .map(wire::field_text(&c.if_name))
+            .map_err(Refused::Why)?;
+        self.send(&Msg::with(wire::Connect {
+            if_name: wire::name_field(&self.port),
+        }))
+        .map_err(Refused::Why)?;
+        self.phase = Phase::Connected;
+        Ok(live)
     }
 
     /// Maps the regions and finds the rings in them.
