@@ -118,9 +118,8 @@ impl Pipeline {
             // One list (a batch that is all flooded): as `a`, walked without a merge.
             (a, b) = (b, NIL);
         }
-        let stats = dst.stats();
         let Some(att) = &dst.attachment else {
-            add(&stats.rx_drops, count_lists(&self.next, a, b));
+            add(&dst.stats().rx_drops, count_lists(&self.next, a, b));
             return;
         };
         if dst.shared.captures.on() {
@@ -136,40 +135,74 @@ impl Pipeline {
         // this one on: they go into the ring first.
         let mut seg_next = self.seg_spans.len();
         if let Some(sink) = &att.direct {
-            let ring = att.region.layout().params.tx_rings + r;
-            let waiting = || {
-                att.region.atok(ring).head.load(Acquire)
-                    != att.region.ktoa(ring).hwtail.load(Acquire)
-            };
-            // Frames in the ring go first: the sink is asked to take them now, and the batch
-            // goes direct if it took them all.
-            let mut w = waiting();
-            if w {
-                sink.drain();
-                w = waiting();
-            }
-            if !w {
-                self.seg_spans.clear();
-                let flow = (src.index as u32) << 16 | src_ring;
-                seg_next = self.deliver_direct(src, dst, &**sink, caps, flow, (&mut a, &mut b));
-                if a == NIL && b == NIL && seg_next == self.seg_spans.len() {
-                    return;
-                }
+            let flow = (src.index as u32) << 16 | src_ring;
+            match self.try_direct(src, dst, &**sink, (caps, flow, r), (&mut a, &mut b)) {
+                Some(next) => seg_next = next,
+                None => return,
             }
         }
+        self.deliver_ring(src, dst, caps, r, seg_next, (a, b));
+    }
+
+    /// The frames of lists `a` and `b` to `dst`'s direct sink, if no frame waits in its rx
+    /// ring `r` (the sink is asked to take those first). None when the sink took everything;
+    /// else where the segments it declined start (the lists keep the frames it declined).
+    #[inline(always)]
+    fn try_direct(
+        &mut self,
+        src: &Port,
+        dst: &Arc<Port>,
+        sink: &dyn DirectSink,
+        (caps, flow, r): (Caps, u32, u32),
+        (a, b): (&mut u16, &mut u16),
+    ) -> Option<usize> {
+        let att = dst.attachment.as_ref()?;
+        let ring = att.region.layout().params.tx_rings + r;
+        let waiting = || {
+            att.region.atok(ring).head.load(Acquire) != att.region.ktoa(ring).hwtail.load(Acquire)
+        };
+        // Frames in the ring go first: the sink is asked to take them now, and the batch goes
+        // direct if it took them all.
+        let mut w = waiting();
+        if w {
+            sink.drain();
+            w = waiting();
+        }
+        if w {
+            return Some(self.seg_spans.len());
+        }
+        self.seg_spans.clear();
+        let seg_next = self.deliver_direct(src, dst, sink, caps, flow, (a, b));
+        if *a == NIL && *b == NIL && seg_next == self.seg_spans.len() {
+            return None;
+        }
+        Some(seg_next)
+    }
+
+    /// The segments from `seg_next` on and the frames of lists `a` and `b` into `dst`'s rx
+    /// ring `r`, in one critical section on it; what could not go in is dropped and counted.
+    #[inline(always)]
+    fn deliver_ring(
+        &mut self,
+        src: &Port,
+        dst: &Arc<Port>,
+        caps: Caps,
+        r: u32,
+        seg_next: usize,
+        lists: (u16, u16),
+    ) {
+        let stats = dst.stats();
+        let Some(att) = &dst.attachment else { return };
         let rxr = &att.rx[r as usize];
         let reg = &att.region;
         let l = reg.layout();
         let ring = l.params.tx_rings + r;
         let n = l.params.slots;
         let mask = n - 1;
-        let bsize = l.params.buf_size;
-        let num_bufs = l.num_bufs;
         let atok = reg.atok(ring);
         let ktoa = reg.ktoa(ring);
 
         let mut t = Tally::default();
-        let mut src_bad = 0u64;
         let mut hwtail = rxr.lock.lock().unwrap_or_else(|e| e.into_inner());
         // The client's head, read once: slots from hwtail up to head-1 are ours to fill.
         let head = atok.head.load(Acquire);
@@ -183,12 +216,53 @@ impl Pipeline {
             reg,
             ring,
             mask,
-            bsize,
-            num_bufs,
+            bsize: l.params.buf_size,
+            num_bufs: l.num_bufs,
             tail: *hwtail,
             free,
             caps,
         };
+        let src_bad = self.put_all(&mut out, &mut t, seg_next, lists);
+        let tail = out.tail;
+        // Counted before the client can see the frames (the tail store below).
+        add(&stats.rx_packets, t.delivered);
+        add(&stats.rx_bytes, t.bytes);
+        if t.delivered != 0 {
+            *hwtail = tail;
+            // Release: the slots and payloads written above are visible before the new tail.
+            ktoa.hwtail.store(tail, Release);
+        }
+        if head < n {
+            ktoa.hwcur.store(head, Relaxed);
+        }
+        drop(hwtail);
+        add(&stats.rx_drops, t.dropped);
+        if t.bad != 0 {
+            add(&stats.bad_input, t.bad);
+            dst.note_bad_input(format_args!("rx ring {r}: bad head or buffer index"));
+        }
+        note_offload_errors(src, src_bad);
+        if t.delivered != 0 {
+            // Same store / fence / load order as for tx completions above.
+            fence(SeqCst);
+            if atok.appl_need_kick.load(Relaxed) != 0 {
+                self.notifier.raise(dst, IrqLine::Rx(r));
+            }
+        }
+    }
+
+    /// Puts the segments from `seg_next` on, then the frames of lists `a` and `b`, into
+    /// `out`, counting in `t`; the frames whose headers contradict their offload request (the
+    /// sender's fault, dropped).
+    #[inline(always)]
+    fn put_all(
+        &mut self,
+        out: &mut DstRing,
+        t: &mut Tally,
+        seg_next: usize,
+        (mut a, mut b): (u16, u16),
+    ) -> u64 {
+        let mut src_bad = 0u64;
         for &(s, l) in &self.seg_spans[seg_next..] {
             let frag = [Frag {
                 ptr: self.seg_store[s as usize..].as_ptr(),
@@ -208,7 +282,7 @@ impl Pipeline {
             let (fs, fc) = (f.first, f.count);
             let frags = &self.frags[fs as usize..(fs + fc) as usize];
             let off = Offload::from_word(f.offload);
-            if f.offload != 0 && !off.fits(caps) {
+            if f.offload != 0 && !off.fits(out.caps) {
                 // Slow path: a TSO segment or a partial checksum toward a port that cannot
                 // take it.
                 let dst_bufs = &mut self.dst_bufs;
@@ -243,32 +317,7 @@ impl Pipeline {
                 f.len,
             );
         }
-        let tail = out.tail;
-        // Counted before the client can see the frames (the tail store below).
-        add(&stats.rx_packets, t.delivered);
-        add(&stats.rx_bytes, t.bytes);
-        if t.delivered != 0 {
-            *hwtail = tail;
-            // Release: the slots and payloads written above are visible before the new tail.
-            ktoa.hwtail.store(tail, Release);
-        }
-        if head < n {
-            ktoa.hwcur.store(head, Relaxed);
-        }
-        drop(hwtail);
-        add(&stats.rx_drops, t.dropped);
-        if t.bad != 0 {
-            add(&stats.bad_input, t.bad);
-            dst.note_bad_input(format_args!("rx ring {r}: bad head or buffer index"));
-        }
-        note_offload_errors(src, src_bad);
-        if t.delivered != 0 {
-            // Same store / fence / load order as for tx completions above.
-            fence(SeqCst);
-            if atok.appl_need_kick.load(Relaxed) != 0 {
-                self.notifier.raise(dst, IrqLine::Rx(r));
-            }
-        }
+        src_bad
     }
 }
 

@@ -3,6 +3,7 @@
 //! (a ring of a native port, or frames a host kind puts in one by one).
 
 use super::*;
+use crate::port::{Attachment, TxRing};
 
 impl Pipeline {
     /// Forwards one batch from tx ring `ring` of `src`. Returns the number of slots consumed;
@@ -12,47 +13,46 @@ impl Pipeline {
         let Some(txr) = att.tx.get(ring as usize) else {
             return 0;
         };
-        let reg = &att.region;
-        let l = reg.layout();
-        let n = l.params.slots;
-        let mask = n - 1;
-        let buf_size = l.params.buf_size;
-        let num_bufs = l.num_bufs;
-        let atok = reg.atok(ring);
-        let ktoa = reg.ktoa(ring);
-
-        // The client's head, read once. Acquire pairs with the client's release store, so the
-        // slots before it are complete when we read them.
-        let head = atok.head.load(Acquire);
-        let seen = txr.seen_head.swap(head, Relaxed);
-        if head >= n {
-            if head != seen {
-                add(&src.stats().bad_input, 1);
-                src.note_bad_input(format_args!("tx ring {ring} head {head} >= {n} slots"));
-            }
+        let Some((head, hwcur)) = new_head(src, att, txr, ring) else {
             return 0;
-        }
-        let hwcur = txr.hwcur.load(Relaxed);
-        if head == hwcur {
-            // Nothing new. The next frame's slot and buffer are brought toward this CPU now
-            // (the buffer a client fills is the one its slot names already): when the head
-            // moves, the slot and the frame are then read while the head's line comes, not
-            // one after the other (busy ping-pong 3.1 -> 2.9 us where a cache line takes
-            // 0.26 us between the two CPUs; docs/benchmarks.md).
-            // SAFETY: `hwcur` < n; read once, volatile (the client may be writing it).
-            let slot = unsafe { ptr::read_volatile(reg.slot(ring, hwcur)) };
-            if (FIRST_SLOT_BUF..num_bufs).contains(&slot.buf_idx) {
-                prefetch(reg.buf(slot.buf_idx));
-            }
-            return 0;
-        }
-
+        };
         // Stage 1: gather.
         let batch = sw.batch.load(Relaxed) as usize;
+        let (cur, sent_bytes) = self.gather_ring(src, att, txr, ring, head, hwcur, batch);
+        if cur == hwcur {
+            return 0;
+        }
+        self.shared_source = false;
+        self.lookup_and_deliver(sw, src, ring, sent_bytes);
+        self.give_back(src, att, txr, ring, cur);
+        let mask = att.region.layout().params.slots - 1;
+        (cur.wrapping_sub(hwcur)) & mask
+    }
+
+    /// Stage 1 on tx ring `ring` of `src`: the frames from `hwcur` to the client's `head`,
+    /// at most `batch`, into the batch (bad ones counted against the sender). Where it
+    /// stopped, and the bytes of the frames taken.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn gather_ring(
+        &mut self,
+        src: &Port,
+        att: &Attachment,
+        txr: &TxRing,
+        ring: u32,
+        head: u32,
+        hwcur: u32,
+        batch: usize,
+    ) -> (u32, u64) {
+        let reg = &att.region;
+        let l = reg.layout();
+        let mask = l.params.slots - 1;
+        let buf_size = l.params.buf_size;
+        let num_bufs = l.num_bufs;
         self.frames.clear();
         self.held.clear();
-        let mut sent_bytes = 0u64;
         self.frags.clear();
+        let mut sent_bytes = 0u64;
         let mut bad = 0u64;
         let mut cur = hwcur;
         let mut dropping = txr.dropping_chain.load(Relaxed);
@@ -87,101 +87,121 @@ impl Pipeline {
                 sent_bytes += len as u64;
                 continue;
             }
-            let chain_start = cur;
-            let frag_start = self.frags.len();
-            let mut total = 0u32;
-            let mut count = 0u32;
-            let mut ok = true;
-            let mut first_flags = 0u16;
-            let mut offload = 0u64;
-            let complete = loop {
-                // SAFETY: `cur` < n, so the slot is inside the region; read once, volatile,
-                // because the client may be writing it.
-                let slot: NetmapSlot = unsafe { ptr::read_volatile(reg.slot(ring, cur)) };
-                cur = (cur + 1) & mask;
-                if count == 0 {
-                    first_flags = slot.flags;
-                    // Only valed's own ports (a device's header, checked as it was read)
-                    // bring offload work; a native client's NS_OFFLOAD is ignored.
-                    if slot.flags & NS_OFFLOAD != 0 && att.host.is_some() {
-                        offload = slot.ptr;
-                    }
+            match self.gather_chain(att, ring, &mut cur, head) {
+                Chain::Taken(total) => sent_bytes += total as u64,
+                Chain::Later => break,
+                Chain::Bad { complete } => {
+                    bad += 1;
+                    dropping = !complete;
                 }
-                count += 1;
-                let len = slot.len as u32;
-                if slot.buf_idx < FIRST_SLOT_BUF
-                    || slot.buf_idx >= num_bufs
-                    || len > buf_size
-                    || slot.flags & NS_INDIRECT != 0
-                    || count > MAX_FRAGS
-                    || total + len > MAX_FRAME_LEN
-                {
-                    ok = false;
-                } else if ok {
-                    total += len;
-                    self.frags.push(Frag {
-                        ptr: reg.buf(slot.buf_idx),
-                        len,
-                    });
-                }
-                if slot.flags & NS_MOREFRAG == 0 {
-                    break true;
-                }
-                if cur == head {
-                    break false;
-                }
-            };
-            if !complete && ok && count < n - 1 {
-                // The rest of the chain is not published yet: take it next time.
-                cur = chain_start;
-                self.frags.truncate(frag_start);
-                break;
             }
-            if !ok || !complete || self.frags[frag_start].len < ETH_HLEN {
-                // A bad slot, a chain that can never complete, or no Ethernet header in the
-                // first slot: the frame is dropped and counted against its sender. If the
-                // chain's end is still to come, its remaining slots are skipped when they are.
-                bad += 1;
-                self.frags.truncate(frag_start);
-                dropping = !complete;
-                continue;
-            }
-            let first = self.frags[frag_start];
-            prefetch(first.ptr);
-            self.frames
-                .push(FrameMeta::new(first.ptr, first.len, total, first_flags));
-            self.held.push(Held {
-                first: frag_start as u32,
-                count,
-                len: total,
-                offload,
-            });
-            sent_bytes += total as u64;
         }
         txr.dropping_chain.store(dropping, Relaxed);
         if bad != 0 {
             add(&src.stats().bad_input, bad);
             src.note_bad_input(format_args!("{bad} bad slot chain(s) on tx ring {ring}"));
         }
-        if cur == hwcur {
-            return 0;
+        (cur, sent_bytes)
+    }
+
+    /// The frame whose chain of slots starts at `*cur`, of any shape (several slots, an
+    /// offload request), every slot checked; `*cur` moves past what was read, or stays where
+    /// it was when the chain's end is not published yet.
+    #[inline(never)]
+    fn gather_chain(&mut self, att: &Attachment, ring: u32, cur: &mut u32, head: u32) -> Chain {
+        let reg = &att.region;
+        let l = reg.layout();
+        let n = l.params.slots;
+        let mask = n - 1;
+        let buf_size = l.params.buf_size;
+        let num_bufs = l.num_bufs;
+        let chain_start = *cur;
+        let frag_start = self.frags.len();
+        let mut total = 0u32;
+        let mut count = 0u32;
+        let mut ok = true;
+        let mut first_flags = 0u16;
+        let mut offload = 0u64;
+        let complete = loop {
+            // SAFETY: `cur` < n, so the slot is inside the region; read once, volatile,
+            // because the client may be writing it.
+            let slot: NetmapSlot = unsafe { ptr::read_volatile(reg.slot(ring, *cur)) };
+            *cur = (*cur + 1) & mask;
+            if count == 0 {
+                first_flags = slot.flags;
+                // Only valed's own ports (a device's header, checked as it was read)
+                // bring offload work; a native client's NS_OFFLOAD is ignored.
+                if slot.flags & NS_OFFLOAD != 0 && att.host.is_some() {
+                    offload = slot.ptr;
+                }
+            }
+            count += 1;
+            let len = slot.len as u32;
+            if slot.buf_idx < FIRST_SLOT_BUF
+                || slot.buf_idx >= num_bufs
+                || len > buf_size
+                || slot.flags & NS_INDIRECT != 0
+                || count > MAX_FRAGS
+                || total + len > MAX_FRAME_LEN
+            {
+                ok = false;
+            } else if ok {
+                total += len;
+                self.frags.push(Frag {
+                    ptr: reg.buf(slot.buf_idx),
+                    len,
+                });
+            }
+            if slot.flags & NS_MOREFRAG == 0 {
+                break true;
+            }
+            if *cur == head {
+                break false;
+            }
+        };
+        if !complete && ok && count < n - 1 {
+            // The rest of the chain is not published yet: take it next time.
+            *cur = chain_start;
+            self.frags.truncate(frag_start);
+            return Chain::Later;
         }
+        if !ok || !complete || self.frags[frag_start].len < ETH_HLEN {
+            // A bad slot, a chain that can never complete, or no Ethernet header in the
+            // first slot: the frame is dropped and counted against its sender. If the
+            // chain's end is still to come, its remaining slots are skipped when they are.
+            self.frags.truncate(frag_start);
+            return Chain::Bad { complete };
+        }
+        let first = self.frags[frag_start];
+        prefetch(first.ptr);
+        self.frames
+            .push(FrameMeta::new(first.ptr, first.len, total, first_flags));
+        self.held.push(Held {
+            first: frag_start as u32,
+            count,
+            len: total,
+            offload,
+        });
+        Chain::Taken(total)
+    }
 
-        self.shared_source = false;
-        self.lookup_and_deliver(sw, src, ring, sent_bytes);
-
-        // Give the consumed slots back: every slot but one between hwcur and the new hwtail
-        // is the client's again.
+    /// Gives the slots consumed up to `cur` back to the client of tx ring `ring`, and
+    /// interrupts it if it asked.
+    #[inline(always)]
+    fn give_back(&mut self, src: &Arc<Port>, att: &Attachment, txr: &TxRing, ring: u32, cur: u32) {
+        let reg = &att.region;
+        let mask = reg.layout().params.slots - 1;
+        let ktoa = reg.ktoa(ring);
+        // Every slot but one between hwcur and the new hwtail is the client's again.
         txr.hwcur.store(cur, Relaxed);
         ktoa.hwcur.store(cur, Relaxed);
-        ktoa.hwtail.store((cur + n - 1) & mask, Release);
+        ktoa.hwtail.store((cur + mask) & mask, Release);
         // Store hwtail, full fence, then load appl_need_kick: the client stores the flag,
         // fences, then re-reads hwtail, so one of us sees the other (no lost wake-up).
         fence(SeqCst);
-        if atok.appl_need_kick.load(Relaxed) != 0 {
+        if reg.atok(ring).appl_need_kick.load(Relaxed) != 0 {
             self.notifier.raise(src, IrqLine::Tx(ring));
         }
-        (cur.wrapping_sub(hwcur)) & mask
     }
 
     /// Stages 2 and 3 for the frames gathered; `sent_bytes`: their bytes.
@@ -315,4 +335,50 @@ impl Pipeline {
         self.lookup_and_deliver(sw, src, ring, bytes);
         self.start_batch();
     }
+}
+
+/// What became of a chain of slots ([`Pipeline::gather_chain`]).
+enum Chain {
+    /// A frame of these bytes, in the batch.
+    Taken(u32),
+    /// Its end is not published yet: the batch ends before it.
+    Later,
+    /// Dropped; `complete`: its end was seen (else its slots still to come are skipped).
+    Bad { complete: bool },
+}
+
+/// The client's head of tx ring `ring` of `src` and the ring's `hwcur`, when the client
+/// published something new there; else None (a head out of the ring is counted as bad input
+/// once, and with nothing new the next frame's slot and buffer are prefetched).
+#[inline(always)]
+fn new_head(src: &Port, att: &Attachment, txr: &TxRing, ring: u32) -> Option<(u32, u32)> {
+    let reg = &att.region;
+    let l = reg.layout();
+    let n = l.params.slots;
+    // The client's head, read once. Acquire pairs with the client's release store, so the
+    // slots before it are complete when we read them.
+    let head = reg.atok(ring).head.load(Acquire);
+    let seen = txr.seen_head.swap(head, Relaxed);
+    if head >= n {
+        if head != seen {
+            add(&src.stats().bad_input, 1);
+            src.note_bad_input(format_args!("tx ring {ring} head {head} >= {n} slots"));
+        }
+        return None;
+    }
+    let hwcur = txr.hwcur.load(Relaxed);
+    if head == hwcur {
+        // Nothing new. The next frame's slot and buffer are brought toward this CPU now (the
+        // buffer a client fills is the one its slot names already): when the head moves, the
+        // slot and the frame are then read while the head's line comes, not one after the
+        // other (busy ping-pong 3.1 -> 2.9 us where a cache line takes 0.26 us between the
+        // two CPUs; docs/benchmarks.md).
+        // SAFETY: `hwcur` < n; read once, volatile (the client may be writing it).
+        let slot = unsafe { ptr::read_volatile(reg.slot(ring, hwcur)) };
+        if (FIRST_SLOT_BUF..l.num_bufs).contains(&slot.buf_idx) {
+            prefetch(reg.buf(slot.buf_idx));
+        }
+        return None;
+    }
+    Some((head, hwcur))
 }
